@@ -1,0 +1,29 @@
+# Two commands do all the set-up on a fresh machine; each makes and uses .venv.
+#   make train   trains the default CNN on scikit-learn's digits (CPU, < 1 min)
+#   make test    runs the test suite (what CI runs)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+ARGS   ?=
+
+.PHONY: train test bench venv clean
+
+$(BIN)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+train: $(BIN)/.installed
+	$(BIN)/purax train $(ARGS)
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q $(ARGS)
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/step_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

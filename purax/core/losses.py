@@ -1,0 +1,47 @@
+"""Per-example losses, computed in float32 whatever the compute dtype.
+
+Both return ``[batch]`` arrays; callers reduce them with per-example weights so
+that padded examples (weight 0) never count.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array,
+                          label_smoothing: jax.Array | float = 0.0) -> jax.Array:
+  """Softmax cross-entropy with integer labels and optional label smoothing.
+
+  Args:
+    logits: ``[batch, num_classes]``, any float dtype (cast to float32).
+    labels: ``[batch]`` integers in ``[0, num_classes)``.
+    label_smoothing: float32 ``[]`` in ``[0, 1)``; the target is
+      ``(1 - s) * one_hot + s / num_classes`` (Szegedy et al. 2016,
+      "Rethinking the Inception Architecture", sec. 7). May be a traced array.
+
+  Returns:
+    ``[batch]`` float32 losses.
+  """
+  logits = logits.astype(jnp.float32)
+  num_classes = logits.shape[-1]
+  targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+  s = jnp.asarray(label_smoothing, jnp.float32)
+  targets = (1.0 - s) * targets + s / num_classes
+  return optax.softmax_cross_entropy(logits, targets)
+
+
+def mean_squared_error(predictions: jax.Array, targets: jax.Array) -> jax.Array:
+  """Mean squared error over all but the batch axis.
+
+  Args:
+    predictions: ``[batch, ...]``, any float dtype (cast to float32).
+    targets: ``[batch, ...]`` of the same shape.
+
+  Returns:
+    ``[batch]`` float32 losses.
+  """
+  err = predictions.astype(jnp.float32) - targets.astype(jnp.float32)
+  return jnp.mean(jnp.square(err).reshape(err.shape[0], -1), axis=-1)

@@ -1,0 +1,93 @@
+"""Metrics as mergeable pytrees of sums and counts.
+
+A metrics tree is a ``dict[str, Average | Sum]``. Trees merge across steps,
+devices and population members by adding their leaves (``merge``), stay on the
+device inside the training loop, and become Python numbers only in
+``compute``, which does the one host transfer. The idea follows
+``clu.metrics``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+class Average(struct.PyTreeNode):
+  """A weighted mean kept as ``total`` and ``count`` (float32 ``[]`` each)."""
+
+  total: jax.Array
+  count: jax.Array
+
+  @classmethod
+  def of(cls, values: jax.Array, weights: jax.Array | None = None) -> 'Average':
+    """Average of ``values`` (any shape), weighted by ``weights`` (same shape)."""
+    values = jnp.asarray(values, jnp.float32)
+    if weights is None:
+      weights = jnp.ones_like(values)
+    weights = jnp.asarray(weights, jnp.float32)
+    return cls(total=jnp.sum(values * weights), count=jnp.sum(weights))
+
+  def merge(self, other: 'Average') -> 'Average':
+    return Average(self.total + other.total, self.count + other.count)
+
+  def compute(self):
+    """``total / count``; NaN when nothing was counted."""
+    count = np.asarray(self.count)
+    with np.errstate(invalid='ignore', divide='ignore'):
+      return np.where(count > 0, np.asarray(self.total) / count, np.nan)
+
+
+class Sum(struct.PyTreeNode):
+  """A running sum (float32 ``[]``), e.g. the number of examples seen."""
+
+  value: jax.Array
+
+  @classmethod
+  def of(cls, values: jax.Array) -> 'Sum':
+    return cls(value=jnp.sum(jnp.asarray(values, jnp.float32)))
+
+  def merge(self, other: 'Sum') -> 'Sum':
+    return Sum(self.value + other.value)
+
+  def compute(self):
+    return np.asarray(self.value)
+
+
+Metric = Average | Sum
+Metrics = Mapping[str, Metric]
+
+
+def _is_metric(x) -> bool:
+  return isinstance(x, (Average, Sum))
+
+
+def merge(a: Metrics, b: Metrics) -> dict[str, Metric]:
+  """Merges two metrics trees of the same structure (jit-safe)."""
+  return jax.tree.map(lambda x, y: x.merge(y), a, b, is_leaf=_is_metric)
+
+
+def zeros_like(metrics: Metrics) -> dict[str, Metric]:
+  """A metrics tree of the same structure with every sum and count at 0.
+
+  Accepts concrete trees or ``jax.ShapeDtypeStruct`` trees from ``eval_shape``.
+  """
+  return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), metrics)
+
+
+def compute(metrics: Metrics) -> dict[str, float | np.ndarray]:
+  """Turns a metrics tree into numbers: one host transfer for the whole tree.
+
+  Scalars come back as Python floats; metrics with a leading population axis
+  come back as numpy arrays ``[members]``.
+  """
+  host = jax.device_get(metrics)
+  out = {}
+  for name, metric in host.items():
+    value = metric.compute()
+    out[name] = float(value) if np.ndim(value) == 0 else value
+  return out

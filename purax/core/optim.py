@@ -1,0 +1,89 @@
+"""The default optimizer: AdamW, warmup + cosine schedule, global-norm clipping.
+
+All hyperparameters are injected with ``optax.inject_hyperparams`` as float32
+arrays in ``opt_state.hyperparams``, so a new learning rate (or a vmapped
+population of them) never recompiles, and bfloat16 params never round
+``b2=0.999`` to 1.0.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import optax
+
+from purax.core.errors import ConfigError, expect
+
+
+def warmup_cosine(peak_learning_rate, *, warmup_steps: int, total_steps: int):
+  """``step -> learning rate``: linear warmup from 0, cosine decay to 0.
+
+  Written as ``peak * unit_schedule(step)`` so ``peak_learning_rate`` may be a
+  traced float32 array (optax's own builder branches on the peak in Python).
+  Loshchilov & Hutter 2017, "SGDR" (cosine); Goyal et al. 2017 (warmup).
+  """
+  unit = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=1.0, warmup_steps=warmup_steps,
+      decay_steps=max(total_steps, warmup_steps + 1), end_value=0.0)
+  return lambda count: peak_learning_rate * unit(count)
+
+
+def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
+                  warmup_steps, total_steps):
+  schedule = warmup_cosine(peak_learning_rate, warmup_steps=warmup_steps,
+                           total_steps=total_steps)
+  return optax.chain(
+      optax.clip_by_global_norm(clip_norm),
+      optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                  mu_dtype=jnp.float32),
+  )
+
+
+def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 0,
+          weight_decay: float = 1e-4, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-8, clip_norm: float = 1.0) -> optax.GradientTransformation:
+  """AdamW (Loshchilov & Hutter 2019) with a warmup-cosine schedule and clipping.
+
+  Args:
+    learning_rate: the peak learning rate, reached after ``warmup_steps``.
+    total_steps: optimizer updates over which the cosine decays to 0 (static).
+    warmup_steps: linear warmup length (static).
+    weight_decay: decoupled weight decay coefficient.
+    b1, b2, eps: Adam's moment decay rates and denominator epsilon.
+    clip_norm: gradients are rescaled to at most this global L2 norm.
+
+  Returns:
+    An optax transformation whose state holds the six float hyperparameters
+    as float32 ``[]`` arrays in ``opt_state.hyperparams``.
+
+  Raises:
+    ConfigError: a value out of range, naming the field.
+  """
+  expect(learning_rate >= 0, 'learning_rate', '>= 0', learning_rate, ConfigError)
+  expect(total_steps >= 1, 'total_steps', '>= 1', total_steps, ConfigError)
+  expect(0 <= warmup_steps, 'warmup_steps', '>= 0', warmup_steps, ConfigError)
+  expect(0 <= b1 < 1, 'b1', 'in [0, 1)', b1, ConfigError)
+  expect(0 <= b2 < 1, 'b2', 'in [0, 1)', b2, ConfigError)
+  expect(clip_norm > 0, 'clip_norm', '> 0', clip_norm, ConfigError)
+  expect(weight_decay >= 0, 'weight_decay', '>= 0', weight_decay, ConfigError)
+  factory = optax.inject_hyperparams(
+      _adamw_cosine, static_args=('warmup_steps', 'total_steps'),
+      hyperparam_dtype=jnp.float32)
+  return factory(peak_learning_rate=learning_rate, weight_decay=weight_decay,
+                 b1=b1, b2=b2, eps=eps, clip_norm=clip_norm,
+                 warmup_steps=int(warmup_steps), total_steps=int(total_steps))
+
+
+def set_hyperparams(opt_state, **values):
+  """Returns ``opt_state`` with injected hyperparameters replaced (float32).
+
+  Example: ``set_hyperparams(state.opt_state, peak_learning_rate=3e-4)``.
+
+  Raises:
+    ConfigError: a name that is not an injected hyperparameter.
+  """
+  hyperparams = dict(opt_state.hyperparams)
+  for name, value in values.items():
+    expect(name in hyperparams, 'hyperparameter name',
+           f'one of {sorted(hyperparams)}', repr(name), ConfigError)
+    hyperparams[name] = jnp.asarray(value, jnp.float32)
+  return opt_state._replace(hyperparams=hyperparams)

@@ -1,0 +1,149 @@
+"""Built-in real data sets and user ``.npz`` files, as in-memory arrays.
+
+- ``digits``: scikit-learn's bundled 1,797 8x8 handwritten digits (UCI
+  optdigits test set), pixels scaled to [0, 1], shape ``[n, 8, 8, 1]``;
+  a fixed stratified split (seed 0): 1,437 train, 360 test.
+- ``mnist1d``: MNIST-1D (Greydanus 2020, arXiv:2011.14439), generated offline
+  by the ``mnist1d`` package's own ``make_dataset`` with its published default
+  arguments (5,000 examples, seed 42): 4,000 train, 1,000 test, ``[n, 40, 1]``.
+- ``npz:PATH`` (or a path ending in ``.npz``): arrays ``x_train``, ``y_train``,
+  ``x_test``, ``y_test`` and optionally ``num_classes``.
+
+Nothing here downloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from purax.core.errors import ConfigError, DataError, expect
+
+BUILTIN = ('digits', 'mnist1d')
+NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayDataset:
+  """A classification data set held in host memory.
+
+  Attributes:
+    name: the name it was loaded by.
+    x_train: float32 ``[n_train, ...]``; y_train: int32 ``[n_train]``.
+    x_test: float32 ``[n_test, ...]`` (same trailing shape); y_test: int32 ``[n_test]``.
+    num_classes: labels lie in ``[0, num_classes)``.
+  """
+
+  name: str
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+
+  @property
+  def input_shape(self) -> tuple[int, ...]:
+    return tuple(self.x_train.shape[1:])
+
+
+def validate(ds: ArrayDataset) -> ArrayDataset:
+  """Checks shapes, dtypes and label ranges; returns ``ds`` with float32/int32 arrays.
+
+  Raises:
+    DataError: naming the array, the expected and the actual value.
+  """
+  expect(isinstance(ds.num_classes, (int, np.integer)) and ds.num_classes >= 2,
+         'num_classes', 'an integer >= 2', ds.num_classes)
+  out = {}
+  for split in ('train', 'test'):
+    x, y = np.asarray(getattr(ds, f'x_{split}')), np.asarray(getattr(ds, f'y_{split}'))
+    expect(x.ndim >= 2, f'x_{split}.shape', '[examples, ...features]', x.shape)
+    expect(np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer),
+           f'x_{split}.dtype', 'a numeric dtype', x.dtype)
+    expect(y.ndim == 1, f'y_{split}.shape', f'[{x.shape[0]}] (one label per example)',
+           y.shape)
+    expect(np.issubdtype(y.dtype, np.integer), f'y_{split}.dtype',
+           'an integer dtype (class labels)', y.dtype)
+    expect(len(y) == len(x), f'y_{split}.shape', f'[{len(x)}] (as x_{split})', y.shape)
+    expect(len(x) >= 1, f'x_{split}.shape', 'at least one example', x.shape)
+    lo, hi = int(y.min()), int(y.max())
+    expect(lo >= 0 and hi < ds.num_classes, f'y_{split}',
+           f'labels in [0, {ds.num_classes})', f'labels in [{lo}, {hi}]')
+    x = x.astype(np.float32)
+    expect(bool(np.isfinite(x).all()), f'x_{split}', 'finite values', 'NaN or inf')
+    out[f'x_{split}'], out[f'y_{split}'] = x, y.astype(np.int32)
+  expect(out['x_test'].shape[1:] == out['x_train'].shape[1:], 'x_test.shape',
+         f'[n, {", ".join(map(str, out["x_train"].shape[1:]))}] (as x_train)',
+         out['x_test'].shape)
+  return dataclasses.replace(ds, **out, num_classes=int(ds.num_classes))
+
+
+def digits() -> ArrayDataset:
+  """scikit-learn's bundled digits, ``[n, 8, 8, 1]`` in [0, 1]; fixed split."""
+  from sklearn.datasets import load_digits
+  from sklearn.model_selection import train_test_split
+  data = load_digits()
+  x = (data.images / 16.0).astype(np.float32)[..., None]
+  y = data.target.astype(np.int32)
+  x_train, x_test, y_train, y_test = train_test_split(
+      x, y, test_size=0.2, random_state=0, stratify=y)
+  return ArrayDataset('digits', x_train, y_train, x_test, y_test, 10)
+
+
+def mnist1d() -> ArrayDataset:
+  """MNIST-1D from the package's own generator, default arguments, ``[n, 40, 1]``."""
+  from mnist1d.data import get_dataset_args, make_dataset
+  np_state = np.random.get_state()   # make_dataset seeds numpy's global RNG
+  try:
+    data = make_dataset(get_dataset_args())
+  finally:
+    np.random.set_state(np_state)
+  return ArrayDataset('mnist1d', data['x'].astype(np.float32)[..., None],
+                      data['y'].astype(np.int32),
+                      data['x_test'].astype(np.float32)[..., None],
+                      data['y_test'].astype(np.int32), 10)
+
+
+def from_npz(path: str, num_classes: int | None = None) -> ArrayDataset:
+  """Loads ``x_train, y_train, x_test, y_test`` (and optional ``num_classes``).
+
+  Without ``num_classes`` in the file or the argument it is ``max label + 1``.
+
+  Raises:
+    DataError: the file is missing or lacks a key (the message lists those present).
+  """
+  expect(os.path.isfile(path), 'dataset', 'an existing .npz file', repr(path))
+  with np.load(path, allow_pickle=False) as f:
+    present = sorted(f.files)
+    for key in NPZ_KEYS:
+      expect(key in f.files, f'{path}: key {key!r}', 'present',
+             f'keys {present}')
+    arrays = {key: f[key] for key in NPZ_KEYS}
+    if num_classes is None and 'num_classes' in f.files:
+      num_classes = int(f['num_classes'])
+  if num_classes is None:
+    labels = [arrays['y_train'], arrays['y_test']]
+    if all(np.issubdtype(a.dtype, np.integer) and a.size for a in labels):
+      num_classes = int(max(a.max() for a in labels)) + 1
+    else:
+      num_classes = 2
+  return ArrayDataset(f'npz:{path}', num_classes=num_classes, **arrays)
+
+
+def load(name: str, *, num_classes: int | None = None) -> ArrayDataset:
+  """Loads and validates a data set by name: ``digits``, ``mnist1d`` or ``npz:PATH``.
+
+  Raises:
+    ConfigError: unknown name. DataError: malformed arrays.
+  """
+  if name.startswith('npz:') or name.endswith('.npz'):
+    ds = from_npz(name[4:] if name.startswith('npz:') else name, num_classes)
+  else:
+    expect(name in BUILTIN, 'dataset', f"one of {list(BUILTIN)} or 'npz:PATH'",
+           repr(name), ConfigError)
+    ds = digits() if name == 'digits' else mnist1d()
+    if num_classes is not None:
+      ds = dataclasses.replace(ds, num_classes=num_classes)
+  return validate(ds)

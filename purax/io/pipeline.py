@@ -1,0 +1,101 @@
+"""Batches from in-memory arrays with grain, and device prefetch.
+
+Training batches come from a grain ``MapDataset``: a seeded shuffle of example
+indices that reshuffles every epoch (``shuffle`` then ``repeat``), batched with
+the remainder of the last batch carried into the next epoch. The dataset is
+random access by step, so the batch of step ``s`` is ``ds[s]`` — which makes
+resuming at any step exact. Evaluation batches pad the last batch to a fixed
+size and carry per-example weights (1 real, 0 padding), so every example counts
+exactly once and the evaluation step compiles once.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+from typing import Iterable, Iterator
+
+import grain
+import jax
+import numpy as np
+
+from purax.core.errors import ConfigError, expect
+
+
+def _gather(x: np.ndarray, y: np.ndarray):
+  def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
+    indices = np.asarray(indices)
+    return {'x': x[indices], 'y': y[indices]}
+  return gather
+
+
+def train_dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int,
+                  num_steps: int) -> grain.MapDataset:
+  """A grain ``MapDataset`` of ``num_steps`` training batches, random access by step.
+
+  Args:
+    x: ``[n, ...]`` inputs; y: ``[n, ...]`` targets.
+    batch_size: examples per batch (<= n).
+    seed: shuffle seed; each epoch gets a different permutation.
+    num_steps: number of batches.
+
+  Returns:
+    ``ds`` with ``len(ds) == num_steps`` and ``ds[s] == {'x': [batch, ...],
+    'y': [batch, ...]}``.
+
+  Raises:
+    ConfigError: ``batch_size`` not in ``[1, n]`` or ``num_steps < 1``.
+  """
+  n = len(x)
+  expect(1 <= batch_size <= n, 'batch_size', f'in [1, {n}] (training examples)',
+         batch_size, ConfigError)
+  expect(num_steps >= 1, 'steps', '>= 1', num_steps, ConfigError)
+  epochs = math.ceil(num_steps * batch_size / n) + 1
+  ds = (grain.MapDataset.range(n).shuffle(seed=seed).repeat(epochs)
+        .batch(batch_size, drop_remainder=True))
+  return ds.slice(slice(0, num_steps)).map(_gather(x, y))
+
+
+def eval_batches(x: np.ndarray, y: np.ndarray, *, batch_size: int) -> grain.MapDataset:
+  """Fixed-size evaluation batches in order, the last padded with weight 0.
+
+  Returns:
+    ``ds[i] == {'x': [batch_size, ...], 'y': [batch_size], 'weight': float32
+    [batch_size]}``; ``sum`` of weights over ``ds`` equals ``len(x)``.
+  """
+  n = len(x)
+  expect(batch_size >= 1, 'eval_batch_size', '>= 1', batch_size, ConfigError)
+  batch_size = min(batch_size, n)
+  gather = _gather(x, y)
+
+  def pad(indices):
+    indices = np.asarray(indices)
+    real = len(indices)
+    weight = np.zeros((batch_size,), np.float32)
+    weight[:real] = 1.0
+    padded = np.concatenate([indices, np.zeros(batch_size - real, indices.dtype)])
+    return dict(gather(padded), weight=weight)
+
+  return grain.MapDataset.range(n).batch(batch_size, drop_remainder=False).map(pad)
+
+
+def prefetch_to_device(batches: Iterable, size: int = 2,
+                       sharding: jax.sharding.Sharding | None = None) -> Iterator:
+  """Yields batches already put on the device, ``size`` ahead of the consumer.
+
+  ``jax.device_put`` is asynchronous, so the next batch is transferred while
+  the current step runs (the idea of ``flax.jax_utils.prefetch_to_device``,
+  for any sharding).
+  """
+  queue = collections.deque()
+  iterator = iter(batches)
+
+  def enqueue(n):
+    for batch in itertools.islice(iterator, n):
+      queue.append(jax.device_put(batch, sharding))
+
+  enqueue(size)
+  while queue:
+    yield queue.popleft()
+    enqueue(1)

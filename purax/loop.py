@@ -1,0 +1,134 @@
+"""``fit()``: the thin host loop that drives the pure functions.
+
+The train step is jitted once per (task, shapes) with the state and the
+running metrics donated; metrics stay on the device and are merged inside the
+same compiled call, so the loop's only host syncs are the log points (every
+``log_every`` steps) and evaluation. The next batch is put on the device while
+the current step runs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Sequence
+
+import jax
+from tqdm.auto import tqdm
+
+from purax.core import metrics as metrics_lib
+from purax.core.errors import ConfigError, expect
+from purax.core.state import TrainState
+from purax.core.task import Task
+from purax.io.pipeline import prefetch_to_device
+from purax.io.writers import MetricWriter
+
+
+def _train_step(task: Task, state: TrainState, acc, batch):
+  state, metrics = task.step(state, batch)
+  return state, metrics_lib.merge(acc, metrics)
+
+
+def _eval_step(task: Task, state: TrainState, acc, batch):
+  return metrics_lib.merge(acc, task.evaluate(state, batch))
+
+
+# Built once per process: the cache key is (task, shapes), so a second fit with
+# the same task — e.g. another learning rate in the state — does not recompile.
+train_step = jax.jit(_train_step, static_argnums=0, donate_argnums=(1, 2))
+eval_step = jax.jit(_eval_step, static_argnums=0, donate_argnums=2)
+
+
+def zero_metrics(fn: Callable, *args):
+  """Zeroed metrics tree of the structure ``fn(*args)`` returns (no compute)."""
+  return metrics_lib.zeros_like(jax.eval_shape(fn, *args))
+
+
+def evaluate(task: Task, state: TrainState, batches: Iterable) -> dict[str, float]:
+  """Metrics over all ``batches`` (padded batches carry ``weight``), as numbers.
+
+  One compiled evaluation step for fixed-size batches; one host transfer at
+  the end.
+  """
+  batches = iter(batches)
+  first = next(batches, None)
+  expect(first is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
+  acc = zero_metrics(task.evaluate, state, first)
+  for batch in prefetch_to_device(_chain(first, batches)):
+    acc = eval_step(task, state, acc, batch)
+  return metrics_lib.compute(acc)
+
+
+def _chain(first, rest):
+  yield first
+  yield from rest
+
+
+def fit(task: Task, state: TrainState, train_data: Sequence, *,
+        eval_data: Iterable | None = None, log_every: int = 50, eval_every: int = 0,
+        writer: MetricWriter | None = None, progress: bool = True,
+        prefetch: int = 2) -> tuple[TrainState, list[dict[str, float]]]:
+  """Trains from ``state.step`` to ``len(train_data)``.
+
+  Args:
+    task: the static model/optimizer/objective.
+    state: the initial (or restored) state; consumed (donated).
+    train_data: random access by step, ``train_data[s]`` is the batch of step
+      ``s`` (e.g. :func:`purax.io.pipeline.train_dataset`); training resumes at
+      ``state.step``.
+    eval_data: evaluation batches, iterated afresh at every evaluation (e.g.
+      :func:`purax.io.pipeline.eval_batches`).
+    log_every: fetch and write the training metrics every this many steps
+      (the loop's only host sync).
+    eval_every: evaluate every this many steps and at the end (0: only at the end
+      when ``eval_data`` is given).
+    writer: receives ``train/*``, ``eval/*`` and ``steps_per_sec`` scalars.
+    progress: show a progress bar (steps/s, loss, ETA).
+    prefetch: batches put on the device ahead of the step.
+
+  Returns:
+    ``(state, history)``: the final state and every record written.
+
+  Raises:
+    ConfigError: ``log_every`` or ``eval_every`` out of range.
+    DataError: a malformed batch (checked before compiling).
+  """
+  expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
+  expect(eval_every >= 0, 'eval_every', '>= 0', eval_every, ConfigError)
+  num_steps = len(train_data)
+  start = int(jax.device_get(state.step))      # host read before the loop only
+  expect(0 <= start <= num_steps, 'state.step', f'in [0, {num_steps}]', start, ConfigError)
+  history: list[dict[str, float]] = []
+
+  def write(step, scalars):
+    history.append({'step': step, **scalars})
+    if writer is not None:
+      writer.write_scalars(step, scalars)
+
+  if start < num_steps:
+    task.check_batch(train_data[start])
+    acc = zero_metrics(lambda st, b: task.step(st, b)[1], state, train_data[start])
+  bar = tqdm(total=num_steps, initial=start, disable=not progress, unit='step',
+             dynamic_ncols=True)
+  batches = prefetch_to_device((train_data[s] for s in range(start, num_steps)), prefetch)
+  last_time, last_step = time.perf_counter(), start
+  for step, batch in enumerate(batches, start=start + 1):
+    state, acc = train_step(task, state, acc, batch)
+    bar.update(1)
+    if step % log_every == 0 or step == num_steps:
+      # The one host sync of the loop: fetch the merged metrics of the window.
+      scalars = {f'train/{k}': v for k, v in metrics_lib.compute(acc).items()}
+      now = time.perf_counter()
+      scalars['steps_per_sec'] = (step - last_step) / max(now - last_time, 1e-9)
+      last_time, last_step = now, step
+      acc = metrics_lib.zeros_like(acc)
+      bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", refresh=False)
+      write(step, scalars)
+    if eval_data is not None and ((eval_every and step % eval_every == 0)
+                                  or step == num_steps):
+      scalars = {f'eval/{k}': v for k, v in evaluate(task, state, eval_data).items()}
+      write(step, scalars)
+      last_time = time.perf_counter()   # evaluation time is not training time
+  bar.close()
+  if writer is not None:
+    writer.flush()
+  return state, history

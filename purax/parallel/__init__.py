@@ -1,0 +1,1 @@
+"""purax.parallel: meshes and sharding rules (see the parallel issue; empty for now)."""

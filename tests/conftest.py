@@ -1,0 +1,25 @@
+"""Suite-wide JAX settings, set before jax is imported anywhere.
+
+- 8 host CPU devices, for the parallel tests;
+- rank promotion raises (catches silent broadcasting bugs);
+- a deterministic hypothesis profile for CI (derandomized, no deadline,
+  bounded examples); PURAX_HYPOTHESIS_PROFILE=dev explores more.
+"""
+
+import os
+
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                           ' --xla_force_host_platform_device_count=8').strip()
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+jax.config.update('jax_numpy_rank_promotion', 'raise')
+
+settings.register_profile(
+    'ci', derandomize=True, deadline=None, max_examples=10, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile('dev', deadline=None, max_examples=50,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get('PURAX_HYPOTHESIS_PROFILE', 'ci'))
