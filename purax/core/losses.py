@@ -1,4 +1,4 @@
-"""Per-example losses, computed in float32 whatever the compute dtype.
+"""Per-example losses, computed in (at least) float32 whatever the compute dtype.
 
 Both return ``[batch]`` arrays; callers reduce them with per-example weights so
 that padded examples (weight 0) never count.
@@ -9,6 +9,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
+
+
+def at_least_float32(x: jax.Array) -> jax.Array:
+  """``x`` cast to float32, or kept if wider (float64 under x64, for gradient checks)."""
+  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array,
@@ -25,10 +30,10 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array,
   Returns:
     ``[batch]`` float32 losses.
   """
-  logits = logits.astype(jnp.float32)
+  logits = at_least_float32(logits)
   num_classes = logits.shape[-1]
-  targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
-  s = jnp.asarray(label_smoothing, jnp.float32)
+  targets = jax.nn.one_hot(labels, num_classes, dtype=logits.dtype)
+  s = jnp.asarray(label_smoothing, logits.dtype)
   targets = (1.0 - s) * targets + s / num_classes
   return optax.softmax_cross_entropy(logits, targets)
 
@@ -43,5 +48,5 @@ def mean_squared_error(predictions: jax.Array, targets: jax.Array) -> jax.Array:
   Returns:
     ``[batch]`` float32 losses.
   """
-  err = predictions.astype(jnp.float32) - targets.astype(jnp.float32)
+  err = at_least_float32(predictions) - at_least_float32(targets)
   return jnp.mean(jnp.square(err).reshape(err.shape[0], -1), axis=-1)

@@ -71,12 +71,20 @@ def merge(a: Metrics, b: Metrics) -> dict[str, Metric]:
   return jax.tree.map(lambda x, y: x.merge(y), a, b, is_leaf=_is_metric)
 
 
+@jax.jit
+def _zeros_on_device(metrics):
+  return jax.tree.map(jnp.zeros_like, metrics)
+
+
 def zeros_like(metrics: Metrics) -> dict[str, Metric]:
   """A metrics tree of the same structure with every sum and count at 0.
 
-  Accepts concrete trees or ``jax.ShapeDtypeStruct`` trees from ``eval_shape``.
+  Accepts concrete trees (zeroed on their device, no host transfer) or
+  ``jax.ShapeDtypeStruct`` trees from ``eval_shape`` (one explicit transfer).
   """
-  return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), metrics)
+  if all(isinstance(x, jax.Array) for x in jax.tree.leaves(metrics)):
+    return _zeros_on_device(metrics)
+  return jax.device_put(jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), metrics))
 
 
 def compute(metrics: Metrics) -> dict[str, float | np.ndarray]:

@@ -8,6 +8,7 @@ population of them) never recompiles, and bfloat16 params never round
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -27,12 +28,31 @@ def warmup_cosine(peak_learning_rate, *, warmup_steps: int, total_steps: int):
   return lambda count: peak_learning_rate * unit(count)
 
 
+def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
+  """Rescales gradients to global L2 norm at most ``max_norm``, in float32.
+
+  Unlike ``optax.clip_by_global_norm`` this accepts a float32 (injected)
+  ``max_norm`` with bfloat16 gradients, computes the norm in float32, and maps
+  zero gradients with ``max_norm == 0`` to zero updates rather than NaN.
+  (Pascanu et al. 2013, "On the difficulty of training RNNs".)
+  """
+
+  def update_fn(updates, state, params=None):
+    del params
+    norm = optax.global_norm(jax.tree.map(lambda g: g.astype(jnp.float32), updates))
+    scale = jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
+    return jax.tree.map(lambda g: (g.astype(jnp.float32) * scale).astype(g.dtype),
+                        updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
                   warmup_steps, total_steps):
   schedule = warmup_cosine(peak_learning_rate, warmup_steps=warmup_steps,
                            total_steps=total_steps)
   return optax.chain(
-      optax.clip_by_global_norm(clip_norm),
+      clip_by_global_norm(clip_norm),
       optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                   mu_dtype=jnp.float32),
   )
@@ -63,7 +83,7 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   expect(0 <= warmup_steps, 'warmup_steps', '>= 0', warmup_steps, ConfigError)
   expect(0 <= b1 < 1, 'b1', 'in [0, 1)', b1, ConfigError)
   expect(0 <= b2 < 1, 'b2', 'in [0, 1)', b2, ConfigError)
-  expect(clip_norm > 0, 'clip_norm', '> 0', clip_norm, ConfigError)
+  expect(clip_norm >= 0, 'clip_norm', '>= 0', clip_norm, ConfigError)
   expect(weight_decay >= 0, 'weight_decay', '>= 0', weight_decay, ConfigError)
   factory = optax.inject_hyperparams(
       _adamw_cosine, static_args=('warmup_steps', 'total_steps'),

@@ -167,7 +167,8 @@ class Task:
     y = batch['y']
     n = y.shape[0]
     weight = batch.get('weight')
-    weight = jnp.ones((n,), jnp.float32) if weight is None else weight.astype(jnp.float32)
+    weight = (jnp.ones((n,), jnp.float32) if weight is None
+              else losses.at_least_float32(weight))
     if self.objective == 'classification':
       per_example = losses.softmax_cross_entropy(outputs, y, hparams['label_smoothing'])
       correct = (jnp.argmax(outputs, axis=-1) == y).astype(jnp.float32)

@@ -1,0 +1,55 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import purax
+from purax.core import optim
+
+
+def test_warmup_cosine_accepts_a_traced_peak():
+  fn = jax.jit(lambda peak, count: optim.warmup_cosine(peak, warmup_steps=10,
+                                                       total_steps=110)(count))
+  assert float(fn(2.0, 0)) == 0.0
+  np.testing.assert_allclose(fn(2.0, 10), 2.0, rtol=1e-6)
+  np.testing.assert_allclose(fn(2.0, 60), 1.0, rtol=1e-5)   # cosine midpoint
+  np.testing.assert_allclose(fn(3.0, 110), 0.0, atol=1e-6)
+
+
+def test_hyperparameters_are_float32_and_settable():
+  tx = purax.adamw(learning_rate=1e-3, total_steps=10)
+  state = tx.init({'w': jnp.zeros(3, jnp.bfloat16)})
+  assert {k: v.dtype for k, v in state.hyperparams.items()} == \
+      dict.fromkeys(['b1', 'b2', 'clip_norm', 'eps', 'peak_learning_rate', 'weight_decay'],
+                    jnp.float32)
+  new = optim.set_hyperparams(state, peak_learning_rate=3e-4)
+  np.testing.assert_allclose(new.hyperparams['peak_learning_rate'], 3e-4)
+  with pytest.raises(purax.ConfigError, match="hyperparameter name: expected one of"):
+    optim.set_hyperparams(state, lr=1.0)
+
+
+def test_clipping_bounds_the_norm_and_zero_norm_gives_zero_updates():
+  clip = optim.clip_by_global_norm(1.0)
+  g = {'a': jnp.full((4,), 3.0, jnp.bfloat16), 'b': jnp.full((2,), 3.0)}
+  out, _ = clip.update(g, clip.init(g))
+  assert out['a'].dtype == jnp.bfloat16
+  norm = optax_norm(out)
+  np.testing.assert_allclose(norm, 1.0, rtol=1e-2)
+  zero_clip = optim.clip_by_global_norm(jnp.float32(0.0))
+  zeros = jax.tree.map(jnp.zeros_like, g)
+  out, _ = zero_clip.update(zeros, zero_clip.init(zeros))
+  assert all(bool(jnp.all(x == 0)) for x in jax.tree.leaves(out))
+
+
+def optax_norm(tree):
+  return float(jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
+                            for x in jax.tree.leaves(tree))))
+
+
+@pytest.mark.parametrize('kwargs, field', [
+    (dict(learning_rate=-1.0), 'learning_rate'), (dict(b2=1.0), 'b2'),
+    (dict(clip_norm=-1.0), 'clip_norm'), (dict(total_steps=0), 'total_steps')])
+def test_bad_optimizer_values_name_the_field(kwargs, field):
+  kwargs = {'total_steps': 10, **kwargs}
+  with pytest.raises(purax.ConfigError, match=f'^{field}: expected'):
+    purax.adamw(**kwargs)

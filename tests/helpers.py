@@ -1,0 +1,43 @@
+"""Small shared fixtures for the tests: tiny tasks and batches."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import purax
+from purax import nn as pnn
+
+
+def tiny_batch(n=8, shape=(8, 8, 1), classes=10, seed=0, weight=False):
+  rng = np.random.default_rng(seed)
+  batch = {'x': rng.normal(size=(n, *shape)).astype(np.float32),
+           'y': rng.integers(0, classes, size=(n,)).astype(np.int32)}
+  if weight:
+    batch['weight'] = rng.uniform(0.0, 1.0, size=(n,)).astype(np.float32)
+  return batch
+
+
+def tiny_task(model='mlp', *, classes=10, learning_rate=1e-2, total_steps=100, **kwargs):
+  models = {
+      'mlp': lambda: pnn.MLP(num_classes=classes, features=(16,), **kwargs),
+      'cnn': lambda: pnn.CNN(num_classes=classes, features=(4, 8), hidden=16, **kwargs),
+      'resnet': lambda: pnn.ResNet(num_classes=classes, stage_features=(4, 8), **kwargs),
+  }
+  tx = purax.adamw(learning_rate=learning_rate, total_steps=total_steps, warmup_steps=0)
+  return purax.Task(model=models[model](), tx=tx)
+
+
+def tree_equal(a, b):
+  leaves_a, tree_a = jax.tree.flatten(a)
+  leaves_b, tree_b = jax.tree.flatten(b)
+  if tree_a != tree_b:
+    return False
+  return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
+
+
+def params_differ(a, b):
+  return any(not np.array_equal(np.asarray(x), np.asarray(y))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+__all__ = ['tiny_batch', 'tiny_task', 'tree_equal', 'params_differ', 'jnp']

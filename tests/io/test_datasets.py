@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+import purax
+from purax.io import datasets
+
+
+def test_digits_is_the_bundled_data_set_with_a_fixed_split():
+  ds = datasets.load('digits')
+  assert ds.x_train.shape == (1437, 8, 8, 1) and ds.x_test.shape == (360, 8, 8, 1)
+  assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int32
+  assert 0.0 <= ds.x_train.min() and ds.x_train.max() <= 1.0
+  assert set(np.unique(ds.y_test)) == set(range(10))
+  np.testing.assert_array_equal(datasets.load('digits').y_test, ds.y_test)
+
+
+def test_mnist1d_is_generated_offline_with_default_arguments():
+  state = np.random.get_state()
+  ds = datasets.load('mnist1d')
+  assert ds.x_train.shape == (4000, 40, 1) and ds.x_test.shape == (1000, 40, 1)
+  assert np.array_equal(np.random.get_state()[1], state[1])  # global RNG untouched
+  assert set(np.unique(ds.y_train)) == set(range(10))
+
+
+def write_npz(tmp_path, **arrays):
+  rng = np.random.default_rng(0)
+  base = {'x_train': rng.normal(size=(20, 8, 8, 1)).astype(np.float32),
+          'y_train': rng.integers(0, 3, 20), 'x_test': rng.normal(size=(6, 8, 8, 1)),
+          'y_test': rng.integers(0, 3, 6)}
+  base.update(arrays)
+  base = {k: v for k, v in base.items() if v is not None}
+  path = tmp_path / 'data.npz'
+  np.savez(path, **base)
+  return f'npz:{path}'
+
+
+def test_npz_round_trip(tmp_path):
+  ds = datasets.load(write_npz(tmp_path, num_classes=np.int64(4)))
+  assert ds.num_classes == 4 and ds.x_test.dtype == np.float32
+
+
+@pytest.mark.parametrize('arrays, match', [
+    (dict(y_test=None), r"key 'y_test': expected present, got keys \['x_test', 'x_train', 'y_train'\]"),
+    (dict(y_train=np.zeros(20, np.float32)), r'y_train.dtype: expected an integer dtype'),
+    (dict(y_train=np.full(20, 7), num_classes=np.int64(3)),
+     r'y_train: expected labels in \[0, 3\), got labels in \[7, 7\]'),
+    (dict(y_test=np.full(6, -1)), r'y_test: expected labels in \[0, 3\), got labels in \[-1, -1\]'),
+    (dict(x_test=np.zeros((6, 7, 8, 1))), r'x_test.shape: expected \[n, 8, 8, 1\] \(as x_train\), got \(6, 7, 8, 1\)'),
+    (dict(y_train=np.zeros(19, np.int64)), r'y_train.shape: expected \[20\]'),
+])
+def test_bad_npz_data_raise_named_errors(tmp_path, arrays, match):
+  with pytest.raises(purax.DataError, match=match):
+    datasets.load(write_npz(tmp_path, **arrays))
+
+
+def test_unknown_and_missing_data_sets():
+  with pytest.raises(purax.ConfigError, match=r"dataset: expected one of \['digits', 'mnist1d'\]"):
+    datasets.load('cifar10')
+  with pytest.raises(purax.DataError, match='an existing .npz file'):
+    datasets.load('npz:/nonexistent/file.npz')

@@ -1,0 +1,104 @@
+"""The command line end to end, and its errors (nothing written on bad input)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from purax import cli
+
+
+def run(*args):
+  return cli.main(list(args))
+
+
+def test_default_train_reaches_97_percent_on_digits_and_writes_the_run_directory(tmp_path, capsys):
+  workdir = tmp_path / 'run'
+  assert run('train', '--workdir', str(workdir), '--no-progress') == 0
+  names = set(os.listdir(workdir))
+  assert {'config.json', 'metrics.jsonl', 'checkpoints', 'final_metrics.json'} <= names
+  assert any(n.startswith('events.out.tfevents') for n in names)
+  config = json.loads((workdir / 'config.json').read_text())
+  assert config['model'] == 'cnn' and config['dataset'] == 'digits'
+  records = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  final = [r for r in records if 'eval/accuracy' in r][-1]
+  assert final['step'] == config['steps']
+  assert final['eval/accuracy'] >= 0.97
+  assert final['eval/examples'] == 360
+  # purax eval restores the checkpoint and reproduces the final evaluation.
+  capsys.readouterr()
+  assert run('eval', '--workdir', str(workdir)) == 0
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  np.testing.assert_allclose(out['eval']['accuracy'], final['eval/accuracy'], rtol=1e-6)
+
+
+def test_mnist1d_cnn_runs(tmp_path):
+  assert run('train', '--dataset', 'mnist1d', '--model', 'cnn', '--steps', '30',
+             '--eval-every', '0', '--workdir', str(tmp_path / 'm'), '--no-progress') == 0
+  assert (tmp_path / 'm' / 'final_metrics.json').exists()
+
+
+def write_npz(path, **overrides):
+  rng = np.random.default_rng(0)
+  arrays = {'x_train': rng.normal(size=(32, 64)).astype(np.float32),
+            'y_train': rng.integers(0, 4, 32), 'x_test': rng.normal(size=(8, 64)),
+            'y_test': rng.integers(0, 4, 8)}
+  arrays.update(overrides)
+  np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+  return f'npz:{path}'
+
+
+def test_npz_data_with_mlp(tmp_path):
+  data = write_npz(tmp_path / 'd.npz')
+  assert run('train', '--dataset', data, '--model', 'mlp', '--steps', '5', '--batch-size', '8',
+             '--workdir', str(tmp_path / 'r'), '--no-progress') == 0
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--dataset', 'cifar10'], "dataset: expected one of ['digits', 'mnist1d'] or 'npz:PATH', got 'cifar10'"),
+    (['--batch-size', '5000'], 'batch_size: expected in [1, 1437] (training examples), got 5000'),
+    (['--steps', '0'], 'steps: expected >= 1, got 0'),
+    (['--learning-rate', '-1'], 'learning_rate: expected > 0, got -1.0'),
+    (['NPZ', 'missing_key'], "key 'y_test': expected present"),
+    (['NPZ', 'float_labels'], 'y_train.dtype: expected an integer dtype (class labels), got float32'),
+    (['NPZ', 'label_range'], 'y_train: expected labels in [0, 3), got labels in [0, 9]'),
+    (['NPZ', 'image_shape'], 'x_train.shape: expected [batch, length, channels] or [batch, height, width, channels] for CNN'),
+])
+def test_bad_input_is_a_clear_error_and_leaves_no_run_directory(tmp_path, capsys, args, message):
+  if args[0] == 'NPZ':
+    kind = args[1]
+    overrides = {
+        'missing_key': dict(y_test=None),
+        'float_labels': dict(y_train=np.zeros(32, np.float32)),
+        'label_range': dict(y_train=np.arange(32) % 10, num_classes=np.int64(3)),
+        'image_shape': {},
+    }[kind]
+    args = ['--dataset', write_npz(tmp_path / 'd.npz', **overrides), '--batch-size', '8']
+    if kind != 'image_shape':
+      args += ['--model', 'mlp']
+  workdir = tmp_path / 'never'
+  assert run('train', '--workdir', str(workdir), '--no-progress', *args) == 2
+  err = capsys.readouterr().err
+  assert message in err, err
+  assert not workdir.exists()
+
+
+def test_unknown_model_is_rejected_by_the_parser(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    run('train', '--model', 'transformer', '--workdir', str(tmp_path / 'x'))
+  assert e.value.code == 2
+  assert 'transformer' in capsys.readouterr().err
+  assert not (tmp_path / 'x').exists()
+
+
+def test_existing_workdir_is_not_overwritten(tmp_path, capsys):
+  (tmp_path / 'keep.txt').write_text('precious')
+  assert run('train', '--workdir', str(tmp_path), '--steps', '1', '--no-progress') == 2
+  assert 'workdir: expected a directory that does not exist yet' in capsys.readouterr().err
+  assert (tmp_path / 'keep.txt').read_text() == 'precious'
+
+
+def test_eval_of_a_non_run_directory(tmp_path, capsys):
+  assert run('eval', '--workdir', str(tmp_path)) == 2
+  assert 'workdir: expected a run directory with config.json' in capsys.readouterr().err

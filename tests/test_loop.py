@@ -1,0 +1,89 @@
+"""fit(): one compilation, no recompilation for new hyperparameter values,
+host syncs only at log points."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import purax
+from purax import loop
+from purax.core import metrics as metrics_lib
+from purax.core.optim import set_hyperparams
+from purax.io import pipeline
+from tests.helpers import tiny_batch, tiny_task
+
+TRACES = []
+
+
+@dataclasses.dataclass(frozen=True)
+class CountingTask(purax.Task):
+  """Counts how often the step is traced (each trace precedes a compilation)."""
+
+  def step(self, state, batch):
+    TRACES.append(1)
+    return super().step(state, batch)
+
+
+def make(num_steps=12, batch_size=8):
+  data = tiny_batch(n=40, shape=(8, 8, 1), seed=1)
+  base = tiny_task('cnn')
+  task = CountingTask(model=base.model, tx=base.tx)
+  train = pipeline.train_dataset(data['x'], data['y'], batch_size=batch_size, seed=0,
+                                 num_steps=num_steps)
+  evals = pipeline.eval_batches(data['x'], data['y'], batch_size=16)
+  return task, train, evals
+
+
+def test_fit_compiles_once_and_a_new_learning_rate_does_not_recompile(monkeypatch):
+  task, train, evals = make()
+  TRACES.clear()
+  state = task.init(jax.random.key(0), train[0])
+  before = loop.train_step._cache_size()
+  s1, hist1 = loop.fit(task, state, train, eval_data=evals, log_every=4, progress=False)
+  assert len(TRACES) == 1 + 1  # the step's jit trace + eval_shape of the metrics structure
+  assert loop.train_step._cache_size() == before + 1
+  state = task.init(jax.random.key(0), train[0])
+  state = state.replace(opt_state=set_hyperparams(state.opt_state, peak_learning_rate=0.5))
+  s2, hist2 = loop.fit(task, state, train, eval_data=evals, log_every=4, progress=False)
+  assert loop.train_step._cache_size() == before + 1, 'a new learning rate recompiled'
+  assert len(TRACES) == 2 + 1    # only the eval_shape again, no new jit trace
+  assert hist1[0]['train/loss'] != hist2[0]['train/loss']
+  assert int(s1.step) == int(s2.step) == 12
+
+
+def test_host_syncs_happen_only_at_log_points(monkeypatch):
+  task, train, evals = make(num_steps=12)
+  calls = []
+  real = metrics_lib.compute
+  monkeypatch.setattr(metrics_lib, 'compute', lambda m: calls.append(1) or real(m))
+  state = task.init(jax.random.key(0), train[0])
+  with jax.transfer_guard('disallow'):   # no implicit transfers anywhere in the loop
+    state, hist = loop.fit(task, state, train, eval_data=evals, log_every=5,
+                           eval_every=0, progress=False)
+  # Logs at steps 5, 10, 12 and one evaluation at the end.
+  assert len(calls) == 3 + 1
+  assert [h['step'] for h in hist] == [5, 10, 12, 12]
+  assert sum('train/examples' in h and h['train/examples'] for h in hist) == 12 * 8
+
+
+def test_fit_resumes_from_the_state_step_and_learns():
+  task, train, evals = make(num_steps=30)
+  state = task.init(jax.random.key(0), train[0])
+  straight, hist = loop.fit(task, state, train, log_every=10, progress=False)
+  assert hist[-1]['train/loss'] < hist[0]['train/loss']
+  half = pipeline.train_dataset(*(lambda d: (d['x'], d['y']))(tiny_batch(n=40, seed=1)),
+                                batch_size=8, seed=0, num_steps=15)
+  state = task.init(jax.random.key(0), train[0])
+  mid, _ = loop.fit(task, state, half, log_every=10, progress=False)
+  resumed, _ = loop.fit(task, mid, train, log_every=10, progress=False)
+  for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_fit_rejects_bad_arguments():
+  task, train, _ = make()
+  state = task.init(jax.random.key(0), train[0])
+  with pytest.raises(purax.ConfigError, match='log_every: expected >= 1, got 0'):
+    loop.fit(task, state, train, log_every=0, progress=False)
