@@ -5,9 +5,13 @@ same optimizer settings, in one process, interleaved over several trials; the
 median steps/s of each is written as JSON. Compilation is excluded (each path
 is warmed up first). Nothing is asserted: the numbers go to the README.
 
-- ``purax_fit``: ``purax.fit`` (grain batches, device prefetch, donated state,
-  metrics merged on device and fetched every ``log_every`` steps, no progress
-  bar or writer).
+- ``purax_fit``: ``purax.fit`` with the default task (grain batches, device
+  prefetch, donated state, metrics merged on device and fetched every
+  ``log_every`` steps, the skip-on-non-finite guard; no progress bar or
+  writer).
+- ``purax_fit_noguard``: the same with ``Task(skip_nonfinite=False)``: what
+  the guard (a fused select over the state, zeroed metrics of a skipped step,
+  two more counters) costs.
 - ``handwritten``: ``jax.jit(train_step, donate_argnums=0)`` over pre-built numpy
   batches, ``jax.device_put`` per step, the loss read once at the end — the
   loop an experienced JAX engineer writes.
@@ -20,6 +24,7 @@ Usage: ``python benchmarks/step_overhead.py [--steps 400] [--trials 5] [--out PA
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -105,18 +110,22 @@ def main():
                                   num_steps=args.steps)
     batches = [data[s] for s in range(args.steps)]
     state = task.init(jax.random.key(0), batches[0])
-    runs = {'purax_fit': [], 'handwritten': [], 'tutorial': []}
-    for _ in range(args.trials):   # interleaved, so drift hits all three alike
+    noguard = dataclasses.replace(task, skip_nonfinite=False)
+    runs = {'purax_fit': [], 'purax_fit_noguard': [], 'handwritten': [], 'tutorial': []}
+    for _ in range(args.trials):   # interleaved, so drift hits all alike
       runs['purax_fit'].append(run_purax(task, data, log_every=args.log_every))
+      runs['purax_fit_noguard'].append(run_purax(noguard, data, log_every=args.log_every))
       runs['handwritten'].append(run_handwritten(task, state, batches, sync_every_step=False))
       runs['tutorial'].append(run_handwritten(task, state, batches, sync_every_step=True))
     med = {k: statistics.median(v) for k, v in runs.items()}
     results['models'][name] = {
         'steps_per_sec_median': med, 'steps_per_sec_all': runs,
         'purax_vs_handwritten': med['purax_fit'] / med['handwritten'],
+        'purax_noguard_vs_handwritten': med['purax_fit_noguard'] / med['handwritten'],
         'purax_vs_tutorial': med['purax_fit'] / med['tutorial'],
     }
-    print(f"{name}: purax {med['purax_fit']:.1f} steps/s, handwritten "
+    print(f"{name}: purax {med['purax_fit']:.1f} steps/s (no guard "
+          f"{med['purax_fit_noguard']:.1f}), handwritten "
           f"{med['handwritten']:.1f}, tutorial {med['tutorial']:.1f} -> "
           f"{results['models'][name]['purax_vs_handwritten']:.3f}x handwritten, "
           f"{results['models'][name]['purax_vs_tutorial']:.3f}x tutorial")

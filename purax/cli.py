@@ -1,4 +1,4 @@
-"""``purax train | eval``: the command line, typed by dataclasses through tyro.
+"""``purax train | eval | sweep``: the command line, typed by dataclasses through tyro.
 
 Examples::
 
@@ -6,12 +6,19 @@ Examples::
   purax train --dataset mnist1d --model cnn --steps 2000
   purax train --dataset npz:data.npz --model mlp --workdir runs/mine
   purax eval --workdir runs/mine
+  purax train --workdir runs/mine               # resume an interrupted run
+  purax export --workdir runs/mine              # jax.export artifact, symbolic batch
+  purax sweep --lr 1e-4,3e-4,1e-3 --seeds 0,1,2       # 9 runs, one program
+  purax sweep --lr loguniform:1e-5:1e-2 --members 16
+  purax train --model lm --dataset pystdlib --workdir runs/lm   # byte-level LM
+  purax generate --workdir runs/lm --prompt 'def '             # sample from it
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import Annotated, Sequence, Union
 
@@ -19,6 +26,7 @@ import tyro
 
 from purax.config import TrainConfig
 from purax.core.errors import PuraxError
+from purax.sweep import SweepConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,22 +42,78 @@ class EvalConfig:
   batch_size: int | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+  """Export a run's predict function (jax.export, symbolic batch dimension).
+
+  Attributes:
+    workdir: the run directory written by `purax train`.
+    out: output directory (default: WORKDIR/export).
+  """
+
+  workdir: str
+  out: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+  """Continue a prompt with a trained language model (--model lm).
+
+  Attributes:
+    workdir: the run directory written by `purax train --model lm`.
+    prompt: the text to continue (UTF-8, at least one character).
+    max_new_tokens: bytes to generate.
+    temperature: sampling temperature; 0 for greedy decoding.
+    seed: seed of the sampling key.
+  """
+
+  workdir: str
+  prompt: str
+  max_new_tokens: int = 200
+  temperature: float = 0.8
+  seed: int = 0
+
+
 Command = Union[
     Annotated[TrainConfig, tyro.conf.subcommand('train', description='Train a model.')],
     Annotated[EvalConfig, tyro.conf.subcommand('eval', description='Evaluate a run.')],
+    Annotated[ExportConfig, tyro.conf.subcommand(
+        'export', description="Export a run's predict function with jax.export.")],
+    Annotated[SweepConfig, tyro.conf.subcommand(
+        'sweep', description='Train a population of runs over hyperparameters and seeds.')],
+    Annotated[GenerateConfig, tyro.conf.subcommand(
+        'generate', description='Sample text from a trained language model.')],
 ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the ``purax`` command; returns the exit status."""
-  command = tyro.cli(Command, args=argv, prog='purax',
-                     description='purax: a pure-functional training core for JAX.')
+  argv = list(sys.argv[1:] if argv is None else argv)
+  saved = _saved_config(argv)
+  if saved is not None:
+    # Resuming: the run's own config supplies the defaults, so a bare
+    # `purax train --workdir DIR` continues it and explicit options are checked.
+    command = tyro.cli(TrainConfig, args=argv[1:], default=saved, prog='purax train')
+  else:
+    command = tyro.cli(Command, args=argv, prog='purax',
+                       description='purax: a pure-functional training core for JAX.')
   # Import after parsing so that `purax --help` stays fast.
   from purax import runs
   try:
     if isinstance(command, TrainConfig):
       metrics = runs.train(command)
       print(json.dumps({'final': metrics}, indent=None))
+    elif isinstance(command, SweepConfig):
+      from purax import sweep
+      summary = sweep.run(command)
+      print(json.dumps({'best': summary['best'], 'top': summary['members'][:1]}))
+    elif isinstance(command, GenerateConfig):
+      print(command.prompt + runs.generate_run(
+          command.workdir, command.prompt, max_new_tokens=command.max_new_tokens,
+          temperature=command.temperature, seed=command.seed))
+    elif isinstance(command, ExportConfig):
+      path = runs.export_run(command.workdir, out=command.out)
+      print(json.dumps({'exported': path}))
     else:
       metrics = runs.evaluate_run(command.workdir, batch_size=command.batch_size)
       print(json.dumps({'eval': metrics}, indent=None))
@@ -57,6 +121,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f'purax: error: {e}', file=sys.stderr)
     return 2
   return 0
+
+
+def _saved_config(argv: list[str]) -> TrainConfig | None:
+  """The saved config when ``argv`` is ``train ... --workdir DIR`` and DIR is a run."""
+  if not argv or argv[0] != 'train':
+    return None
+  workdir = None
+  for i, arg in enumerate(argv):
+    if arg == '--workdir' and i + 1 < len(argv):
+      workdir = argv[i + 1]
+    elif arg.startswith('--workdir='):
+      workdir = arg.split('=', 1)[1]
+  path = os.path.join(workdir, 'config.json') if workdir else None
+  if path is None or not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    try:
+      return TrainConfig.from_json(f.read())
+    except (ValueError, TypeError):
+      return None   # not ours to parse: train() reports it
 
 
 if __name__ == '__main__':

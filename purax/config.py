@@ -17,10 +17,13 @@ import numpy as np
 
 from purax.core.errors import ConfigError, expect
 from purax.core.optim import adamw
+from purax.core.precision import get_policy
+from purax.nn.remat import check_remat
 from purax.core.task import Task
+from purax.io.text import is_text
 from purax.nn.registry import MODELS, check_input_shape, get_model
 
-ModelName = Literal['cnn', 'mlp', 'resnet']
+ModelName = Literal['cnn', 'mlp', 'resnet', 'transformer', 'lm']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +31,11 @@ class TrainConfig:
   """A training run.
 
   Attributes:
-    model: model name (cnn, mlp, resnet).
-    dataset: 'digits', 'mnist1d', or 'npz:PATH' (arrays x_train, y_train, x_test, y_test).
+    model: model name (cnn, mlp, resnet, transformer: an encoder classifier;
+      lm: a byte-level decoder language model, for text datasets).
+    dataset: 'digits', 'mnist1d', or 'npz:PATH' (arrays x_train, y_train, x_test,
+      y_test); for --model lm: 'pystdlib' (the Python standard library's
+      sources) or 'text:PATH' (any UTF-8 file).
     steps: optimizer updates.
     batch_size: examples per update.
     learning_rate: peak AdamW learning rate (after warmup; cosine decay to 0).
@@ -37,14 +43,38 @@ class TrainConfig:
     weight_decay: decoupled weight decay.
     clip_norm: global-norm gradient clipping threshold.
     label_smoothing: label smoothing in [0, 1).
-    dropout_rate: dropout rate of the model (mlp, cnn).
+    dropout_rate: dropout rate of the model (mlp, cnn, transformer, lm).
     seed: seed of initialization, shuffling and dropout.
-    workdir: run directory (default: runs/DATASET-MODEL-TIME); must not exist.
+    workdir: run directory (default: runs/DATASET-MODEL-TIME); an existing run
+      directory is resumed from its newest committed checkpoint.
     log_every: write training metrics every N steps (the loop's only host sync).
     eval_every: evaluate on the test split every N steps (0: at the end only).
     eval_batch_size: examples per evaluation batch (the last is padded).
     num_classes: override the number of classes (npz data without num_classes).
     progress: show a progress bar.
+    checkpoint_every: save a checkpoint every N steps (0: only at the end).
+    keep_last: keep the newest N checkpoints.
+    keep_best: also keep the best K checkpoints by eval accuracy (0: off).
+    precision: 'fp32', 'bf16' (params float32, compute bfloat16), 'fp16' (with
+      dynamic loss scaling) or 'params=DTYPE,compute=DTYPE,output=DTYPE'.
+    microbatches: gradient accumulation: split each batch into N microbatches
+      (batch_size must divide); one optimizer update per batch.
+    remat: gradient checkpointing policy of resnet/transformer/lm blocks:
+      none, full, dots_saveable, dots_with_no_batch_dims_saveable, ...
+    loss_scale: initial dynamic loss scale when the precision computes in float16.
+    max_consecutive_skips: stop with an error after N consecutive steps with
+      non-finite gradients (each is skipped, the state unchanged).
+    debug_nans: turn on jax_debug_nans (slow: re-runs an op that makes a NaN
+      un-jitted and raises where it happened).
+    mesh: run on a device mesh, e.g. 'data=4,fsdp=2' (axes data, fsdp, tensor;
+      one may be -1); the strategy follows the shape (purax.parallel.for_mesh).
+    coordinator: multi-host: HOST:PORT of process 0 (jax.distributed).
+    num_processes: multi-host: number of processes.
+    process_id: multi-host: this process's index; only process 0 writes logs.
+    seq_len: tokens (bytes) per example of a text dataset (--model lm).
+    d_model: width of transformer/lm (default: the model's, 64 / 128).
+    num_layers: layers of transformer/lm (default: the model's, 2 / 4).
+    num_heads: attention heads of transformer/lm (default: the model's, 4).
   """
 
   model: ModelName = 'cnn'
@@ -64,6 +94,23 @@ class TrainConfig:
   eval_batch_size: int = 512
   num_classes: int | None = None
   progress: bool = True
+  checkpoint_every: int = 250
+  keep_last: int = 2
+  keep_best: int = 0
+  precision: str = 'fp32'
+  microbatches: int = 1
+  remat: str = 'none'
+  loss_scale: float = 2.0 ** 15
+  max_consecutive_skips: int = 10
+  debug_nans: bool = False
+  mesh: str | None = None
+  coordinator: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  seq_len: int = 128
+  d_model: int | None = None
+  num_layers: int | None = None
+  num_heads: int | None = None
 
   def validate(self) -> 'TrainConfig':
     """Checks every field that can be checked without data.
@@ -88,7 +135,46 @@ class TrainConfig:
     expect(self.num_classes is None or self.num_classes >= 2, 'num_classes',
            '>= 2 or unset', self.num_classes, ConfigError)
     expect(self.seed >= 0, 'seed', '>= 0', self.seed, ConfigError)
+    expect((self.model == 'lm') == is_text(self.dataset), 'dataset',
+           "'pystdlib' or 'text:PATH' (text) with --model lm, and only with it",
+           f'{self.dataset!r} with --model {self.model}', ConfigError)
+    expect(self.seq_len >= 1, 'seq_len', '>= 1', self.seq_len, ConfigError)
+    for name in ('d_model', 'num_layers', 'num_heads'):
+      value = getattr(self, name)
+      expect(value is None or value >= 1, name, '>= 1 or unset', value, ConfigError)
+    expect(self.checkpoint_every >= 0, 'checkpoint_every', '>= 0', self.checkpoint_every,
+           ConfigError)
+    expect(self.keep_last >= 1, 'keep_last', '>= 1', self.keep_last, ConfigError)
+    expect(self.keep_best >= 0, 'keep_best', '>= 0', self.keep_best, ConfigError)
+    get_policy(self.precision)
+    check_remat(self.remat)
+    expect(self.microbatches >= 1, 'microbatches', '>= 1', self.microbatches, ConfigError)
+    expect(self.batch_size % self.microbatches == 0, 'batch_size',
+           f'a multiple of microbatches={self.microbatches}', self.batch_size, ConfigError)
+    expect(self.loss_scale >= 1, 'loss_scale', '>= 1', self.loss_scale, ConfigError)
+    expect(self.max_consecutive_skips >= 1, 'max_consecutive_skips', '>= 1',
+           self.max_consecutive_skips, ConfigError)
+    if self.mesh is not None:
+      from purax.parallel.mesh import parse_mesh
+      parse_mesh(self.mesh)
     return self
+
+  def check_resumable(self, saved: 'TrainConfig') -> None:
+    """Checks that this config may continue a run saved with ``saved``.
+
+    Only fields that do not change the computation may differ (logging,
+    evaluation cadence, checkpointing, the progress bar).
+
+    Raises:
+      ConfigError: naming the first field that differs, with both values.
+    """
+    for field in dataclasses.fields(self):
+      if field.name in RESUMABLE_CHANGES:
+        continue
+      ours, theirs = getattr(self, field.name), getattr(saved, field.name)
+      expect(ours == theirs, field.name,
+             f'{theirs!r} (as in the run being resumed; start a new --workdir to change it)',
+             repr(ours), ConfigError)
 
   def resolved(self) -> 'TrainConfig':
     """With ``workdir`` filled in (``runs/DATASET-MODEL-YYYYmmdd-HHMMSS``)."""
@@ -110,6 +196,12 @@ class TrainConfig:
     return cls(**data)
 
 
+RESUMABLE_CHANGES = frozenset({'workdir', 'progress', 'log_every', 'eval_every',
+                               'eval_batch_size', 'checkpoint_every', 'keep_last', 'keep_best',
+                               'mesh', 'coordinator', 'num_processes', 'process_id',
+                               'max_consecutive_skips', 'debug_nans'})
+
+
 def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
   """The Task (model, AdamW, objective) of a config, checked against the data.
 
@@ -117,16 +209,31 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
     DataError: inputs of ``input_shape`` do not suit the model.
   """
   kwargs = {'dropout_rate': config.dropout_rate} if config.model in ('mlp', 'cnn') else {}
+  if config.model in ('transformer', 'lm'):
+    kwargs = {k: getattr(config, k) for k in ('dropout_rate', 'd_model', 'num_layers',
+                                               'num_heads') if getattr(config, k) is not None}
+    if config.model == 'lm':
+      kwargs['max_len'] = config.seq_len
+  policy = get_policy(config.precision)
+  kwargs.update(policy.model_kwargs())
+  if config.remat != 'none':
+    expect(config.model in ('resnet', 'transformer', 'lm'), 'remat',
+           "'none' for mlp and cnn (remat applies to resnet, transformer and lm blocks)",
+           repr(config.remat), ConfigError)
+    kwargs['remat'] = config.remat
   model = get_model(config.model, num_classes=num_classes, **kwargs)
   check_input_shape(model, (1, *input_shape), field='x_train')
   tx = adamw(learning_rate=config.learning_rate, total_steps=config.steps,
              warmup_steps=min(config.warmup_steps, config.steps),
              weight_decay=config.weight_decay, clip_norm=config.clip_norm)
-  return Task(model=model, tx=tx, objective='classification',
-              label_smoothing=config.label_smoothing)
+  return Task(model=model, tx=tx,
+              objective='language_model' if config.model == 'lm' else 'classification',
+              label_smoothing=config.label_smoothing, microbatches=config.microbatches,
+              loss_scale=config.loss_scale if policy.needs_loss_scaling else None)
 
 
 def sample_batch(x: np.ndarray, y: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
   """A zero batch of the data's shapes (enough for ``init`` and ``eval_shape``)."""
-  return {'x': np.zeros((batch_size, *x.shape[1:]), np.float32),
+  x_dtype = np.int32 if np.issubdtype(x.dtype, np.integer) else np.float32   # token ids
+  return {'x': np.zeros((batch_size, *x.shape[1:]), x_dtype),
           'y': np.zeros((batch_size, *y.shape[1:]), y.dtype)}

@@ -16,9 +16,10 @@ import jax
 from tqdm.auto import tqdm
 
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, NonFiniteError, expect
 from purax.core.state import TrainState
 from purax.core.task import Task
+from purax.io.checkpoint import Checkpointer
 from purax.io.pipeline import prefetch_to_device
 from purax.io.writers import MetricWriter
 
@@ -66,7 +67,11 @@ def _chain(first, rest):
 def fit(task: Task, state: TrainState, train_data: Sequence, *,
         eval_data: Iterable | None = None, log_every: int = 50, eval_every: int = 0,
         writer: MetricWriter | None = None, progress: bool = True,
-        prefetch: int = 2) -> tuple[TrainState, list[dict[str, float]]]:
+        prefetch: int = 2, checkpointer: Checkpointer | None = None,
+        checkpoint_every: int = 0, train_metrics=None,
+        should_stop: Callable[[], bool] | None = None, plan=None,
+        max_consecutive_skips: int | None = 10,
+        ) -> tuple[TrainState, list[dict[str, float]]]:
   """Trains from ``state.step`` to ``len(train_data)``.
 
   Args:
@@ -84,6 +89,23 @@ def fit(task: Task, state: TrainState, train_data: Sequence, *,
     writer: receives ``train/*``, ``eval/*`` and ``steps_per_sec`` scalars.
     progress: show a progress bar (steps/s, loss, ETA).
     prefetch: batches put on the device ahead of the step.
+    checkpointer: saves ``{'state', 'train_metrics'}`` every
+      ``checkpoint_every`` steps (asynchronously; with the evaluation metrics
+      when evaluated at that step, for keep-best), when stopped, and at the end
+      (then waits for the commit).
+    checkpoint_every: steps between checkpoints (0: only at the end).
+    train_metrics: the running metrics window to continue (from a
+      checkpoint), so a resumed run logs bitwise what the straight run logs.
+    should_stop: polled after every step (a cheap host flag, e.g. set by a
+      SIGTERM handler); when true the loop checkpoints and returns early with
+      ``state.step < len(train_data)``.
+    plan: a :class:`purax.parallel.Sharded` (``parallel.sharded(task, mesh,
+      rules, batch)``): the step runs on its mesh, the state is placed in its
+      sharding, and with several processes each feeds only its rows of every
+      global batch (``train_data[s]``). Only process 0 writes.
+    max_consecutive_skips: stop with :class:`NonFiniteError` when this many
+      consecutive steps had non-finite gradients (skipped updates; seen at the
+      next log point, naming the step window); ``None``: never.
 
   Returns:
     ``(state, history)``: the final state and every record written.
@@ -91,6 +113,7 @@ def fit(task: Task, state: TrainState, train_data: Sequence, *,
   Raises:
     ConfigError: ``log_every`` or ``eval_every`` out of range.
     DataError: a malformed batch (checked before compiling).
+    NonFiniteError: ``max_consecutive_skips`` consecutive skipped updates.
   """
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   expect(eval_every >= 0, 'eval_every', '>= 0', eval_every, ConfigError)
@@ -101,18 +124,41 @@ def fit(task: Task, state: TrainState, train_data: Sequence, *,
 
   def write(step, scalars):
     history.append({'step': step, **scalars})
-    if writer is not None:
+    if writer is not None and jax.process_index() == 0:
       writer.write_scalars(step, scalars)
 
+  expect(checkpoint_every >= 0, 'checkpoint_every', '>= 0', checkpoint_every, ConfigError)
   if start < num_steps:
     task.check_batch(train_data[start])
-    acc = zero_metrics(lambda st, b: task.step(st, b)[1], state, train_data[start])
+    acc = train_metrics
+    if acc is None:
+      acc = zero_metrics(lambda st, b: task.step(st, b)[1], state, train_data[start])
+
+  def save(step, metrics=None):
+    if checkpointer is not None:
+      checkpointer.save(step, {'state': state, 'train_metrics': acc}, metrics=metrics)
+
   bar = tqdm(total=num_steps, initial=start, disable=not progress, unit='step',
              dynamic_ncols=True)
-  batches = prefetch_to_device((train_data[s] for s in range(start, num_steps)), prefetch)
+  host_batches = (train_data[s] for s in range(start, num_steps))
+  if plan is None:
+    batches = prefetch_to_device(host_batches, prefetch)
+    run_step = lambda state, acc, batch: train_step(task, state, acc, batch)
+  else:
+    from purax.parallel import distributed   # the loop drives parallel, not the reverse
+    state = jax.device_put(state, plan.state_sharding)   # no-op when already placed
+    if jax.process_count() > 1:
+      rows = distributed.process_rows(plan.mesh, plan.rules,
+                                      len(plan.sample_batch['x']))
+      batches = (distributed.global_batch({k: v[rows] for k, v in b.items()},
+                                          plan.mesh, plan.rules) for b in host_batches)
+    else:
+      batches = prefetch_to_device(host_batches, prefetch, plan.batch_sharding)
+    run_step = plan.train_step
   last_time, last_step = time.perf_counter(), start
+  window_start = start
   for step, batch in enumerate(batches, start=start + 1):
-    state, acc = train_step(task, state, acc, batch)
+    state, acc = run_step(state, acc, batch)
     bar.update(1)
     if step % log_every == 0 or step == num_steps:
       # The one host sync of the loop: fetch the merged metrics of the window.
@@ -123,12 +169,29 @@ def fit(task: Task, state: TrainState, train_data: Sequence, *,
       acc = metrics_lib.zeros_like(acc)
       bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", refresh=False)
       write(step, scalars)
+      streak = scalars.get('train/skip_streak', 0)
+      if max_consecutive_skips is not None and streak >= max_consecutive_skips:
+        bar.close()
+        raise NonFiniteError(
+            f'train/skip_streak: expected fewer than {max_consecutive_skips} consecutive '
+            f'steps with non-finite gradients, got {int(streak)} ending in steps '
+            f'({window_start}, {step}]; the state is that of the last finite update '
+            f'(try a lower learning rate, clipping, or --debug-nans to find the source)')
+      window_start = step
+    eval_scalars = None
     if eval_data is not None and ((eval_every and step % eval_every == 0)
                                   or step == num_steps):
-      scalars = {f'eval/{k}': v for k, v in evaluate(task, state, eval_data).items()}
-      write(step, scalars)
+      eval_scalars = {f'eval/{k}': v for k, v in evaluate(task, state, eval_data).items()}
+      write(step, eval_scalars)
       last_time = time.perf_counter()   # evaluation time is not training time
+    stop = should_stop is not None and should_stop()
+    if (checkpoint_every and step % checkpoint_every == 0) or step == num_steps or stop:
+      save(step, eval_scalars)
+    if stop:
+      break
   bar.close()
   if writer is not None:
     writer.flush()
+  if checkpointer is not None:
+    checkpointer.wait()
   return state, history

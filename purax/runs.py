@@ -1,25 +1,45 @@
-"""A whole run from a config: validate, load, build, train, save, evaluate.
+"""A whole run from a config: validate, load, build, train or resume, save.
 
 Everything that can be wrong with the input is checked before a directory is
-created or anything is compiled, so a bad run leaves nothing behind.
+created or anything is compiled, so a bad run leaves nothing behind. A run
+directory that exists is resumed from its newest committed checkpoint, with
+the same data order and randomness (batches are random access by step and the
+step key is ``fold_in(rng, step)``). SIGTERM and SIGINT finish the current
+step, save, wait for the commit and return normally.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
+import signal
+import sys
+import threading
 
 import jax
 
+import purax
+from purax import parallel
 from purax.config import TrainConfig, build_task, sample_batch
 from purax.core.errors import ConfigError, expect
-from purax.io import checkpoint, datasets, pipeline, writers
-from purax.loop import evaluate, fit
+from purax.core import flops
+from purax.io import datasets, pipeline, text, writers
+from purax.nn.transformer import count_params
+from purax.io.checkpoint import Checkpointer
+from purax.loop import evaluate, fit, zero_metrics
 
 
 def _prepare(config: TrainConfig):
   config = config.validate().resolved()
+  if text.is_text(config.dataset):     # byte-level language modelling (--model lm)
+    ds = text.load(config.dataset, seq_len=config.seq_len)
+    task = build_task(config, num_classes=ds.num_classes, input_shape=ds.input_shape)
+    train_data = text.train_dataset(ds, batch_size=config.batch_size, seed=config.seed,
+                                    num_steps=config.steps)
+    return config, ds, task, train_data
   ds = datasets.load(config.dataset, num_classes=config.num_classes)
   task = build_task(config, num_classes=ds.num_classes, input_shape=ds.input_shape)
   train_data = pipeline.train_dataset(ds.x_train, ds.y_train, batch_size=config.batch_size,
@@ -27,71 +47,238 @@ def _prepare(config: TrainConfig):
   return config, ds, task, train_data
 
 
+def _with_throughput(writer, config: TrainConfig, task, abstract):
+  """Adds tokens/s and MFU (purax.core.flops) to the logs of a language model."""
+  if task.objective != 'language_model':
+    return writer
+  model = task.model
+  per_token = flops.flops_per_token(
+      count_params(abstract['state'].params), num_layers=model.num_layers,
+      d_model=model.d_model, seq_len=config.seq_len)
+  return flops.ThroughputWriter(writer, tokens_per_step=config.batch_size * config.seq_len,
+                                flops_per_tok=per_token,
+                                device_kind=jax.devices()[0].device_kind,
+                                dtype=model.dtype, num_devices=jax.device_count())
+
+
+def abstract_checkpoint(task, batch) -> dict:
+  """The abstract ``{'state', 'train_metrics'}`` tree that runs checkpoint."""
+  state = jax.eval_shape(task.init, jax.random.key(0), batch)
+  acc = jax.eval_shape(lambda: zero_metrics(lambda s, b: task.step(s, b)[1], state, batch))
+  return {'state': state, 'train_metrics': acc}
+
+
+def _metadata(config: TrainConfig) -> dict:
+  return {'config': dataclasses.asdict(config), 'purax_version': purax.__version__,
+          'jax_version': jax.__version__, 'device_count': jax.device_count(),
+          'process_count': jax.process_count(), 'mesh': None}
+
+
+def _read_config(workdir: str) -> TrainConfig:
+  path = os.path.join(workdir, 'config.json')
+  expect(os.path.isfile(path), 'workdir', 'a run directory with config.json',
+         repr(workdir), ConfigError)
+  with open(path) as f:
+    return TrainConfig.from_json(f.read())
+
+
+def _truncate_jsonl(path: str, last_step: int) -> None:
+  """Drops records written after ``last_step`` (they are recomputed on resume)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [l for l in f if l.strip()]
+  keep = []
+  for line in lines:
+    try:
+      if json.loads(line)['step'] <= last_step:
+        keep.append(line)
+    except (ValueError, KeyError):
+      pass   # a line torn by a kill
+  with open(path + '.tmp', 'w') as f:
+    f.writelines(keep)
+  os.replace(path + '.tmp', path)
+
+
+class StopOnSignal(contextlib.AbstractContextManager):
+  """Turns SIGTERM/SIGINT into a flag polled by the loop; a second signal acts as usual."""
+
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+    self.signals, self.received, self._previous = signals, None, {}
+
+  def __call__(self) -> bool:
+    return self.received is not None
+
+  def _handle(self, signum, frame):
+    self.received = signal.Signals(signum).name
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for s in self.signals:
+        self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    return False
+
+
 def train(config: TrainConfig) -> dict:
-  """Runs ``config`` end to end; returns the final evaluation metrics.
+  """Runs ``config`` end to end, or resumes it; returns the final evaluation metrics.
 
   Writes ``WORKDIR/config.json``, ``metrics.jsonl``, TensorBoard events,
-  ``checkpoints/`` (the final state) and ``final_metrics.json``.
+  ``checkpoints/`` and ``final_metrics.json``. When stopped by SIGTERM/SIGINT
+  it returns ``{'stopped_by': SIGNAL, 'step': s}`` after committing a
+  checkpoint at step ``s``.
 
   Raises:
-    ConfigError, DataError: before anything is written; FileExistsError: the
-    run directory already exists.
+    ConfigError, DataError: before anything is written (also when a resumed
+    run's config differs in a field that changes the computation);
+    FileExistsError: ``workdir`` exists but is not a purax run directory;
+    CheckpointError: a checkpoint cannot be written or read.
   """
-  config, ds, task, train_data = _prepare(config)
+  config = config.validate().resolved()
+  parallel.distributed.initialize(config.coordinator, config.num_processes,
+                                  config.process_id)   # no-op for one process
   workdir = config.workdir
-  expect(not os.path.exists(workdir), 'workdir', 'a directory that does not exist yet',
-         repr(workdir), FileExistsError)
-  state = jax.jit(task.init)(jax.random.key(config.seed),
-                             sample_batch(ds.x_train, ds.y_train, config.batch_size))
-  os.makedirs(workdir)
+  resuming = os.path.isfile(os.path.join(workdir, 'config.json'))
+  if resuming:
+    config.check_resumable(_read_config(workdir))
+  else:
+    expect(not os.path.exists(workdir) or not os.listdir(workdir), 'workdir',
+           'a new or empty directory, or a purax run directory to resume', repr(workdir),
+           FileExistsError)
+  config, ds, task, train_data = _prepare(config)
+  sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
+  abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
+  plan = None
+  if config.mesh is not None:
+    mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
+    plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
+  created = not os.path.exists(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  checkpointer = writer = None
   try:
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(config.to_json())
-    writer = writers.create_default_writer(workdir, console=True)
+    if not resuming:
+      with open(os.path.join(workdir, 'config.json.tmp'), 'w') as f:
+        f.write(config.to_json())
+      os.replace(os.path.join(workdir, 'config.json.tmp'), os.path.join(workdir, 'config.json'))
+    checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                keep_last=config.keep_last, keep_best=config.keep_best,
+                                metadata=_metadata(config))
+    acc = None
+    if resuming and checkpointer.steps():
+      tree, extra, step = checkpointer.restore(abstract)
+      state, acc = tree['state'], tree['train_metrics']
+      expect(extra['data']['next_step'] == int(jax.device_get(state.step)),
+             'checkpoint data position', f"next_step == state.step ({step})",
+             extra['data']['next_step'], ConfigError)
+      print(f'purax: resuming {workdir} from step {step}', file=sys.stderr)
+    else:
+      step = 0
+      init = plan.init if plan is not None else lambda k: jax.jit(task.init)(k, sample)
+      state = init(jax.random.key(config.seed))
+    _truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'), step)
+    writer = _with_throughput(writers.create_default_writer(workdir, console=True),
+                              config, task, abstract)
     eval_data = pipeline.eval_batches(ds.x_test, ds.y_test, batch_size=config.eval_batch_size)
-    try:
+    with StopOnSignal() as stop, jax.debug_nans(config.debug_nans):
       state, history = fit(task, state, train_data, eval_data=eval_data,
                            log_every=config.log_every, eval_every=config.eval_every,
-                           writer=writer, progress=config.progress)
-    finally:
-      writer.close()
-    mngr = checkpoint.manager(os.path.join(workdir, 'checkpoints'))
-    checkpoint.save(mngr, config.steps, state)
-    mngr.wait_until_finished()
-    mngr.close()
+                           writer=writer, progress=config.progress, checkpointer=checkpointer,
+                           checkpoint_every=config.checkpoint_every, train_metrics=acc,
+                           should_stop=stop, plan=plan,
+                           max_consecutive_skips=config.max_consecutive_skips)
   except BaseException:
-    # A run that did not finish its first log leaves no half-written directory.
-    if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')) or \
-        os.path.getsize(os.path.join(workdir, 'metrics.jsonl')) == 0:
-      shutil.rmtree(workdir, ignore_errors=True)
+    if checkpointer is not None:
+      with contextlib.suppress(Exception):
+        checkpointer.close()
+    if created and (checkpointer is None or not checkpointer.steps()):
+      shutil.rmtree(workdir, ignore_errors=True)   # nothing worth keeping was written
     raise
+  finally:
+    if writer is not None:
+      writer.close()
+  checkpointer.close()
+  reached = int(jax.device_get(state.step))
+  if reached < config.steps:
+    print(f'purax: stopped by {stop.received} at step {reached}; checkpoint committed in '
+          f'{checkpointer.directory}; run the same command to resume', file=sys.stderr)
+    return {'stopped_by': stop.received, 'step': reached}
   final = {k[len('eval/'):]: v for rec in history for k, v in rec.items()
            if k.startswith('eval/')}
+  if not final:   # resumed a run that had already finished
+    final = evaluate(task, state, eval_data)
   with open(os.path.join(workdir, 'final_metrics.json'), 'w') as f:
     json.dump({'step': config.steps, **final}, f, indent=2)
   return final
 
 
-def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
-  """Restores the newest checkpoint of a run and evaluates it on the test split.
+def restore_run(workdir: str):
+  """``(config, dataset, task, state)`` of a run's newest readable checkpoint.
 
   Raises:
-    ConfigError: ``workdir`` is not a purax run directory.
-    FileNotFoundError: it has no committed checkpoint.
+    ConfigError: ``workdir`` is not a purax run directory;
+    CheckpointError: it has no readable checkpoint;
+    CheckpointMismatchError: the code's model differs from the checkpoint's.
   """
-  path = os.path.join(workdir, 'config.json')
-  expect(os.path.isfile(path), 'workdir', 'a run directory with config.json',
-         repr(workdir), ConfigError)
-  with open(path) as f:
-    config = TrainConfig.from_json(f.read())
-  config, ds, task, _ = _prepare(config)
-  abstract = jax.eval_shape(task.init, jax.random.key(0),
-                            sample_batch(ds.x_train, ds.y_train, config.batch_size))
-  mngr = checkpoint.manager(os.path.join(workdir, 'checkpoints'))
-  try:
-    state = checkpoint.restore(mngr, abstract)
-  finally:
-    mngr.close()
+  config, ds, task, _ = _prepare(_read_config(workdir))
+  abstract = abstract_checkpoint(task, sample_batch(ds.x_train, ds.y_train, config.batch_size))
+  with Checkpointer(os.path.join(workdir, 'checkpoints'), metadata=_metadata(config)) as ckpt:
+    tree, _, _ = ckpt.restore(abstract)
+  return config, ds, task, tree['state']
+
+
+def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
+  """Restores the newest checkpoint of a run and evaluates it on the test split."""
+  config, ds, task, state = restore_run(workdir)
   batches = pipeline.eval_batches(ds.x_test, ds.y_test,
                                   batch_size=batch_size or config.eval_batch_size)
   return evaluate(task, state, batches)
+
+
+def export_run(workdir: str, *, out: str | None = None) -> str:
+  """Exports a run's predict function (newest checkpoint) with a symbolic batch.
+
+  Returns:
+    The artifact's path (default ``WORKDIR/export/predict.jaxexport``).
+  """
+  from purax.io.export import export_predict
+  config, ds, task, state = restore_run(workdir)
+  return export_predict(lambda x: task.predict(state, x), ds.input_shape,
+                        out or os.path.join(workdir, 'export'),
+                        metadata={'model': config.model, 'dataset': config.dataset,
+                                  'num_classes': ds.num_classes,
+                                  'step': int(jax.device_get(state.step))})
+
+
+def generate_run(workdir: str, prompt: str, *, max_new_tokens: int = 200,
+                 temperature: float = 0.8, seed: int = 0) -> str:
+  """Continues ``prompt`` with a trained language model's newest checkpoint.
+
+  Greedy when ``temperature`` is 0; sampling with ``jax.random.key(seed)``
+  otherwise (:func:`purax.nn.generate.generate`, jitted, KV cache).
+
+  Returns:
+    The generated text (without the prompt); invalid UTF-8 becomes U+FFFD.
+
+  Raises:
+    ConfigError: the run is not a language model (``--model lm``), or a bad
+      ``max_new_tokens`` / ``temperature``; DataError: an empty prompt.
+  """
+  from purax.core.errors import DataError
+  from purax.nn.generate import generate
+  expect(len(prompt) > 0, 'prompt', 'a non-empty string', repr(prompt), DataError)
+  expect(max_new_tokens >= 1, 'max_new_tokens', '>= 1', max_new_tokens, ConfigError)
+  expect(temperature >= 0, 'temperature', '>= 0 (0: greedy)', temperature, ConfigError)
+  config = _read_config(workdir)
+  expect(config.model == 'lm', 'workdir', 'a run of --model lm', f'--model {config.model}',
+         ConfigError)
+  _, _, task, state = restore_run(workdir)
+  tokens = generate(task.model, state.params, text.encode(prompt)[None],
+                    key=jax.random.key(seed), max_new_tokens=max_new_tokens,
+                    temperature=temperature)
+  return text.decode(jax.device_get(tokens)[0])

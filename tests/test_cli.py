@@ -86,19 +86,36 @@ def test_bad_input_is_a_clear_error_and_leaves_no_run_directory(tmp_path, capsys
 
 def test_unknown_model_is_rejected_by_the_parser(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
-    run('train', '--model', 'transformer', '--workdir', str(tmp_path / 'x'))
+    run('train', '--model', 'vit', '--workdir', str(tmp_path / 'x'))
   assert e.value.code == 2
-  assert 'transformer' in capsys.readouterr().err
+  assert 'vit' in capsys.readouterr().err
   assert not (tmp_path / 'x').exists()
 
 
 def test_existing_workdir_is_not_overwritten(tmp_path, capsys):
   (tmp_path / 'keep.txt').write_text('precious')
   assert run('train', '--workdir', str(tmp_path), '--steps', '1', '--no-progress') == 2
-  assert 'workdir: expected a directory that does not exist yet' in capsys.readouterr().err
+  assert 'workdir: expected a new or empty directory, or a purax run directory to resume' in capsys.readouterr().err
   assert (tmp_path / 'keep.txt').read_text() == 'precious'
 
 
 def test_eval_of_a_non_run_directory(tmp_path, capsys):
   assert run('eval', '--workdir', str(tmp_path)) == 2
   assert 'workdir: expected a run directory with config.json' in capsys.readouterr().err
+
+
+def test_precision_accumulation_and_remat_options(tmp_path, capsys):
+  assert run('train', '--model', 'resnet', '--precision', 'bf16', '--microbatches', '4',
+             '--remat', 'dots_saveable', '--steps', '4', '--eval-every', '0',
+             '--workdir', str(tmp_path / 'r'), '--no-progress') == 0
+  config = json.loads((tmp_path / 'r' / 'config.json').read_text())
+  assert (config['precision'], config['microbatches'], config['remat']) == ('bf16', 4, 'dots_saveable')
+  for args, message in [
+      (['--precision', 'fp8'], "precision: expected one of ['bf16', 'fp16', 'fp32']"),
+      (['--microbatches', '3'], 'batch_size: expected a multiple of microbatches=3, got 64'),
+      (['--remat', 'full'], "remat: expected 'none' for mlp and cnn"),
+      (['--remat', 'some'], "remat: expected one of"),
+  ]:
+    assert run('train', '--workdir', str(tmp_path / 'x'), '--no-progress', *args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / 'x').exists()

@@ -20,6 +20,10 @@ class DataError(PuraxError):
   """A data set or batch has the wrong structure, shape, dtype or values."""
 
 
+class NonFiniteError(PuraxError):
+  """Training produced non-finite gradients for too many consecutive steps."""
+
+
 def expect(condition: bool, field: str, expected: str, actual, cls=DataError) -> None:
   """Raises ``cls(f"{field}: expected {expected}, got {actual}")`` unless ``condition``."""
   if not condition:

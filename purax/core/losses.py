@@ -50,3 +50,27 @@ def mean_squared_error(predictions: jax.Array, targets: jax.Array) -> jax.Array:
   """
   err = at_least_float32(predictions) - at_least_float32(targets)
   return jnp.mean(jnp.square(err).reshape(err.shape[0], -1), axis=-1)
+
+
+def token_cross_entropy(logits: jax.Array, labels: jax.Array,
+                        label_smoothing: jax.Array | float = 0.0) -> jax.Array:
+  """Per-token softmax cross-entropy for language models, in float32.
+
+  Equal to :func:`softmax_cross_entropy` on every token, but without a
+  ``[..., vocab]`` one-hot: with ``lse = logsumexp(z)`` the smoothed loss is
+  ``(1 - s) * (lse - z[label]) + s * (lse - mean(z))``.
+
+  Args:
+    logits: ``[batch, seq, vocab]``, any float dtype (cast to float32).
+    labels: ``[batch, seq]`` integers in ``[0, vocab)``.
+    label_smoothing: float32 ``[]`` in ``[0, 1)``; may be traced.
+
+  Returns:
+    ``[batch, seq]`` float32 losses (nats per token).
+  """
+  logits = at_least_float32(logits)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  picked = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  s = jnp.asarray(label_smoothing, logits.dtype)
+  nll = lse - picked
+  return (1.0 - s) * nll + s * (lse - jnp.mean(logits, axis=-1))

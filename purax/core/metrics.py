@@ -58,12 +58,43 @@ class Sum(struct.PyTreeNode):
     return np.asarray(self.value)
 
 
-Metric = Average | Sum
+class Streak(struct.PyTreeNode):
+  """The longest run of consecutive flagged steps (e.g. skipped updates).
+
+  ``current`` counts the flagged steps at the end of the window, ``longest``
+  the longest run in it (int32 ``[]`` each). ``merge`` folds one step (or a
+  window whose every step was flagged or not) onto a window, left to right;
+  starting a new window (:func:`zeros_like`) keeps ``current``, so runs that
+  cross log points are counted whole.
+  """
+
+  current: jax.Array
+  longest: jax.Array
+
+  @classmethod
+  def of(cls, flagged: jax.Array) -> 'Streak':
+    """A one-step streak: ``flagged`` is a bool ``[]``."""
+    flag = jnp.asarray(flagged, jnp.int32)
+    return cls(current=flag, longest=flag)
+
+  def merge(self, other: 'Streak') -> 'Streak':
+    current = jnp.where(other.current > 0, self.current + other.current, 0)
+    return Streak(current=current, longest=jnp.maximum(jnp.maximum(self.longest, other.longest),
+                                                        current))
+
+  def compute(self):
+    return np.asarray(self.longest)
+
+  def reset(self) -> 'Streak':
+    return Streak(current=self.current, longest=self.current)
+
+
+Metric = Average | Sum | Streak
 Metrics = Mapping[str, Metric]
 
 
 def _is_metric(x) -> bool:
-  return isinstance(x, (Average, Sum))
+  return isinstance(x, (Average, Sum, Streak))
 
 
 def merge(a: Metrics, b: Metrics) -> dict[str, Metric]:
@@ -73,11 +104,14 @@ def merge(a: Metrics, b: Metrics) -> dict[str, Metric]:
 
 @jax.jit
 def _zeros_on_device(metrics):
-  return jax.tree.map(jnp.zeros_like, metrics)
+  return jax.tree.map(lambda m: m.reset() if isinstance(m, Streak)
+                      else jax.tree.map(jnp.zeros_like, m), metrics, is_leaf=_is_metric)
 
 
 def zeros_like(metrics: Metrics) -> dict[str, Metric]:
   """A metrics tree of the same structure with every sum and count at 0.
+
+  This starts a new window: a :class:`Streak` keeps its running count.
 
   Accepts concrete trees (zeroed on their device, no host transfer) or
   ``jax.ShapeDtypeStruct`` trees from ``eval_shape`` (one explicit transfer).

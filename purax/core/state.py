@@ -30,6 +30,8 @@ class TrainState(struct.PyTreeNode):
       (seed, step) and resume is exact.
     hparams: loss and model hyperparameters as float32 ``[]`` arrays, e.g.
       ``{'label_smoothing': 0.1}``; arrays so that they can be vmapped.
+    loss_scale: dynamic loss-scale state (:class:`purax.core.loss_scale.LossScale`)
+      when the task scales the loss (float16), else ``None`` (no leaves).
   """
 
   step: jax.Array
@@ -38,6 +40,7 @@ class TrainState(struct.PyTreeNode):
   opt_state: PyTree
   rng: jax.Array
   hparams: PyTree
+  loss_scale: PyTree = None
 
   def step_key(self) -> jax.Array:
     """The typed PRNG key of the current step: ``fold_in(rng, step)``."""

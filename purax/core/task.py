@@ -15,6 +15,10 @@ Batches are dicts of arrays:
   metrics are ``sum(weight * value) / sum(weight)``, so padded examples never
   count.
 
+With ``objective='language_model'``, ``'x'`` is int tokens ``[batch, seq]``,
+``'y'`` the next tokens ``[batch, seq]`` and ``'weight'`` is ``[batch]`` or
+per token ``[batch, seq]``; the loss is the mean per-token cross-entropy.
+
 Example::
 
   task = Task(model=purax.nn.CNN(num_classes=10),
@@ -36,12 +40,14 @@ import jax.numpy as jnp
 import optax
 
 from purax.core import losses
+from purax.core import loss_scale as loss_scale_lib
+from purax.core import update
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, DataError, expect
 from purax.core.state import TrainState
 
 Batch = Mapping[str, jax.Array]
-OBJECTIVES = ('classification', 'regression')
+OBJECTIVES = ('classification', 'regression', 'language_model')
 
 
 def as_typed_key(key: jax.Array) -> jax.Array:
@@ -61,17 +67,35 @@ class Task:
       (``batch_stats``).
     tx: an optax transformation, e.g. :func:`purax.core.optim.adamw`.
     objective: ``'classification'`` (softmax cross-entropy on integer labels;
-      metrics loss, accuracy, examples) or ``'regression'`` (mean squared
-      error; metrics loss, examples).
+      metrics loss, accuracy, examples), ``'regression'`` (mean squared
+      error; metrics loss, examples) or ``'language_model'`` (float32
+      per-token cross-entropy of logits ``[batch, seq, vocab]`` against next
+      tokens; metrics loss and accuracy per token, bits_per_byte =
+      loss / ln 2 (bits per token; per byte for byte-level data), tokens,
+      examples).
     label_smoothing: initial value of ``state.hparams['label_smoothing']``.
+    microbatches: gradient accumulation: each batch is split into this many
+      microbatches scanned in sequence (the batch size must divide); one
+      optimizer update per batch. See :mod:`purax.core.update`.
+    skip_nonfinite: skip (and count) updates whose gradients are not finite,
+      leaving the state bitwise unchanged.
+    loss_scale: initial dynamic loss scale (e.g. ``2**15``) for float16
+      training; ``None``: no loss scaling. The state is ``state.loss_scale``.
   """
 
   model: nn.Module
   tx: optax.GradientTransformation
-  objective: Literal['classification', 'regression'] = 'classification'
+  objective: Literal['classification', 'regression', 'language_model'] = 'classification'
   label_smoothing: float = 0.0
+  microbatches: int = 1
+  skip_nonfinite: bool = True
+  loss_scale: float | None = None
 
   def __post_init__(self):
+    expect(isinstance(self.microbatches, int) and self.microbatches >= 1, 'microbatches',
+           'an integer >= 1', self.microbatches, ConfigError)
+    expect(self.loss_scale is None or self.loss_scale >= 1, 'loss_scale',
+           '>= 1 (an initial scale, a power of two) or None', self.loss_scale, ConfigError)
     expect(self.objective in OBJECTIVES, 'objective', f'one of {OBJECTIVES}',
            repr(self.objective), ConfigError)
     expect(0.0 <= self.label_smoothing < 1.0, 'label_smoothing', 'in [0, 1)',
@@ -90,6 +114,8 @@ class Task:
     for key in ('x', 'y'):
       expect(key in batch, f'batch[{key!r}]', 'present', f'keys {sorted(batch)}')
     x, y = batch['x'], batch['y']
+    if self.objective == 'language_model':
+      return _check_language_model_batch(x, y, batch.get('weight'))
     expect(jnp.ndim(x) >= 2, "batch['x'].shape", '[batch, ...features]', jnp.shape(x))
     expect(jnp.issubdtype(jnp.result_type(x), jnp.floating), "batch['x'].dtype",
            'a floating dtype', jnp.result_type(x))
@@ -127,7 +153,9 @@ class Task:
     param_key, dropout_key = jax.random.split(init_key)
     variables = self.model.init({'params': param_key, 'dropout': dropout_key},
                                 batch['x'], train=False)
-    variables = dict(variables)
+    # Logical-axis annotations (nn.with_logical_partitioning) are metadata for
+    # purax.parallel; the state holds plain arrays.
+    variables = dict(nn.unbox(variables))
     params = variables.pop('params')
     return TrainState(
         step=jnp.zeros((), jnp.int32),
@@ -136,6 +164,8 @@ class Task:
         opt_state=self.tx.init(params),
         rng=rng,
         hparams={'label_smoothing': jnp.asarray(self.label_smoothing, jnp.float32)},
+        loss_scale=(None if self.loss_scale is None
+                    else loss_scale_lib.LossScale.create(self.loss_scale)),
     )
 
   def loss(self, params, model_state, batch: Batch, key: jax.Array | None, *,
@@ -164,6 +194,8 @@ class Task:
     out = self.model.apply(variables, batch['x'], train=train, rngs=rngs,
                            mutable=mutable)
     outputs, new_model_state = out if mutable else (out, model_state)
+    if self.objective == 'language_model':
+      return _language_model_loss(outputs, batch, hparams, new_model_state)
     y = batch['y']
     n = y.shape[0]
     weight = batch.get('weight')
@@ -184,24 +216,27 @@ class Task:
            'per_example_loss': per_example}
     return loss, aux
 
-  def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+  def step(self, state: TrainState, batch: Batch, *,
+           axis_name=None) -> tuple[TrainState, dict]:
     """One optimizer update: ``(state, batch) -> (state, metrics)``.
 
     Pure: the dropout key is ``fold_in(state.rng, state.step)``; nothing leaves
-    the device. Metrics are the batch's loss/accuracy sums and counts plus the
-    pre-clipping gradient global norm.
+    the device. Metrics are the batch's loss/accuracy sums and counts, the
+    pre-clipping gradient global norm and, with the non-finite guard,
+    ``skipped`` / ``skip_streak``. Gradient accumulation, loss scaling and the
+    guard are described in :mod:`purax.core.update`.
+
+    Args:
+      state: the state; batch: the batch (under ``axis_name``: this device's
+        part of the global batch).
+      axis_name: only inside ``pmap`` / ``shard_map``: the mapped axis (or
+        axes) the global batch is split over. Each device's loss is scaled
+        by its share of the global batch weight before differentiation, the
+        gradients are summed across the axis (equal shares: a ``pmean``) and
+        so are the metrics: the update is the one of the global batch.
     """
     self.check_batch(batch)
-    grad_fn = jax.value_and_grad(self.loss, has_aux=True)
-    (_, aux), grads = grad_fn(state.params, state.model_state, batch,
-                              state.step_key(), hparams=state.hparams, train=True)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = dict(aux['metrics'])
-    metrics['grad_norm'] = metrics_lib.Average.of(optax.global_norm(grads))
-    new_state = state.replace(step=state.step + 1, params=params,
-                              model_state=aux['model_state'], opt_state=opt_state)
-    return new_state, metrics
+    return update.step(self, state, batch, axis_name=axis_name)
 
   def evaluate(self, state: TrainState, batch: Batch) -> dict:
     """Deterministic metrics of one batch (no dropout, batch statistics frozen).
@@ -218,3 +253,44 @@ class Task:
     """Model outputs ``[batch, ...]`` in evaluation mode."""
     return self.model.apply({'params': state.params, **state.model_state}, x,
                             train=False)
+
+
+def _check_language_model_batch(x, y, weight) -> None:
+  """Static checks of a language-model batch (see the module doc)."""
+  expect(jnp.ndim(x) == 2, "batch['x'].shape", '[batch, seq] token ids', jnp.shape(x))
+  expect(jnp.issubdtype(jnp.result_type(x), jnp.integer), "batch['x'].dtype",
+         'an integer dtype (token ids)', jnp.result_type(x))
+  expect(jnp.shape(y) == jnp.shape(x), "batch['y'].shape",
+         f'{list(jnp.shape(x))} (next tokens, as batch x)', jnp.shape(y))
+  expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
+         'an integer dtype (token ids)', jnp.result_type(y))
+  if weight is not None:
+    n, seq = jnp.shape(x)
+    expect(jnp.shape(weight) in ((n,), (n, seq)), "batch['weight'].shape",
+           f'[{n}] or [{n}, {seq}]', jnp.shape(weight))
+
+
+def _language_model_loss(logits, batch: Batch, hparams, model_state):
+  """Mean per-token cross-entropy over the weighted tokens, and its metrics."""
+  y = batch['y']
+  weight = batch.get('weight')
+  weight = (jnp.ones(y.shape, jnp.float32) if weight is None
+            else losses.at_least_float32(weight))
+  if weight.ndim == 1:
+    weight = jnp.broadcast_to(weight[:, None], y.shape)
+  per_token = losses.token_cross_entropy(logits, y, hparams['label_smoothing'])
+  correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
+  token_weight = jnp.sum(weight, axis=1)
+  loss = jnp.sum(per_token * weight) / jnp.maximum(jnp.sum(token_weight), 1e-12)
+  metrics = {
+      'loss': metrics_lib.Average.of(per_token, weight),
+      'accuracy': metrics_lib.Average.of(correct, weight),
+      'bits_per_byte': metrics_lib.Average.of(per_token / jnp.log(2.0), weight),
+      'tokens': metrics_lib.Sum.of(weight),
+      'examples': metrics_lib.Sum.of(jnp.max(weight, axis=1)),
+  }
+  per_example = jnp.sum(per_token * weight, axis=1) / jnp.maximum(token_weight, 1e-12)
+  aux = {'model_state': model_state, 'metrics': metrics, 'outputs': logits,
+         'per_example_loss': per_example,
+         'weight': jnp.sum(token_weight)}   # the loss's normaliser (microbatch sums)
+  return loss, aux

@@ -8,3 +8,6 @@ from purax.nn.registry import check_input_shape as check_input_shape
 from purax.nn.registry import get_model as get_model
 from purax.nn.resnet import ResNet as ResNet
 from purax.nn.resnet import ResidualBlock as ResidualBlock
+from purax.nn.generate import generate as generate
+from purax.nn.transformer import DecoderLM as DecoderLM
+from purax.nn.transformer import TransformerEncoder as TransformerEncoder

@@ -13,7 +13,9 @@ class MLP(nn.Module):
   """Dense-ReLU(-Dropout) layers, then a dense head.
 
   Input ``[batch, ...]`` (flattened to ``[batch, features]``); output
-  ``[batch, num_classes]`` in ``dtype``.
+  ``[batch, num_classes]`` in ``dtype``. Kernels carry logical axis names,
+  alternating ``('embed', 'mlp')`` and ``('mlp', 'embed')``; the head is
+  ``(..., 'classes')``.
 
   Attributes:
     num_classes: output width (classes, or regression targets).
@@ -34,9 +36,20 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     x = x.reshape(x.shape[0], -1).astype(self.dtype)
+    names = ('embed', 'mlp')
     for width in self.features:
-      x = nn.Dense(width, dtype=self.dtype, param_dtype=self.param_dtype)(x)
+      x = dense(width, names, self.dtype, self.param_dtype)(x)
       x = nn.relu(x)
       if self.dropout_rate > 0:
         x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    return nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype)(x)
+      names = names[::-1]      # Megatron pairing: column- then row-parallel
+    return dense(self.num_classes, (names[0], 'classes'), self.dtype, self.param_dtype)(x)
+
+
+def dense(features: int, names: tuple[str, str], dtype, param_dtype) -> nn.Dense:
+  """``nn.Dense`` whose kernel ``[in, out]`` and bias ``[out]`` carry logical
+  axis names (``names``) for tensor-parallel sharding (purax.parallel)."""
+  return nn.Dense(
+      features, dtype=dtype, param_dtype=param_dtype,
+      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), names),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), names[1:]))

@@ -10,17 +10,23 @@ from purax.core.errors import ConfigError, DataError, expect
 from purax.nn.cnn import CNN
 from purax.nn.mlp import MLP
 from purax.nn.resnet import ResNet
+from purax.nn.transformer import DecoderLM, TransformerEncoder
 
-MODELS = {'mlp': MLP, 'cnn': CNN, 'resnet': ResNet}
+MODELS = {'mlp': MLP, 'cnn': CNN, 'resnet': ResNet, 'transformer': TransformerEncoder,
+          'lm': DecoderLM}
 
 
 def get_model(name: str, *, num_classes: int, **kwargs) -> nn.Module:
   """Builds ``MODELS[name](num_classes=..., **kwargs)``.
 
+  For ``'lm'`` (:class:`DecoderLM`) ``num_classes`` is the vocabulary size.
+
   Raises:
     ConfigError: unknown name (the message lists the known ones).
   """
   expect(name in MODELS, 'model', f'one of {sorted(MODELS)}', repr(name), ConfigError)
+  if name == 'lm':
+    return DecoderLM(vocab_size=num_classes, **kwargs)
   return MODELS[name](num_classes=num_classes, **kwargs)
 
 

@@ -14,6 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from purax.nn import remat as remat_lib
+
 
 class ResidualBlock(nn.Module):
   """conv-BN-ReLU-conv-BN + (projected) shortcut, ReLU."""
@@ -22,14 +24,16 @@ class ResidualBlock(nn.Module):
   strides: int = 1
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  axis_name: str | tuple[str, ...] | None = None
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
     spatial = x.ndim - 2
     conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype,
                              param_dtype=self.param_dtype)
     norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9,
-                             dtype=self.dtype, param_dtype=self.param_dtype)
+                             dtype=self.dtype, param_dtype=self.param_dtype,
+                             axis_name=self.axis_name)
     strides = (self.strides,) * spatial
     y = conv(self.features, (3,) * spatial, strides=strides)(x)
     y = nn.relu(norm()(y))
@@ -51,13 +55,21 @@ class ResNet(nn.Module):
     num_classes: number of classes.
     stage_features: channels per stage; every stage after the first halves the
       spatial size (stride 2).
+    remat: gradient checkpointing of each residual block, a key of
+      :data:`purax.nn.remat.REMAT_POLICIES` ('none', 'full', 'dots_saveable', ...).
     dtype: compute dtype; param_dtype: storage dtype.
+    axis_name: for ``pmap`` / ``shard_map`` only: the mapped axis (or axes)
+      over which BatchNorm averages its batch statistics, so that a split
+      batch normalizes as the global batch does. Leave None under ``jax.jit``
+      with shardings (the compiler already reduces over the global batch).
   """
 
   num_classes: int
   stage_features: Sequence[int] = (32, 64)
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  axis_name: str | tuple[str, ...] | None = None
+  remat: str = 'none'
 
   input_ranks = (3, 4)
 
@@ -68,10 +80,12 @@ class ResNet(nn.Module):
     x = nn.Conv(self.stage_features[0], (3,) * spatial, use_bias=False,
                 dtype=self.dtype, param_dtype=self.param_dtype)(x)
     x = nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype,
-                     param_dtype=self.param_dtype)(x)
+                     param_dtype=self.param_dtype, axis_name=self.axis_name)(x)
     x = nn.relu(x)
+    block = remat_lib.remat(ResidualBlock, self.remat, static_argnums=(2,))
     for i, features in enumerate(self.stage_features):
-      x = ResidualBlock(features, strides=1 if i == 0 else 2, dtype=self.dtype,
-                        param_dtype=self.param_dtype)(x, train=train)
+      x = block(features, strides=1 if i == 0 else 2, dtype=self.dtype,
+                param_dtype=self.param_dtype, axis_name=self.axis_name,
+                name=f'ResidualBlock_{i}')(x, train)
     x = jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
     return nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype)(x)

@@ -1,1 +1,41 @@
-"""purax.parallel: meshes and sharding rules (see the parallel issue; empty for now)."""
+"""purax.parallel: one step on any mesh, on one host or many.
+
+- :func:`make_mesh` lays out every device of every process on the axes
+  ``('data', 'fsdp', 'tensor')``;
+- :class:`Rules` (:func:`data_parallel`, :func:`fsdp`, :func:`tensor_parallel`)
+  say how each array is split; :func:`shard` places a state or a batch;
+- :func:`sharded` jits ``init`` / ``step`` / ``evaluate`` with those shardings
+  and the state donated: the step is :meth:`purax.Task.step`, unchanged;
+- :func:`shard_map_step` and :func:`pmap_step` are the per-device variants
+  (explicit gradient ``psum``, BatchNorm ``axis_name``, a dropout key per device);
+- :mod:`purax.parallel.distributed` starts multi-host runs on
+  ``jax.distributed`` and builds global batches from per-process data.
+
+Nothing here touches a device at import.
+"""
+
+from purax.parallel import distributed as distributed
+from purax.parallel.mesh import AXES as AXES
+from purax.parallel.mesh import make_mesh as make_mesh
+from purax.parallel.mesh import parse_mesh as parse_mesh
+from purax.parallel.rules import DEFAULT_TABLE as DEFAULT_TABLE
+from purax.parallel.rules import Rules as Rules
+from purax.parallel.rules import data_parallel as data_parallel
+from purax.parallel.rules import for_mesh as for_mesh
+from purax.parallel.rules import fsdp as fsdp
+from purax.parallel.rules import tensor_parallel as tensor_parallel
+from purax.parallel.shard import batch_shardings as batch_shardings
+from purax.parallel.shard import bytes_per_device as bytes_per_device
+from purax.parallel.shard import logical_axes as logical_axes
+from purax.parallel.shard import replicated as replicated
+from purax.parallel.shard import shard as shard
+from purax.parallel.shard import shardings as shardings
+from purax.parallel.shard import state_shardings as state_shardings
+from purax.parallel.spmd import pmap_step as pmap_step
+from purax.parallel.spmd import replicate as replicate
+from purax.parallel.spmd import shard_map_step as shard_map_step
+from purax.parallel.spmd import split_batch as split_batch
+from purax.parallel.spmd import unreplicate as unreplicate
+from purax.parallel.spmd import with_axis_name as with_axis_name
+from purax.parallel.step import Sharded as Sharded
+from purax.parallel.step import sharded as sharded

@@ -26,7 +26,7 @@ def test_models_separate_compute_and_storage_dtypes(name, dtype, param_dtype):
 
 
 def test_unknown_model_and_wrong_input_rank():
-  with pytest.raises(purax.ConfigError, match=r"model: expected one of \['cnn', 'mlp', 'resnet'\], got 'vit'"):
+  with pytest.raises(purax.ConfigError, match=r"model: expected one of \['cnn', 'lm', 'mlp', 'resnet', 'transformer'\], got 'vit'"):
     pnn.get_model('vit', num_classes=2)
   with pytest.raises(purax.DataError, match=r'x.shape: expected \[batch, length, channels\]'):
     pnn.check_input_shape(pnn.CNN(num_classes=2), (4, 64))

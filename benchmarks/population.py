@@ -1,0 +1,117 @@
+"""Populations: K members vmapped in one program vs K sequential single runs.
+
+Both train the same MLP (256, 256) on digits (8x8 = 64 inputs, batch 64) with
+AdamW at K different learning rates (log-spaced 1e-4 .. 1e-2) and K seeds, for
+the same number of steps, in one process:
+
+- ``vmapped``: :func:`purax.core.population.train_step` (divergence checks
+  included), one jitted call per step for all K members;
+- ``sequential``: ``purax.loop.train_step`` (what ``purax.fit`` runs), K runs
+  one after the other, one jitted call per step per run.
+
+Batches are on the device before timing; compilation is excluded (both paths
+are warmed up) and reported separately. Each measurement is the median of
+``--trials``. Nothing is asserted; the JSON records the platform (CPU, GPU,
+TPU: whatever ``jax.devices()`` has).
+
+Usage: ``python benchmarks/population.py [--steps 50] [--trials 3] [--members 1,8,64]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import purax
+from purax.core import metrics as metrics_lib
+from purax.core import population as P
+from purax.io import datasets, pipeline
+from purax.loop import train_step, zero_metrics
+
+
+def build(steps: int):
+  ds = datasets.load('digits')
+  data = pipeline.train_dataset(ds.x_train, ds.y_train, batch_size=64, seed=0,
+                                num_steps=steps)
+  batches = [jax.device_put(data[s]) for s in range(steps)]
+  task = purax.Task(model=purax.nn.MLP(num_classes=10, features=(256, 256)),
+                    tx=purax.adamw(learning_rate=1e-3, total_steps=steps, warmup_steps=0))
+  return task, batches
+
+
+def vmapped(task, batches, k):
+  lrs = np.geomspace(1e-4, 1e-2, k).astype(np.float32)
+  pop = jax.jit(P.init, static_argnums=0)(task, jax.vmap(jax.random.key)(jnp.arange(k)),
+                                          {'peak_learning_rate': lrs}, batches[0])
+  acc = P.zero_train_metrics(task, pop, batches[0])
+  t = time.perf_counter()
+  for b in batches:
+    pop, acc = P.train_step(task, pop, acc, b, None)
+  jax.block_until_ready((pop, acc))
+  return time.perf_counter() - t
+
+
+def sequential(task, batches, k):
+  lrs = np.geomspace(1e-4, 1e-2, k).astype(np.float32)
+  init = jax.jit(lambda key, lr: P.set_hparams(task.init(key, batches[0]),
+                                               {'peak_learning_rate': lr}))
+  states = [init(jax.random.key(i), lrs[i]) for i in range(k)]
+  template = zero_metrics(lambda st, b: task.step(st, b)[1], states[0], batches[0])
+  jax.block_until_ready(states)
+  t = time.perf_counter()
+  for state in states:
+    acc = metrics_lib.zeros_like(template)
+    for b in batches:
+      state, acc = train_step(task, state, acc, b)
+    jax.block_until_ready((state, acc))
+  return time.perf_counter() - t
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--steps', type=int, default=50)
+  parser.add_argument('--trials', type=int, default=3)
+  parser.add_argument('--members', default='1,8,64')
+  parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                    'population.json'))
+  args = parser.parse_args()
+  task, batches = build(args.steps)
+  results = []
+  for k in (int(m) for m in args.members.split(',')):
+    compile_s = {}
+    for name, fn in (('vmapped', vmapped), ('sequential', sequential)):
+      t = time.perf_counter()
+      fn(task, batches[:2], k if name == 'vmapped' else 1)   # warm up: compile
+      compile_s[name] = time.perf_counter() - t
+    times = {name: statistics.median(fn(task, batches, k) for _ in range(args.trials))
+             for name, fn in (('vmapped', vmapped), ('sequential', sequential))}
+    row = {'members': k, 'steps': args.steps,
+           'vmapped_s': times['vmapped'], 'sequential_s': times['sequential'],
+           'speedup': times['sequential'] / times['vmapped'],
+           'member_steps_per_s_vmapped': k * args.steps / times['vmapped'],
+           'member_steps_per_s_sequential': k * args.steps / times['sequential'],
+           'warmup_s': compile_s}
+    print(json.dumps(row))
+    results.append(row)
+  device = jax.devices()[0]
+  out = {'benchmark': 'population', 'model': 'MLP(256, 256)', 'dataset': 'digits (64 inputs)',
+         'batch_size': 64, 'platform': device.platform, 'device_kind': device.device_kind,
+         'device_count': jax.device_count(), 'jax': jax.__version__,
+         'python': platform.python_version(), 'cpu_count': os.cpu_count(),
+         'results': results}
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, 'w') as f:
+    json.dump(out, f, indent=2)
+  print(f'wrote {args.out}')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,97 @@
+"""Mixed-precision policies: which dtype params are stored, computed and output in.
+
+The convention of jmp (DeepMind): ``params=float32,compute=bfloat16,output=float32``.
+purax applies a policy through the models' ``param_dtype`` (storage) and
+``dtype`` (compute; inputs are cast on entry) and casts model outputs to the
+output dtype before the loss. Whatever the policy, losses, softmax
+normalisers and normalisation moments are computed in float32, and master
+params, optimizer state and hyperparameters stay float32 unless the policy
+stores params in a narrower type on purpose.
+
+Presets: ``fp32`` (all float32), ``bf16`` (params float32, compute bfloat16,
+output float32), ``fp16`` (the same with float16; needs loss scaling, see
+:mod:`purax.core.loss_scale`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from purax.core.errors import ConfigError, expect
+
+_DTYPES = {'float32': jnp.float32, 'f32': jnp.float32, 'bfloat16': jnp.bfloat16,
+           'bf16': jnp.bfloat16, 'float16': jnp.float16, 'f16': jnp.float16,
+           'half': jnp.float16, 'float64': jnp.float64}
+_FIELDS = {'params': 'param_dtype', 'param': 'param_dtype', 'p': 'param_dtype',
+           'compute': 'compute_dtype', 'c': 'compute_dtype',
+           'output': 'output_dtype', 'o': 'output_dtype'}
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """Storage, compute and output dtypes.
+
+  Attributes:
+    param_dtype: dtype params are stored (and updated) in.
+    compute_dtype: dtype of activations and matmuls.
+    output_dtype: dtype of model outputs handed to the loss.
+  """
+
+  param_dtype: jnp.dtype = jnp.float32
+  compute_dtype: jnp.dtype = jnp.float32
+  output_dtype: jnp.dtype = jnp.float32
+
+  @property
+  def needs_loss_scaling(self) -> bool:
+    """float16 gradients underflow without a loss scale (Micikevicius et al. 2018)."""
+    return jnp.dtype(self.compute_dtype) == jnp.float16 or \
+        jnp.dtype(self.param_dtype) == jnp.float16
+
+  def model_kwargs(self) -> dict:
+    """``{'dtype': compute, 'param_dtype': params}`` for purax.nn models."""
+    return {'dtype': self.compute_dtype, 'param_dtype': self.param_dtype}
+
+  def cast_output(self, x: jax.Array) -> jax.Array:
+    return x.astype(self.output_dtype)
+
+  def __str__(self):
+    name = lambda d: jnp.dtype(d).name
+    return (f'params={name(self.param_dtype)},compute={name(self.compute_dtype)},'
+            f'output={name(self.output_dtype)}')
+
+
+PRESETS = {
+    'fp32': Policy(),
+    'bf16': Policy(compute_dtype=jnp.bfloat16),
+    'fp16': Policy(compute_dtype=jnp.float16),
+}
+
+
+def get_policy(spec: str | Policy) -> Policy:
+  """A policy from a preset name (``fp32``, ``bf16``, ``fp16``) or a jmp-style string.
+
+  Example: ``get_policy('params=float32,compute=bfloat16,output=float32')``.
+
+  Raises:
+    ConfigError: unknown preset, field or dtype, naming it.
+  """
+  if isinstance(spec, Policy):
+    return spec
+  spec = spec.strip()
+  if spec in PRESETS:
+    return PRESETS[spec]
+  expect('=' in spec, 'precision', f'one of {sorted(PRESETS)} or '
+         "'params=DTYPE,compute=DTYPE,output=DTYPE'", repr(spec), ConfigError)
+  values = {}
+  for part in spec.split(','):
+    key, _, value = part.partition('=')
+    key, value = key.strip(), value.strip()
+    expect(key in _FIELDS, 'precision field', "one of 'params', 'compute', 'output'",
+           repr(key), ConfigError)
+    expect(value in _DTYPES, f'precision {key}', f'one of {sorted(set(_DTYPES))}',
+           repr(value), ConfigError)
+    values[_FIELDS[key]] = _DTYPES[value]
+  return Policy(**values)

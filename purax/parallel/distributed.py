@@ -1,0 +1,216 @@
+"""Multi-host runs on ``jax.distributed``, and global batches from per-process data.
+
+Every process runs the same program. :func:`initialize` connects them
+(``jax.distributed.initialize``; CPU collectives over gloo) before any device is
+touched; afterwards ``jax.devices()`` lists the devices of all processes, so
+:func:`purax.parallel.make_mesh` spans them all. Each process then reads only
+its rows of every global batch (:func:`process_rows`, :func:`process_local`)
+and :func:`global_batch` assembles the global ``jax.Array`` with
+``jax.make_array_from_process_local_data``; the state is created sharded by
+:meth:`purax.parallel.Sharded.init` (the same computation on every process).
+Only process 0 writes logs (:func:`is_main_process`).
+
+Example (two processes, run once per process with ``--process-id 0`` / ``1``)::
+
+  parallel.distributed.initialize('10.0.0.1:1234', num_processes=2, process_id=i)
+  mesh = parallel.make_mesh(data=-1)
+  plan = parallel.sharded(task, mesh, parallel.data_parallel(), sample_batch)
+  state = plan.init(key)
+  rows = parallel.distributed.process_rows(mesh, rules, global_batch_size)
+  for global_numpy_batch in data:
+    local = {k: v[rows] for k, v in global_numpy_batch.items()}
+    state, m = plan.step(state, parallel.distributed.global_batch(local, mesh, rules))
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+
+from purax.core.errors import ConfigError, DataError, expect
+from purax.parallel.rules import Rules, batch_spec
+
+#: Environment variables read when an argument is not given (first set wins).
+ENV = {
+    'coordinator': ('PURAX_COORDINATOR', 'JAX_COORDINATOR_ADDRESS'),
+    'num_processes': ('PURAX_NUM_PROCESSES', 'JAX_NUM_PROCESSES'),
+    'process_id': ('PURAX_PROCESS_ID', 'JAX_PROCESS_ID'),
+}
+
+_started: tuple | None = None
+
+
+def _from_env(name: str):
+  for var in ENV[name]:
+    if os.environ.get(var):
+      return os.environ[var], var
+  return None, None
+
+
+def _as_int(value, field: str) -> int:
+  try:
+    return int(value)
+  except (TypeError, ValueError):
+    raise ConfigError(f'{field}: expected an integer, got {value!r}') from None
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, *,
+               local_device_ids: int | list[int] | None = None,
+               timeout_s: int = 300) -> bool:
+  """Connects this process to the others (``jax.distributed.initialize``).
+
+  Call it first, before anything touches a device. Missing arguments are read
+  from the environment (:data:`ENV`: ``PURAX_COORDINATOR`` or
+  ``JAX_COORDINATOR_ADDRESS``, ``PURAX_NUM_PROCESSES`` or ``JAX_NUM_PROCESSES``,
+  ``PURAX_PROCESS_ID`` or ``JAX_PROCESS_ID``). With none of them set, and
+  ``num_processes`` unset or 1, it does nothing (a single-process run).
+  Idempotent: calling it again with the same values does nothing.
+
+  Args:
+    coordinator: ``'HOST:PORT'`` of process 0's coordination service.
+    num_processes: number of processes (>= 1).
+    process_id: this process's index in ``[0, num_processes)``.
+    local_device_ids: restrict this process to these local devices.
+    timeout_s: seconds to wait for all processes to connect.
+
+  Returns:
+    True if this call started the distributed runtime, False otherwise.
+
+  Raises:
+    ConfigError: a malformed address, an out-of-range count or id (naming the
+      field and where it came from), or a second call with other values.
+  """
+  global _started
+  sources = {}
+  values = {'coordinator': coordinator, 'num_processes': num_processes,
+            'process_id': process_id}
+  for name in values:
+    if values[name] is None:
+      values[name], sources[name] = _from_env(name)
+    else:
+      sources[name] = 'argument'
+  if values['num_processes'] is None and values['coordinator'] is None:
+    return False
+  field = lambda name: f'{name} (from {sources[name] or "nowhere: not set"})'
+  n = _as_int(values['num_processes'], field('num_processes'))
+  expect(n >= 1, field('num_processes'), '>= 1', n, ConfigError)
+  if n == 1 and values['coordinator'] is None:
+    return False
+  addr = values['coordinator']
+  expect(isinstance(addr, str) and re.fullmatch(r'[^:\s]+:\d{1,5}', addr) is not None,
+         field('coordinator'), "'HOST:PORT'", repr(addr), ConfigError)
+  pid = _as_int(values['process_id'], field('process_id'))
+  expect(0 <= pid < n, field('process_id'), f'in [0, {n})', pid, ConfigError)
+  key = (addr, n, pid)
+  if _started is not None or jax.distributed.is_initialized():
+    expect(_started in (None, key), 'distributed.initialize',
+           f'the values it was first called with {_started}', key, ConfigError)
+    return False
+  # CPU devices of different processes talk over gloo (the default today; set
+  # explicitly so that a changed default does not silently break CPU runs).
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(coordinator_address=addr, num_processes=n, process_id=pid,
+                             local_device_ids=local_device_ids,
+                             initialization_timeout=timeout_s)
+  _started = key
+  return True
+
+
+def shutdown() -> None:
+  """Disconnects (``jax.distributed.shutdown``); a no-op if not connected."""
+  global _started
+  if jax.distributed.is_initialized():
+    jax.distributed.shutdown()
+  _started = None
+
+
+def is_main_process() -> bool:
+  """Whether this is process 0, the one that writes logs and checkpoints' metadata."""
+  return jax.process_index() == 0
+
+
+def _batch_sharding(mesh: Mesh, rules: Rules, global_batch_size: int) -> NamedSharding:
+  rules.check(mesh)
+  return NamedSharding(mesh, batch_spec((global_batch_size,), mesh, rules))
+
+
+def process_rows(mesh: Mesh, rules: Rules, global_batch_size: int) -> slice:
+  """The rows ``[start, stop)`` of every global batch that this process feeds.
+
+  Read from the batch sharding's addressable devices, so it holds for any mesh
+  whose devices of one process hold a contiguous block of the batch (true for
+  :func:`~purax.parallel.make_mesh`, which orders devices by process).
+
+  Raises:
+    DataError: the global batch size does not divide over the batch axes, or
+      this process's rows are not contiguous (a hand-made mesh interleaving
+      processes along the batch axes).
+  """
+  sharding = _batch_sharding(mesh, rules, global_batch_size)
+  spans = {(s[0].start or 0, global_batch_size if s[0].stop is None else s[0].stop)
+           for s in sharding.addressable_devices_indices_map((global_batch_size,)).values()}
+  start, stop = min(a for a, _ in spans), max(b for _, b in spans)
+  expect(sum(b - a for a, b in spans) == stop - start, 'mesh',
+         "devices of one process holding contiguous rows of the batch", sorted(spans),
+         DataError)
+  return slice(start, stop)
+
+
+def global_batch(local: Mapping[str, Any], mesh: Mesh, rules: Rules) -> dict:
+  """The global batch ``jax.Array``s from this process's rows (``[rows, ...]``).
+
+  Args:
+    local: this process's rows of the global batch, numpy or jax arrays;
+      ``process_rows`` says which.
+    mesh, rules: as for the step.
+
+  Returns:
+    ``{'x': [global_batch, ...], ...}`` sharded along the batch axes.
+
+  Raises:
+    DataError: local arrays with different leading sizes, or sizes that do
+      not fit the batch axes.
+  """
+  rules.check(mesh)
+  sizes = {k: jax.numpy.shape(v)[0] for k, v in local.items()}
+  expect(len(set(sizes.values())) == 1, 'local batch', 'arrays of one leading size',
+         sizes)
+  n_local = next(iter(sizes.values()))
+  blocks = max(1, batch_spec_size(mesh, rules))
+  probe = _batch_sharding(mesh, rules, blocks)
+  mine = len({s[0].start for s in probe.addressable_devices_indices_map((blocks,)).values()})
+  expect(n_local % mine == 0, 'local batch size', f'a multiple of {mine} (local shards)',
+         n_local)
+  total = n_local * blocks // mine
+
+  def assemble(v):
+    shape = (total, *jax.numpy.shape(v)[1:])
+    sharding = NamedSharding(mesh, batch_spec(shape, mesh, rules))
+    return jax.make_array_from_process_local_data(sharding, v, shape)
+
+  return {k: assemble(v) for k, v in local.items()}
+
+
+def batch_spec_size(mesh: Mesh, rules: Rules) -> int:
+  """Number of pieces the batch axis is split into (product of the batch axes)."""
+  size = 1
+  for a in rules.batch_axes:
+    size *= mesh.shape[a]
+  return size
+
+
+def process_local(dataset, mesh: Mesh, rules: Rules, global_batch_size: int):
+  """A grain dataset of global batches -> this process's rows of each.
+
+  ``dataset[s]`` is the global batch of step ``s`` (e.g.
+  :func:`purax.io.pipeline.train_dataset`); the result's ``[s]`` holds only
+  rows :func:`process_rows`, ready for :func:`global_batch`. Random access
+  by step is kept, so resume stays exact.
+  """
+  rows = process_rows(mesh, rules, global_batch_size)
+  return dataset.map(lambda batch: {k: v[rows] for k, v in batch.items()})

@@ -1,0 +1,191 @@
+"""``shard(tree, mesh, rules)``: place a TrainState or a batch on a mesh.
+
+The shardings are computed from shapes only (concrete arrays or
+``jax.ShapeDtypeStruct`` from ``jax.eval_shape``), so the same functions give
+the ``in_shardings`` / ``out_shardings`` of the jitted step and the placement
+of the arrays themselves.
+
+Example::
+
+  mesh = parallel.make_mesh(data=4, fsdp=2)
+  rules = parallel.fsdp(min_size=1024)
+  state = parallel.shard(state, mesh, rules)
+  batch = parallel.shard(batch, mesh, rules)
+  state, metrics = jax.jit(task.step)(state, batch)   # runs FSDP
+
+Tensor parallel needs the logical axis names of the parameters, which flax
+keeps in ``nn.LogicallyPartitioned`` boxes that :meth:`purax.Task.init`
+removes; :func:`logical_axes` recovers them abstractly (nothing is computed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from purax.core.errors import ConfigError, expect
+from purax.core.state import TrainState
+from purax.core.task import Task
+from purax.parallel.rules import Rules, array_spec, batch_spec
+
+PyTree = Any
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """The fully replicated sharding of ``mesh`` (``PartitionSpec()``)."""
+  return NamedSharding(mesh, P())
+
+
+def logical_axes(task: Task, batch: Mapping[str, Any]) -> TrainState:
+  """The logical axis names of every array of ``task.init``'s state.
+
+  Parameters get the names of their ``nn.with_logical_partitioning``
+  annotation; optimizer-state arrays derived from a parameter (Adam's ``mu``
+  and ``nu``) get the same names, because optax maps over flax's boxes;
+  everything else gets ``PartitionSpec()``. Evaluated with ``jax.eval_shape``:
+  no device work.
+
+  Args:
+    task: the task; batch: a sample batch (only shapes matter).
+
+  Returns:
+    A :class:`TrainState` whose leaves are ``PartitionSpec`` of logical names.
+  """
+  key = jax.random.key(0)
+  abstract = jax.eval_shape(task.init, key, batch)
+
+  def boxed_params(k):
+    return task.model.init({'params': k, 'dropout': k}, batch['x'], train=False)['params']
+
+  boxed = jax.eval_shape(boxed_params, key)
+  boxed_opt = jax.eval_shape(task.tx.init, boxed)
+  none = lambda tree: jax.tree.map(lambda _: P(), tree)
+  return TrainState(step=P(), params=nn.get_partition_spec(boxed),
+                    model_state=none(abstract.model_state),
+                    opt_state=nn.get_partition_spec(boxed_opt), rng=P(),
+                    hparams=none(abstract.hparams))
+
+
+def tree_shardings(tree: PyTree, mesh: Mesh, rules: Rules, *,
+                   logical: PyTree | None = None, prefix: str = 'tree') -> PyTree:
+  """Shardings of a parameter-like tree (params, optimizer state, any pytree).
+
+  Args:
+    tree: arrays or ``ShapeDtypeStruct``; logical: the same structure with
+      ``PartitionSpec`` leaves of logical names, or None.
+    prefix: the tree's name in error messages.
+
+  Raises:
+    ConfigError: see :func:`purax.parallel.rules.array_spec`.
+  """
+  rules.check(mesh)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+  if logical is None:
+    names = [None] * len(leaves)
+  else:
+    names = treedef.flatten_up_to(logical)
+  out = [NamedSharding(mesh, array_spec(getattr(x, 'shape', ()), name, mesh, rules,
+                                        path=prefix + jax.tree_util.keystr(path)))
+         for (path, x), name in zip(leaves, names)]
+  return jax.tree.unflatten(treedef, out)
+
+
+def state_shardings(state: TrainState, mesh: Mesh, rules: Rules, *,
+                    logical: TrainState | None = None) -> TrainState:
+  """The :class:`NamedSharding` of every array of a state.
+
+  ``params`` and ``opt_state`` follow the rules; ``step``, ``rng``,
+  ``hparams`` and ``model_state`` (batch statistics) are replicated.
+
+  Args:
+    state: a concrete or abstract (``jax.eval_shape``) state.
+    logical: :func:`logical_axes` of the task; required by tensor-parallel rules.
+
+  Raises:
+    ConfigError: tensor-parallel rules without ``logical``; an unknown mesh axis.
+  """
+  expect(not (rules.uses_logical and logical is None), 'logical',
+         'the logical axes of the state, parallel.logical_axes(task, batch), for '
+         'tensor-parallel rules', None, ConfigError)
+  repl = replicated(mesh)
+  rules.check(mesh)
+  lg = logical if logical is not None else TrainState(
+      step=None, params=None, model_state=None, opt_state=None, rng=None, hparams=None)
+  return TrainState(
+      step=repl,
+      params=tree_shardings(state.params, mesh, rules, logical=lg.params,
+                            prefix='state.params'),
+      model_state=jax.tree.map(lambda _: repl, state.model_state),
+      opt_state=tree_shardings(state.opt_state, mesh, rules, logical=lg.opt_state,
+                               prefix='state.opt_state'),
+      rng=repl,
+      hparams=jax.tree.map(lambda _: repl, state.hparams))
+
+
+def batch_shardings(batch: Mapping[str, Any], mesh: Mesh, rules: Rules) -> dict:
+  """Shardings of a batch: every array split along its leading (batch) axis.
+
+  Raises:
+    DataError: a global batch size not divisible by the batch axes' size,
+      naming the field, the expected multiple and the actual size.
+    ConfigError: ``rules.batch_axes`` names an axis the mesh lacks.
+  """
+  rules.check(mesh)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: NamedSharding(mesh, batch_spec(
+          jax.numpy.shape(x), mesh, rules, field=f'batch{jax.tree_util.keystr(path)}')),
+      batch)
+
+
+def _is_batch(tree) -> bool:
+  return isinstance(tree, Mapping) and 'x' in tree
+
+
+def shardings(tree: PyTree, mesh: Mesh, rules: Rules, *,
+              logical: PyTree | None = None) -> PyTree:
+  """:func:`state_shardings`, :func:`batch_shardings` (a dict with ``'x'``) or
+  :func:`tree_shardings`, by the kind of ``tree``."""
+  if isinstance(tree, TrainState):
+    return state_shardings(tree, mesh, rules, logical=logical)
+  if _is_batch(tree):
+    return batch_shardings(tree, mesh, rules)
+  return tree_shardings(tree, mesh, rules, logical=logical)
+
+
+def shard(tree: PyTree, mesh: Mesh, rules: Rules, *, logical: PyTree | None = None) -> PyTree:
+  """Places a TrainState, a batch or a parameter tree on ``mesh`` by ``rules``.
+
+  Single-process placement (``jax.device_put``). With several processes, build
+  states with :meth:`purax.parallel.Sharded.init` and batches with
+  :func:`purax.parallel.distributed.global_batch`, which never need the whole
+  array on one host.
+
+  Args:
+    tree: a :class:`TrainState`; a batch ``{'x': [batch, ...], 'y': [batch, ...],
+      'weight'?: [batch]}`` (global batch); or any pytree of arrays.
+    mesh: from :func:`purax.parallel.make_mesh`.
+    rules: e.g. :func:`purax.parallel.fsdp`.
+    logical: for tensor parallel, :func:`logical_axes` (for a state) or the
+      matching tree of logical ``PartitionSpec`` (for params).
+
+  Returns:
+    The same tree, every array a global ``jax.Array`` on ``mesh``.
+
+  Raises:
+    DataError: the batch size does not divide over the batch axes.
+    ConfigError: rules naming an unknown mesh axis; a tensor-parallel dimension
+      not divisible by its mesh axes; tensor-parallel rules without ``logical``.
+  """
+  return jax.device_put(tree, shardings(tree, mesh, rules, logical=logical))
+
+
+def bytes_per_device(tree: PyTree) -> dict[Any, int]:
+  """Bytes of ``tree`` held by each device, read from the addressable shards."""
+  out: dict[Any, int] = {}
+  for x in jax.tree.leaves(tree):
+    for s in x.addressable_shards:
+      out[s.device] = out.get(s.device, 0) + s.data.nbytes
+  return out

@@ -1,0 +1,144 @@
+"""Per-device programs: a ``shard_map`` data-parallel step and the legacy ``pmap`` path.
+
+Both run :meth:`purax.Task.step` on each device's part of the global batch
+with ``axis_name`` set, so gradients are combined explicitly (a weighted
+``psum``; ``pmean`` when every device holds as many examples), metrics are
+summed, and models with an ``axis_name`` field (``purax.nn.ResNet``'s
+BatchNorm) average their batch statistics across devices. Each device draws
+its dropout mask from ``fold_in(step_key, device_index)``: distinct per
+device, and the state's ``rng`` is left replicated.
+
+Prefer :func:`purax.parallel.sharded` (``jax.jit`` + ``NamedSharding``):
+it is the same computation with the collectives chosen by the compiler. Use
+:func:`shard_map_step` to control the collectives yourself and
+:func:`pmap_step` when porting ``jax.pmap`` code.
+
+Example (pmap)::
+
+  step = parallel.pmap_step(task)
+  state = parallel.replicate(task.init(key, batch))
+  state, metrics = step(state, parallel.split_batch(batch, jax.local_device_count()))
+  state, metrics = parallel.unreplicate((state, metrics))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from purax.core.errors import DataError, expect
+from purax.core.task import Task
+from purax.parallel.rules import Rules, data_parallel
+
+
+def with_axis_name(task: Task, axis_name) -> Task:
+  """``task`` whose model's ``axis_name`` field (if it has one) is ``axis_name``.
+
+  ``purax.nn.ResNet`` passes it to its BatchNorm layers, which then average
+  their statistics across the named axis, as on the global batch.
+  """
+  model = task.model
+  if any(f.name == 'axis_name' for f in dataclasses.fields(model)):
+    model = model.clone(axis_name=axis_name)
+  return dataclasses.replace(task, model=model)
+
+
+def _per_device_step(task: Task, axis_name) -> Callable:
+  local_task = with_axis_name(task, axis_name)
+
+  def step(state, batch):
+    index = jax.lax.axis_index(axis_name)
+    local = state.replace(rng=jax.random.fold_in(state.rng, index))
+    new, metrics = local_task.step(local, batch, axis_name=axis_name)
+    return new.replace(rng=state.rng), metrics
+
+  return step
+
+
+def shard_map_step(task: Task, mesh: Mesh, rules: Rules | None = None) -> Callable:
+  """A jitted data-parallel ``(state, batch) -> (state, metrics)`` written with ``jax.shard_map``.
+
+  Args:
+    task: the task.
+    mesh: the mesh; the state is replicated over it.
+    rules: only ``rules.batch_axes`` is used (default ``('data', 'fsdp')``).
+
+  Returns:
+    A function of a replicated state and a global batch ``[batch, ...]``
+    whose leading axis is split over the batch axes; the state is donated.
+
+  Raises:
+    ConfigError: the rules name an axis the mesh lacks (at build time).
+    DataError: a batch size not divisible by the batch axes (at call time).
+  """
+  rules = rules or data_parallel()
+  rules.check(mesh)
+  axes = tuple(rules.batch_axes)
+  size = 1
+  for a in axes:
+    size *= mesh.shape[a]
+  # check_vma=False: classic per-device semantics (as pmap). With it on, the
+  # gradient of a replicated parameter is summed across devices by autodiff
+  # itself, and the explicit weighted psum of Task.step would count it twice.
+  body = jax.shard_map(_per_device_step(task, axes), mesh=mesh,
+                       in_specs=(P(), P(axes)), out_specs=(P(), P()),
+                       check_vma=False)
+  jitted = jax.jit(body, donate_argnums=0)
+
+  def step(state, batch):
+    n = jnp.shape(batch['x'])[0]
+    expect(n % size == 0, "batch['x'].shape[0] (global batch size)",
+           f'a multiple of {size} (the batch axes {axes})', n, DataError)
+    return jitted(state, batch)
+
+  return step
+
+
+def pmap_step(task: Task, axis_name: str = 'batch', *,
+              devices: Sequence[jax.Device] | None = None) -> Callable:
+  """The legacy ``jax.pmap`` data-parallel step (explicit ``pmean`` of gradients).
+
+  Args:
+    task: the task.
+    axis_name: the pmapped axis name (BatchNorm averages over it).
+    devices: the devices (default: all local devices).
+
+  Returns:
+    ``(state, batch) -> (state, metrics)`` on a replicated state (leading
+    ``[devices]`` axis, :func:`replicate`) and a split batch ``[devices,
+    batch / devices, ...]`` (:func:`split_batch`); the state is donated.
+  """
+  return jax.pmap(_per_device_step(task, axis_name), axis_name=axis_name,
+                  devices=devices, donate_argnums=0)
+
+
+def replicate(tree: Any, num_devices: int | None = None) -> Any:
+  """Stacks ``num_devices`` copies of every leaf: ``[...] -> [devices, ...]``."""
+  n = num_devices or jax.local_device_count()
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *jnp.shape(x))), tree)
+
+
+def unreplicate(tree: Any) -> Any:
+  """The first copy of every leaf: ``[devices, ...] -> [...]``."""
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def split_batch(batch: Any, num_devices: int | None = None) -> Any:
+  """Reshapes ``[batch, ...]`` leaves to ``[devices, batch / devices, ...]``.
+
+  Raises:
+    DataError: the batch size is not a multiple of ``num_devices``.
+  """
+  n = num_devices or jax.local_device_count()
+
+  def split(path, x):
+    b = jnp.shape(x)[0]
+    expect(b % n == 0, f'batch{jax.tree_util.keystr(path)}.shape[0]',
+           f'a multiple of {n} (devices)', b)
+    return jnp.reshape(x, (n, b // n, *jnp.shape(x)[1:]))
+
+  return jax.tree_util.tree_map_with_path(split, batch)

@@ -1,0 +1,225 @@
+"""Populations: member i of a vmapped run equals a standalone run with hparams i.
+
+Tolerance. Everything runs at ``jax.default_matmul_precision('highest')`` in
+float32. The vmapped step batches each matmul over members
+(``dot_general`` with a batch dimension) while the standalone step does not,
+so XLA may pick another summation order: one rounding difference per
+accumulation, ~1e-7 relative. Adam divides by sqrt(v) and so keeps such
+differences at their relative size rather than amplifying them, and clipping
+and the cosine schedule are smooth; after k <= 3 steps of lr <= 1e-2 that is
+well inside ``rtol=1e-5, atol=1e-6`` (atol for parameters that start at zero,
+the biases). On CPU the results are in fact bitwise equal in our runs, but we
+do not promise that.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import purax
+from purax.core import metrics as metrics_lib
+from purax.core import population as P
+from purax.core.errors import ConfigError
+from purax.nn import MLP
+
+RTOL, ATOL = 1e-5, 1e-6
+CLASSES, FEATURES, BATCH = 3, 6, 8
+
+
+def make_task(param_dtype=jnp.float32):
+  return purax.Task(model=MLP(num_classes=CLASSES, features=(16,), param_dtype=param_dtype),
+                    tx=purax.adamw(learning_rate=1e-3, total_steps=10, warmup_steps=0))
+
+
+TASK = make_task()   # one task, so every example reuses the compiled programs
+pstep = jax.jit(P.step, static_argnums=0)
+pinit = jax.jit(P.init, static_argnums=0)
+sstep = jax.jit(TASK.step)
+sinit = jax.jit(lambda key, hp, b: P.set_hparams(TASK.init(key, b), hp))
+
+
+def batch(seed=0, n=BATCH):
+  rng = np.random.default_rng(seed)
+  return {'x': rng.normal(size=(n, FEATURES)).astype(np.float32),
+          'y': rng.integers(0, CLASSES, size=(n,)).astype(np.int32)}
+
+
+def stacked_batches(seeds):
+  bs = [batch(s) for s in seeds]
+  return {k: np.stack([b[k] for b in bs]) for k in bs[0]}
+
+
+def keys(seeds):
+  return jax.vmap(jax.random.key)(jnp.asarray(seeds))
+
+
+def standalone(seed, hparams, batches, k):
+  state = sinit(jax.random.key(seed), hparams, batches[0])
+  history = []
+  for s in range(k):
+    state, m = sstep(state, batches[s % len(batches)])
+    history.append(metrics_lib.compute(m))
+  return state, history
+
+
+member_hparams = st.fixed_dictionaries({
+    'peak_learning_rate': st.sampled_from([1e-4, 3e-4, 1e-3, 3e-3, 1e-2]),
+    'weight_decay': st.sampled_from([0.0, 1e-4, 1e-2]),
+    'b2': st.sampled_from([0.99, 0.999]),
+    'clip_norm': st.sampled_from([0.5, 1.0]),
+    'label_smoothing': st.sampled_from([0.0, 0.1]),
+})
+
+
+@st.composite
+def populations(draw):
+  # Member counts from a small set, so the compiled programs are shared.
+  n = draw(st.sampled_from([1, 3]))
+  return draw(st.lists(st.tuples(st.integers(0, 2**16), member_hparams), min_size=n,
+                       max_size=n))
+
+
+@settings(max_examples=4)
+@given(members=populations(), k=st.sampled_from([1, 3]), per_member=st.booleans())
+def test_member_i_equals_standalone_run_with_hparams_i(members, k, per_member):
+  seeds = [s for s, _ in members]
+  hparams = {n: np.asarray([hp[n] for _, hp in members], np.float32) for n in members[0][1]}
+  # Per-member data: member i reads batch stack[i] at every step; shared: one batch.
+  data = [stacked_batches([i + 10 * s for i in range(len(seeds))]) for s in range(k)] \
+      if per_member else [batch(s) for s in range(k)]
+  index = jnp.arange(len(seeds)) if per_member else None
+  with jax.default_matmul_precision('highest'):
+    pop = pinit(TASK, keys(seeds), hparams, batch())
+    history = []
+    for s in range(k):
+      pop, m = pstep(TASK, pop, data[s], index)
+      history.append(metrics_lib.compute(m))
+    for i, seed in enumerate(seeds):
+      own = [jax.tree.map(lambda x: x[i], d) for d in data] if per_member else data
+      state, single = standalone(seed, {n: v[i] for n, v in hparams.items()}, own, k)
+      chex.assert_trees_all_close(P.member(pop, i).params, state.params, rtol=RTOL, atol=ATOL)
+      chex.assert_trees_all_close(P.member(pop, i).opt_state, state.opt_state,
+                                  rtol=RTOL, atol=ATOL)
+      assert int(pop.state.step[i]) == int(state.step) == k
+      for got, want in zip(history, single):
+        for name in ('loss', 'accuracy', 'grad_norm', 'examples'):
+          np.testing.assert_allclose(got[name][i], want[name], rtol=RTOL, atol=ATOL)
+  assert not np.any(np.asarray(pop.diverged))
+
+
+def test_hparams_are_float32_leaves_and_one_trace_serves_any_values():
+  traces = []
+
+  def counted(pop, b):
+    traces.append(1)   # runs at trace time only
+    return P.step(TASK, pop, b)
+
+  step = jax.jit(counted)
+  for seeds, lrs, smoothing in (([0, 1, 2], [1e-3, 3e-3, 1e-2], [0.0, 0.1, 0.2]),
+                                ([7, 8, 9], [5e-4, 2e-2, 1e-4], [0.3, 0.0, 0.05])):
+    pop = pinit(TASK, keys(seeds), {'peak_learning_rate': np.asarray(lrs),
+                                    'label_smoothing': np.asarray(smoothing)}, batch())
+    for name, value in P.get_hparams(pop.state).items():
+      assert value.dtype == jnp.float32 and value.shape == (3,), name
+    np.testing.assert_array_equal(P.get_hparams(pop.state)['peak_learning_rate'],
+                                  np.float32(lrs))
+    for _ in range(2):
+      pop, _ = step(pop, batch())
+  assert len(traces) == 1
+
+
+def test_diverged_member_is_frozen_flagged_and_others_unaffected():
+  seeds, lrs = [0, 1, 2], np.float32([1e-2, 1e30, 3e-3])   # member 1: absurd lr
+  sane = lrs.copy()
+  sane[1] = 1e-3
+  pops, flagged_at = {}, None
+  for name, values in (('bad', lrs), ('sane', sane)):
+    pop = pinit(TASK, keys(seeds), {'peak_learning_rate': values}, batch())
+    for s in range(4):
+      pop, m = pstep(TASK, pop, batch(s))
+      m = metrics_lib.compute(m)
+      if name == 'bad' and flagged_at is None and bool(pop.diverged[1]):
+        flagged_at, frozen_state = s, P.member(pop, 1)
+        assert m['diverged'][1] == 1.0 and m['examples'][1] == 0.0   # flagged, not counted
+    pops[name] = pop
+  bad, ok = pops['bad'], pops['sane']
+  assert flagged_at is not None and np.asarray(bad.diverged).tolist() == [False, True, False]
+  assert int(bad.state.step[1]) == flagged_at            # no update after the bad one
+  chex.assert_trees_all_equal(P.member(bad, 1), frozen_state)   # and it never changes
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(P.member(bad, 1).params))
+  for i in (0, 2):   # the healthy members are bitwise those of a run without the NaN
+    chex.assert_trees_all_equal(P.member(bad, i), P.member(ok, i))
+  # ... and, to float32 tolerance, those of a population that lacks member 1.
+  two = pinit(TASK, keys([0, 2]), {'peak_learning_rate': lrs[[0, 2]]}, batch())
+  for s in range(4):
+    two, _ = pstep(TASK, two, batch(s))
+  for j, i in enumerate((0, 2)):
+    chex.assert_trees_all_close(P.member(two, j).params, P.member(bad, i).params,
+                                rtol=RTOL, atol=ATOL)
+
+
+def test_non_finite_batch_freezes_member_at_its_previous_state():
+  data = stacked_batches([0, 1, 2])
+  data['x'][1, 0, 0] = np.inf    # member 1's batch makes its loss non-finite
+  pop0 = pinit(TASK, keys([0, 1, 2]), {}, batch())
+  pop, m = pstep(TASK, pop0, data, jnp.arange(3))
+  chex.assert_trees_all_equal(P.member(pop, 1), P.member(pop0, 1))
+  assert np.asarray(pop.diverged).tolist() == [False, True, False]
+  assert np.asarray(P.status(pop)).tolist() == ['ok', 'diverged', 'ok']
+  assert int(pop.state.step[0]) == 1
+
+
+def test_early_stopping_freezes_members_that_stop_improving():
+  pop = pinit(TASK, keys([0, 1, 2]), {}, batch())
+  scores = [[1.0, 1.0, np.nan], [0.5, 1.0, np.nan], [0.4, 1.0, np.nan]]
+  for s in scores:
+    pop = P.early_stopping(pop, jnp.float32(s), patience=2)
+  assert np.asarray(pop.stopped).tolist() == [False, True, True]
+  np.testing.assert_array_equal(pop.best, np.float32([0.4, 1.0, np.inf]))
+  before = P.member(pop, 1)
+  pop, m = pstep(TASK, pop, batch())
+  chex.assert_trees_all_equal(P.member(pop, 1), before)
+  assert int(pop.state.step[0]) == 1 and metrics_lib.compute(m)['diverged'][1] == 0.0
+
+
+def test_score_ranks_and_treats_missing_as_worst():
+  m = {'accuracy': metrics_lib.Average(jnp.float32([1.0, 3.0, 0.0]), jnp.float32([2, 4, 0])),
+       'loss': metrics_lib.Average(jnp.float32([1.0, jnp.nan, 2.0]), jnp.float32([1, 1, 1]))}
+  np.testing.assert_array_equal(P.score(m, 'accuracy', 'max'), np.float32([-0.5, -0.75, np.inf]))
+  np.testing.assert_array_equal(P.score(m, 'loss'), np.float32([1.0, np.inf, 2.0]))
+  with pytest.raises(ConfigError, match="metric: expected one of"):
+    P.score(m, 'acc')
+
+
+def test_bfloat16_params_keep_float32_hyperparameters():
+  task = make_task(jnp.bfloat16)
+  pop = jax.jit(P.init, static_argnums=0)(task, keys([0, 1]), {'peak_learning_rate': np.float32([1e-3, 2e-3]),
+                                    'b2': np.float32([0.999, 0.99])}, batch())
+  pop, _ = jax.jit(P.step, static_argnums=0)(task, pop, batch())
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(pop.state.params))
+  for name, value in P.get_hparams(pop.state).items():
+    assert value.dtype == jnp.float32, name
+  assert P.get_hparams(pop.state)['b2'][0] == np.float32(0.999)   # not rounded to 1.0
+
+
+def test_bad_input_is_named():
+  with pytest.raises(ConfigError, match=r'members: expected >= 1, got 0'):
+    P.init(TASK, jnp.zeros((0, 2), jnp.uint32), {}, batch())
+  with pytest.raises(ConfigError, match=r"hyperparameter name: expected one of .*'lr'"):
+    P.init(TASK, keys([0]), {'lr': np.float32([1e-3])}, batch())
+  with pytest.raises(ConfigError, match=r"hparams\['b1'\].shape: expected \[2\]"):
+    P.init(TASK, keys([0, 1]), {'b1': np.float32([0.9])}, batch())
+  with pytest.raises(ConfigError, match='patience: expected >= 1'):
+    P.early_stopping(pinit(TASK, keys([0, 1, 2]), {}, batch()), jnp.zeros(3), patience=0)
+
+
+def test_init_traces_abstractly_and_member_stack_round_trip():
+  shapes = jax.eval_shape(lambda k: P.init(TASK, k, {}, batch()), keys([0, 1, 2, 3]))
+  assert shapes.state.params['Dense_0']['kernel'].shape == (4, FEATURES, 16)
+  pop = pinit(TASK, keys([3, 4, 5]), {}, batch())
+  chex.assert_trees_all_equal(P.stack([P.member(pop, i) for i in range(3)]), pop.state)
+  chex.assert_trees_all_equal(P.member(pop, 1), sinit(jax.random.key(4), {}, batch()))

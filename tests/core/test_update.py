@@ -1,0 +1,201 @@
+"""The guarded update (purax.core.update): gradient accumulation, loss scaling,
+the non-finite guard, remat and precision — each with the invariant that proves it."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import purax
+from purax import nn as pnn
+from purax.core import metrics as metrics_lib
+from purax.core.loss_scale import LossScale
+from purax.core.precision import get_policy
+from tests.helpers import tiny_batch, tiny_task, tree_equal
+
+
+def mlp_task(**task_kwargs):
+  model = pnn.MLP(num_classes=5, features=(16,))
+  return purax.Task(model=model, tx=purax.adamw(learning_rate=1e-2, total_steps=50),
+                    **task_kwargs)
+
+
+def batch_of(n, seed, weights=False):
+  return tiny_batch(n=n, shape=(6,), classes=5, seed=seed, weight=weights)
+
+
+def assert_close(a, b, rtol, atol):
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=rtol,
+                               atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+@settings(max_examples=8)
+@given(k=st.sampled_from([2, 4]), m=st.sampled_from([2, 3]), seed=st.integers(0, 2**16),
+       weights=st.booleans())
+def test_accumulation_over_k_microbatches_equals_one_step_on_the_whole_batch(k, m, seed, weights):
+  """Tolerance rtol 1e-5 / atol 1e-6: the same float32 terms summed in another
+  order (microbatch sums, then across microbatches), at highest matmul precision."""
+  batch = batch_of(k * m, seed, weights)
+  whole, accumulated = mlp_task(), mlp_task(microbatches=k)
+  state = whole.init(jax.random.key(seed), batch)
+  with jax.default_matmul_precision('highest'):
+    s1, m1 = jax.jit(whole.step)(state, batch)
+    s2, m2 = jax.jit(accumulated.step)(state, batch)
+  assert int(s1.step) == int(s2.step) == 1        # one optimizer update, not k
+  assert int(s2.opt_state.inner_state[1][0].count) == 1
+  assert_close(s1.params, s2.params, rtol=1e-5, atol=1e-6)
+  assert_close(s1.opt_state, s2.opt_state, rtol=1e-5, atol=1e-6)
+  c1, c2 = metrics_lib.compute(m1), metrics_lib.compute(m2)
+  for name in ('loss', 'accuracy', 'examples', 'grad_norm'):
+    np.testing.assert_allclose(c1[name], c2[name], rtol=1e-5, err_msg=name)
+
+
+def test_accumulation_needs_a_divisible_batch():
+  task = mlp_task(microbatches=3)
+  state = task.init(jax.random.key(0), batch_of(6, 0))
+  with pytest.raises(purax.DataError, match=r"shape\[0\]: expected a multiple of microbatches=3, got 4"):
+    task.step(state, batch_of(4, 0))
+
+
+PLAIN, SCALED = mlp_task(), mlp_task(loss_scale=1.0)
+
+
+@settings(max_examples=8)
+@given(exponent=st.integers(0, 24), seed=st.integers(0, 2**16), n=st.sampled_from([4, 8]))
+def test_a_power_of_two_loss_scale_gives_bitwise_the_unscaled_update(exponent, seed, n):
+  """The same compiled step (the scale is state, not a constant) with scale 2**e
+  and with scale 1 (no scaling): bitwise equal, since multiplying and dividing
+  by a power of two is exact in float32 unless it over- or underflows. Against
+  the unscaled task (another program: XLA may fuse differently) allclose."""
+  batch = batch_of(n, seed)
+  unscaled = SCALED.init(jax.random.key(seed), batch)
+  scaled = unscaled.replace(loss_scale=unscaled.loss_scale.replace(
+      scale=jnp.float32(2.0 ** exponent)))
+  step = jax.jit(SCALED.step)
+  s1, _ = step(unscaled, batch)
+  s2, m2 = step(scaled, batch)
+  assert tree_equal(s1.params, s2.params)
+  assert tree_equal(s1.opt_state, s2.opt_state)
+  assert metrics_lib.compute(m2)['skipped'] == 0
+  plain, _ = jax.jit(PLAIN.step)(PLAIN.init(jax.random.key(seed), batch), batch)
+  assert_close(plain.params, s2.params, rtol=1e-6, atol=1e-7)
+
+
+@settings(max_examples=30)
+@given(st.lists(st.booleans(), min_size=1, max_size=60), st.sampled_from([1.0, 2.0 ** 15, 2.0 ** 24]))
+def test_the_loss_scale_halves_on_overflow_grows_after_a_finite_run_and_stays_finite(finites, init):
+  state = LossScale.create(init, growth_interval=3, max_scale=2.0 ** 24)
+  update = jax.jit(lambda s, f: s.update(f))
+  for finite in finites:
+    before = float(state.scale)
+    state = update(state, jnp.asarray(finite))
+    after = float(state.scale)
+    assert np.isfinite(after) and 1.0 <= after <= 2.0 ** 24
+    assert after == (before if before == 1.0 else before / 2) if not finite else after >= before
+    assert np.log2(after) == int(np.log2(after))       # stays a power of two
+
+
+@settings(max_examples=6)
+@given(seed=st.integers(0, 2**16), scaled=st.booleans(), model=st.sampled_from(['mlp', 'resnet']))
+def test_a_step_with_non_finite_gradients_leaves_the_state_bitwise_unchanged(seed, scaled, model):
+  task = tiny_task(model)
+  task = dataclasses.replace(task, loss_scale=2.0 ** 8 if scaled else None)
+  batch = tiny_batch(seed=seed)
+  state = jax.jit(task.step)(task.init(jax.random.key(seed), batch), batch)[0]
+  poisoned = dict(batch, x=batch['x'].copy())
+  poisoned['x'][0, 0] = np.nan
+  after, metrics = jax.jit(task.step)(state, poisoned)
+  for field in ('step', 'params', 'opt_state', 'model_state', 'hparams'):
+    assert tree_equal(getattr(after, field), getattr(state, field)), field
+  assert tree_equal(jax.random.key_data(after.rng), jax.random.key_data(state.rng))
+  computed = metrics_lib.compute(metrics)
+  assert computed['skipped'] == 1 and computed['skip_streak'] == 1
+  assert computed['examples'] == 0                 # the skipped batch does not count
+  if scaled:
+    assert float(after.loss_scale.scale) == float(state.loss_scale.scale) / 2
+
+
+def test_the_loop_stops_naming_the_window_after_consecutive_skips():
+  from purax import loop
+  from purax.io import pipeline
+  data = tiny_batch(n=32, shape=(6,), classes=5)
+  data['x'][:] = np.nan
+  task = mlp_task()
+  train = pipeline.train_dataset(data['x'], data['y'], batch_size=8, seed=0, num_steps=20)
+  state = task.init(jax.random.key(0), train[0])
+  with pytest.raises(purax.core.errors.NonFiniteError,
+                     match=r'expected fewer than 3 consecutive steps with non-finite gradients, '
+                           r'got 5 ending in steps \(0, 5\]'):
+    loop.fit(task, state, train, log_every=5, max_consecutive_skips=3, progress=False)
+
+
+@pytest.mark.parametrize('policy', ['full', 'dots_saveable', 'nothing_saveable'])
+def test_remat_changes_memory_not_values(policy):
+  batch = tiny_batch()
+  plain = tiny_task('resnet')
+  remat = dataclasses.replace(plain, model=plain.model.clone(remat=policy))
+  state = plain.init(jax.random.key(0), batch)
+  grads = lambda task: jax.jit(jax.grad(lambda p: task.loss(p, state.model_state, batch,
+                                                             state.step_key())[0]))(state.params)
+  assert_close(grads(plain), grads(remat), rtol=1e-6, atol=1e-7)
+
+
+def test_remat_with_dropout_in_the_transformer_encoder():
+  model = pnn.get_model('transformer', num_classes=10, d_model=16, num_layers=2, num_heads=2,
+                        dropout_rate=0.3)
+  batch = {'x': np.random.default_rng(0).normal(size=(4, 8, 8)).astype(np.float32),
+           'y': np.arange(4, dtype=np.int32)}
+  plain = purax.Task(model=model, tx=purax.adamw(total_steps=1))
+  remat = dataclasses.replace(plain, model=model.clone(remat='full'))
+  state = plain.init(jax.random.key(0), batch)
+  key = jax.random.key(7)
+  grads = lambda task: jax.jit(jax.grad(lambda p: task.loss(p, state.model_state, batch,
+                                                             key)[0]))(state.params)
+  g_plain, g_remat = grads(plain), grads(remat)
+  assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(g_plain))
+  assert_close(g_plain, g_remat, rtol=1e-6, atol=1e-7)
+
+
+def test_zero_gradients_with_a_zero_clipping_norm_give_zero_updates():
+  tx = purax.adamw(learning_rate=1e-2, total_steps=10, clip_norm=0.0, weight_decay=0.0)
+  params = {'w': jnp.ones(3)}
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+  assert bool(jnp.all(updates['w'] == 0))
+
+
+def test_under_the_bf16_policy_masters_optimizer_and_hyperparameters_stay_float32():
+  policy = get_policy('bf16')
+  assert str(policy) == 'params=float32,compute=bfloat16,output=float32'
+  model = pnn.CNN(num_classes=10, features=(4, 8), hidden=16, **policy.model_kwargs())
+  task = purax.Task(model=model, tx=purax.adamw(learning_rate=1e-7, total_steps=10,
+                                                warmup_steps=0))
+  batch = tiny_batch()
+  state = task.init(jax.random.key(0), batch)
+  new, metrics = jax.jit(task.step)(state, batch)
+  floats = lambda t: [x for x in jax.tree.leaves(t) if jnp.issubdtype(x.dtype, jnp.floating)]
+  assert all(x.dtype == jnp.float32 for x in floats(new.params) + floats(new.opt_state))
+  loss, aux = task.loss(state.params, state.model_state, batch, state.step_key())
+  assert loss.dtype == jnp.float32 and aux['outputs'].dtype == jnp.bfloat16
+  # A tiny update (lr 1e-7) still moves the float32 masters; in bfloat16 it rounds away.
+  moved = [bool(jnp.any(a != b)) for a, b in zip(jax.tree.leaves(new.params),
+                                                 jax.tree.leaves(state.params))]
+  assert all(moved)
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)):
+    big = np.abs(np.asarray(b)) > 1e-3      # where a 1e-7 step is far below bf16's spacing
+    same = np.asarray(a.astype(jnp.bfloat16) == b.astype(jnp.bfloat16))
+    assert same[big].all()
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('fp8', "precision: expected one of ['bf16', 'fp16', 'fp32']"),
+    ('params=float32,compute=int8', "precision compute: expected one of"),
+    ('weights=float32', "precision field: expected one of 'params', 'compute', 'output'"),
+])
+def test_bad_precision_specs(spec, message):
+  with pytest.raises(purax.ConfigError, match=message.replace('[', r'\[').replace(']', r'\]')):
+    get_policy(spec)

@@ -1,0 +1,246 @@
+"""Transformers: scan == unrolled, causality, KV cache == recomputation, determinism,
+remat, dtypes, logical axes, attention kernel choice, errors.
+
+Tiny shapes (d_model 32, 2 layers, seq 16). Equivalences compare float32 at
+``highest`` matmul precision: the scanned and unrolled stacks, and the cached
+and full computations, are the same arithmetic in a different order, so they
+agree to float32 rounding (atol 1e-5 on O(1) logits).
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import purax
+from purax.nn.attention import attention_implementation
+from purax.nn.generate import generate, init_cache
+from purax.nn.transformer import DecoderLM, TransformerEncoder, count_params
+
+SEQ, BATCH = 16, 2
+LM = dict(d_model=32, num_layers=2, num_heads=4, max_len=SEQ)
+
+
+def tokens(seed=0, shape=(BATCH, SEQ)):
+  return jax.random.randint(jax.random.key(seed), shape, 0, 256, jnp.int32)
+
+
+def lm_params(model, x=None):
+  if x is None:
+    return _params(model)
+  return nn.unbox(jax.jit(model.init)(jax.random.key(0), x))['params']
+
+
+@functools.lru_cache(maxsize=None)
+def _params(model):
+  return nn.unbox(jax.jit(model.init)(jax.random.key(0), tokens()))['params']
+
+
+def jit_apply(model):
+  return jax.jit(model.apply, static_argnames=('train', 'decode', 'mutable'))
+
+
+def unstack(params, num_layers):
+  """Scanned params (``layers``: leading [L] axis) -> unrolled ``layers_{i}``."""
+  out = {k: v for k, v in params.items() if k != 'layers'}
+  for i in range(num_layers):
+    out[f'layers_{i}'] = jax.tree.map(lambda a: a[i], params['layers'])
+  return out
+
+
+@pytest.mark.parametrize('positions', ['rope', 'learned'])
+def test_scanned_decoder_equals_unrolled_stack(positions):
+  scanned = DecoderLM(**LM, positions=positions)
+  unrolled = scanned.clone(scan_layers=False)
+  params = lm_params(scanned)
+  mapped = unstack(params, LM['num_layers'])
+  # The mapping is exactly the unrolled model's parameter structure and shapes.
+  expected = jax.eval_shape(lambda: lm_params(unrolled))
+  assert jax.tree.structure(expected) == jax.tree.structure(mapped)
+  assert jax.tree.map(lambda a: a.shape, expected) == jax.tree.map(jnp.shape, mapped)
+  x = tokens(1)
+  with jax.default_matmul_precision('highest'):
+    np.testing.assert_allclose(jit_apply(scanned)({'params': params}, x),
+                               jit_apply(unrolled)({'params': mapped}, x), atol=1e-5, rtol=1e-5)
+
+
+def test_scanned_encoder_equals_unrolled_stack():
+  scanned = TransformerEncoder(num_classes=10, d_model=32, num_layers=2, dropout_rate=0.1)
+  unrolled = scanned.clone(scan_layers=False)
+  x = jax.random.normal(jax.random.key(0), (BATCH, 8, 8, 1))
+  params = nn.unbox(jax.jit(scanned.init)(jax.random.key(0), x))['params']
+  with jax.default_matmul_precision('highest'):
+    np.testing.assert_allclose(jit_apply(scanned)({'params': params}, x),
+                               jit_apply(unrolled)({'params': unstack(params, 2)}, x),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_scan_traces_one_layer_whatever_the_depth():
+  """The program XLA compiles does not grow with depth (compile time flat in L)."""
+  def num_equations(layers):
+    model = DecoderLM(**{**LM, 'num_layers': layers})
+    params = jax.eval_shape(lambda: lm_params(model))
+    return len(jax.make_jaxpr(lambda p: model.apply({'params': p}, tokens()))(params).eqns)
+  assert num_equations(2) == num_equations(12)
+
+
+@functools.lru_cache(maxsize=None)
+def causal_apply():
+  model = DecoderLM(**LM)
+  params = lm_params(model)
+  return jax.jit(lambda x: model.apply({'params': params}, x))
+
+
+@settings(max_examples=8)
+@given(t=st.integers(0, SEQ - 2), seed=st.integers(0, 2**16))
+def test_output_at_t_does_not_depend_on_later_tokens(t, seed):
+  x = tokens(seed, (1, SEQ))
+  later = jax.random.randint(jax.random.key(seed + 1), (1, SEQ - t - 1), 0, 256, jnp.int32)
+  y = x.at[:, t + 1:].set(later)
+  assume_changed = bool((x != y).any())
+  a, b = causal_apply()(x), causal_apply()(y)
+  np.testing.assert_array_equal(a[:, :t + 1], b[:, :t + 1])
+  if assume_changed:   # and the later tokens do matter downstream
+    assert not np.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+@pytest.mark.parametrize('positions', ['rope', 'learned'])
+def test_kv_cache_decoding_equals_full_recomputation(positions):
+  model = DecoderLM(**LM, positions=positions)
+  params = lm_params(model)
+  x = tokens(3)
+  apply = jit_apply(model)
+  full = apply({'params': params}, x)
+  cache = init_cache(model, BATCH, SEQ)
+  pieces = []
+  for start, stop in [(0, 5)] + [(t, t + 1) for t in range(5, SEQ)]:   # prefill, then 1 by 1
+    logits, variables = apply({'params': params, 'cache': cache}, x[:, start:stop],
+                              decode=True, mutable=('cache',))
+    cache = variables['cache']
+    pieces.append(logits)
+  assert int(cache['index']) == SEQ
+  np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_generate_equals_argmax_of_full_recomputation():
+  model = DecoderLM(**LM)
+  params = lm_params(model)
+  prompt = tokens(4, (BATCH, 4))
+  new = generate(model, params, prompt, key=jax.random.key(0), max_new_tokens=6)
+  assert new.dtype == jnp.int32 and new.shape == (BATCH, 6)
+  # Greedy: new token i is the argmax after prompt + new[:i]; by causality one
+  # full pass over prompt + new gives every one of those predictions.
+  logits = jit_apply(model)({'params': params}, jnp.concatenate([prompt, new], axis=1))
+  np.testing.assert_array_equal(new, jnp.argmax(logits[:, 3:-1], axis=-1))
+
+
+def test_sampling_is_a_function_of_the_key():
+  model = DecoderLM(**LM)
+  params = lm_params(model)
+  prompt = tokens(4, (BATCH, 4))
+  sample = lambda seed: generate(model, params, prompt, key=jax.random.key(seed),
+                                 max_new_tokens=6, temperature=1.0)
+  np.testing.assert_array_equal(sample(0), sample(0))
+  assert not np.array_equal(sample(0), sample(1))
+
+
+def test_encoder_is_deterministic_in_evaluation_and_not_in_training():
+  model = TransformerEncoder(num_classes=10, d_model=32, num_layers=2, dropout_rate=0.5)
+  x = jax.random.normal(jax.random.key(0), (BATCH, 8, 8, 1))
+  variables = jax.jit(model.init)(jax.random.key(0), x)
+  apply = jit_apply(model)
+  run = lambda train, seed: apply(variables, x, train=train,
+                                  rngs={'dropout': jax.random.key(seed)})
+  np.testing.assert_array_equal(run(False, 0), run(False, 1))
+  assert not np.allclose(run(True, 0), run(True, 1))
+
+
+def test_remat_gives_the_same_gradients():
+  model = DecoderLM(**LM)
+  params = lm_params(model)
+  x = tokens(6)
+
+  def grads(m):
+    return jax.jit(jax.grad(lambda p: jnp.mean(m.apply({'params': p}, x) ** 2)))(params)
+
+  with jax.default_matmul_precision('highest'):
+    expected = grads(model)
+    actual = grads(model.clone(remat='full'))   # recompute every block in the backward pass
+  for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(actual)):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_compute_dtype_and_storage_dtype_are_separate():
+  model = DecoderLM(**LM, dtype=jnp.bfloat16)
+  variables = jax.eval_shape(model.init, jax.random.key(0), tokens())
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.unbox(variables)))
+  logits = jax.eval_shape(lambda v: model.apply(v, tokens()), variables)
+  assert logits.dtype == jnp.bfloat16 and logits.shape == (BATCH, SEQ, 256)
+  out = jax.eval_shape(
+      lambda: TransformerEncoder(num_classes=3, d_model=32, dtype=jnp.bfloat16).init_with_output(
+          jax.random.key(0), jnp.ones((2, 8, 8)))[0])
+  assert out.dtype == jnp.bfloat16 and out.shape == (2, 3)
+
+
+def test_parameters_carry_logical_axis_names():
+  variables = jax.eval_shape(DecoderLM(**LM).init, jax.random.key(0), tokens())
+  specs = nn.get_partition_spec(variables)['params']
+  assert specs['embed']['embedding'] == jax.sharding.PartitionSpec('vocab', 'embed')
+  assert specs['layers']['mlp']['wi'] == jax.sharding.PartitionSpec('layers', 'embed', 'mlp')
+  assert specs['layers']['attention']['qkv'][:4] == ('layers', 'embed', None, 'heads')
+
+
+def test_attention_kernel_is_chosen_for_the_device():
+  assert attention_implementation(jnp.bfloat16, 64, backend='gpu') == 'cudnn'
+  assert attention_implementation(jnp.float16, 128, backend='gpu') == 'cudnn'
+  assert attention_implementation(jnp.float32, 64, backend='gpu') == 'xla'
+  assert attention_implementation(jnp.bfloat16, 160, backend='gpu') == 'xla'
+  assert attention_implementation(jnp.bfloat16, 64, backend='cpu') == 'xla'
+  assert attention_implementation(jnp.bfloat16, 64, backend='tpu') == 'xla'
+
+
+def test_parameter_count_is_gpt2_small_at_gpt2_small_shapes():
+  model = DecoderLM(vocab_size=50257, d_model=768, num_layers=12, num_heads=12,
+                    max_len=1024, positions='learned')
+  params = jax.eval_shape(lambda: lm_params(model, jnp.zeros((1, 8), jnp.int32)))
+  d, layers = 768, 12
+  assert count_params(params) == 50257 * d + layers * (12 * d * d + 13 * d) + 2 * d
+  assert count_params(params, exclude=()) == count_params(params) + 1024 * d   # 124.4M
+
+
+def test_bad_configurations_and_inputs_name_the_field():
+  with pytest.raises(purax.ConfigError, match='d_model: expected a multiple of num_heads'):
+    DecoderLM(d_model=30, num_heads=4).init(jax.random.key(0), tokens())
+  with pytest.raises(purax.ConfigError, match='remat: expected one of'):
+    DecoderLM(**LM, remat='some').init(jax.random.key(0), tokens())
+  with pytest.raises(purax.DataError, match=r'tokens: expected integer \[batch, seq\]'):
+    DecoderLM(**LM).init(jax.random.key(0), jnp.zeros((2, 4)))
+  with pytest.raises(purax.DataError, match=r'seq\): expected <= max_len \(16\)'):
+    DecoderLM(**LM, positions='learned').init(jax.random.key(0), tokens(0, (1, 17)))
+  model = DecoderLM(**LM, positions='learned')
+  params = lm_params(model)
+  with pytest.raises(purax.DataError, match='prompt: expected at least one token'):
+    generate(model, params, jnp.zeros((1, 0), jnp.int32), key=jax.random.key(0),
+             max_new_tokens=2)
+  with pytest.raises(purax.ConfigError, match=r'max_new_tokens: expected <= max_len \(16\)'):
+    generate(model, params, tokens(0, (1, 8)), key=jax.random.key(0), max_new_tokens=9)
+  with pytest.raises(purax.ConfigError, match='temperature: expected >= 0'):
+    generate(model, params, tokens(0, (1, 8)), key=jax.random.key(0), max_new_tokens=1,
+             temperature=-1.0)
+
+
+def test_an_unavailable_cudnn_kernel_falls_back_to_xla_only_when_chosen_automatically():
+  from purax.nn.attention import attend
+  q = jax.random.normal(jax.random.key(0), (1, 8, 2, 16), jnp.bfloat16)
+  if jax.default_backend() == 'gpu':
+    pytest.skip('cuDNN is available here')
+  np.testing.assert_array_equal(
+      attend(q, q, q, causal=True, implementation='cudnn'),
+      jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation='xla'))
+  with pytest.raises(RuntimeError):
+    attend(q, q, q, causal=True, implementation='cudnn', fallback=False)

@@ -1,0 +1,60 @@
+"""`fit(plan=...)` and `purax train --mesh`: the loop runs the sharded step."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import purax
+from purax import ConfigError, parallel, testing
+from purax.cli import main
+
+
+def test_fit_with_plan_equals_fit_on_one_device():
+  task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(16,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=4))
+  rng = np.random.default_rng(0)
+  data = [{'x': rng.normal(size=(16, 8)).astype(np.float32),
+           'y': rng.integers(0, 4, 16).astype(np.int32)} for _ in range(4)]
+  mesh = parallel.make_mesh(data=4, fsdp=2)
+  plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh, fsdp_min_size=64), data[0])
+  with jax.default_matmul_precision('highest'):
+    one, hist_one = purax.fit(task, jax.jit(task.init)(jax.random.key(0), data[0]), data,
+                              log_every=2, progress=False)
+    many, hist_many = purax.fit(task, plan.init(jax.random.key(0)), data, log_every=2,
+                                progress=False, plan=plan)
+  assert many.params['Dense_0']['kernel'].sharding.spec == \
+      plan.state_sharding.params['Dense_0']['kernel'].spec
+  testing.assert_trees_close(many.params, one.params,
+                             testing.TOLERANCES["params"])
+  assert [h['train/loss'] for h in hist_many] == pytest.approx(
+      [h['train/loss'] for h in hist_one], rel=1e-5)
+
+
+def test_for_mesh_picks_the_strategy():
+  assert parallel.for_mesh(parallel.make_mesh()) == parallel.data_parallel()
+  assert parallel.for_mesh(parallel.make_mesh(fsdp=-1)).fsdp_axis == 'fsdp'
+  assert parallel.for_mesh(parallel.make_mesh(tensor=2)).uses_logical
+
+
+def test_cli_train_on_a_mesh(tmp_path, capsys):
+  workdir = tmp_path / 'run'
+  code = main(['train', '--model', 'mlp', '--steps', '4', '--batch-size', '16',
+               '--mesh', 'data=4,fsdp=2', '--eval-every', '0', '--log-every', '2',
+               '--eval-batch-size', '64', '--no-progress', '--workdir', str(workdir)])
+  assert code == 0, capsys.readouterr().err
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert np.isfinite(out['final']['loss'])
+
+
+def test_cli_rejects_bad_mesh(tmp_path, capsys):
+  code = main(['train', '--mesh', 'data=3', '--workdir', str(tmp_path / 'r'),
+               '--no-progress', '--steps', '1'])
+  assert code == 2
+  assert 'mesh: expected axis sizes multiplying to the 8 devices' in capsys.readouterr().err
+
+
+def test_config_rejects_malformed_mesh():
+  with pytest.raises(ConfigError, match="mesh axis: expected one of"):
+    purax.config.TrainConfig(mesh='model=2').validate()

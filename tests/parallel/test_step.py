@@ -1,0 +1,102 @@
+"""The jitted step on a mesh equals the single-device step on the global batch.
+
+Hypothesis draws the mesh shape and the batch size; every comparison (loss,
+gradients, params after k steps, BatchNorm statistics) goes through
+purax.testing at highest matmul precision with its stated tolerances.
+"""
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import purax
+from purax import parallel, testing
+
+MLP = purax.Task(model=purax.nn.MLP(num_classes=4, features=(16, 16)),
+                 tx=purax.adamw(learning_rate=1e-2, total_steps=10))
+RESNET = purax.Task(model=purax.nn.ResNet(num_classes=4, stage_features=(4,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=10))
+DROPOUT = purax.Task(model=purax.nn.MLP(num_classes=4, features=(16,), dropout_rate=0.5),
+                     tx=purax.adamw(learning_rate=1e-2, total_steps=10))
+STEPS = 2
+
+# Mesh shapes are drawn from a small set so that compiled steps are reused.
+DP_MESHES = st.sampled_from([{'data': 8, 'fsdp': 1, 'tensor': 1},
+                             {'data': 2, 'fsdp': 2, 'tensor': 1},
+                             {'data': 4, 'fsdp': 1, 'tensor': 1}])
+FSDP_MESHES = st.sampled_from([{'data': 1, 'fsdp': 8, 'tensor': 1},
+                               {'data': 2, 'fsdp': 4, 'tensor': 1},
+                               {'data': 1, 'fsdp': 2, 'tensor': 1}])
+TP_MESHES = st.sampled_from([{'data': 4, 'fsdp': 1, 'tensor': 2},
+                             {'data': 1, 'fsdp': 2, 'tensor': 4},
+                             {'data': 2, 'fsdp': 1, 'tensor': 2}])
+
+
+def _check(task, sizes, rules, data, input_shape=(8,), weighted=False):
+  mesh = testing.mesh_of(sizes)
+  batch_size = data.draw(testing.batch_sizes(mesh, rules, candidates=(8, 16)), 'batch_size')
+  batches = data.draw(testing.classification_batches(batch_size, input_shape, 4,
+                                                     steps=STEPS, weighted=weighted))
+  with jax.default_matmul_precision('highest'):
+    testing.assert_step_matches_single_device(task, mesh, rules, batches)
+
+
+@settings(max_examples=2)
+@given(sizes=DP_MESHES, weighted=st.booleans(), data=st.data())
+def test_data_parallel_equals_single_device(sizes, weighted, data):
+  _check(MLP, sizes, parallel.data_parallel(), data, weighted=weighted)
+
+
+@settings(max_examples=2)
+@given(sizes=FSDP_MESHES, data=st.data())
+def test_fsdp_equals_single_device(sizes, data):
+  _check(MLP, sizes, parallel.fsdp(min_size=64), data)
+
+
+@settings(max_examples=2)
+@given(sizes=TP_MESHES, data=st.data())
+def test_tensor_parallel_equals_single_device(sizes, data):
+  _check(MLP, sizes, parallel.tensor_parallel(fsdp_min_size=64), data)
+
+
+@settings(max_examples=2)
+@given(sizes=st.sampled_from([{'data': 4, 'fsdp': 2, 'tensor': 1},
+                              {'data': 1, 'fsdp': 8, 'tensor': 1}]), data=st.data())
+def test_batchnorm_statistics_equal_single_device(sizes, data):
+  """jit + sharding normalizes over the global batch: stats and params match."""
+  _check(RESNET, sizes, parallel.fsdp(min_size=64), data, input_shape=(4, 1))
+
+
+def test_dropout_under_jit_and_sharding_equals_single_device():
+  """With partitionable threefry, the sharded dropout mask is the global one."""
+  assert jax.config.jax_threefry_partitionable
+  rng = np.random.default_rng(0)
+  batches = [{'x': rng.normal(size=(16, 8)).astype(np.float32),
+              'y': rng.integers(0, 4, 16).astype(np.int32)} for _ in range(STEPS)]
+  with jax.default_matmul_precision('highest'):
+    testing.assert_step_matches_single_device(
+        DROPOUT, parallel.make_mesh(data=4, fsdp=2), parallel.fsdp(min_size=64), batches)
+
+
+def test_sharded_step_keeps_shardings_and_donates():
+  mesh = parallel.make_mesh(data=2, fsdp=4)
+  batch = {'x': np.ones((8, 8), np.float32), 'y': np.zeros((8,), np.int32)}
+  plan = parallel.sharded(MLP, mesh, parallel.fsdp(min_size=64), batch)
+  state = plan.init(jax.random.key(0))
+  old = state
+  for _ in range(3):
+    state, _ = plan.step(state, plan.shard_batch(batch))
+  assert old.params['Dense_0']['kernel'].is_deleted()      # donated
+  assert jax.tree.map(lambda x: x.sharding, state) == plan.state_sharding
+  acc = purax.metrics.zeros_like(jax.eval_shape(lambda s, b: MLP.step(s, b)[1], state, batch))
+  state, acc = plan.train_step(state, acc, plan.shard_batch(batch))
+  assert purax.metrics.compute(acc)['examples'] == 8
+  ev = purax.metrics.compute(plan.evaluate(state, plan.shard_batch(batch)))
+  assert ev['examples'] == 8
+
+
+def test_sharded_rejects_bad_batch_before_compiling():
+  with pytest.raises(purax.DataError, match=r"batch\['y'\].dtype"):
+    parallel.sharded(MLP, parallel.make_mesh(), parallel.data_parallel(),
+                     {'x': np.ones((8, 8), np.float32), 'y': np.zeros((8,), np.float32)})

@@ -1,0 +1,48 @@
+"""`purax train` that records every batch it reads and can stop after k steps.
+
+Usage: python -m tests.scripts.train_recorded STOP_AFTER_K purax-train-args...
+(STOP_AFTER_K = 0: never). Each batch read is appended to WORKDIR/batches.txt as
+`step sha1`, so two runs can be compared batch by batch.
+"""
+
+import hashlib
+import os
+import sys
+
+from purax import cli, runs
+
+stop_after = int(sys.argv[1])
+argv = sys.argv[2:]
+workdir = argv[argv.index('--workdir') + 1]
+real_dataset = runs.pipeline.train_dataset
+real_fit = runs.fit
+
+
+class Recorded:
+  def __init__(self, ds):
+    self.ds = ds
+
+  def __len__(self):
+    return len(self.ds)
+
+  def __getitem__(self, step):
+    batch = self.ds[step]
+    digest = hashlib.sha1(batch['x'].tobytes() + batch['y'].tobytes()).hexdigest()
+    with open(os.path.join(workdir, 'batches.txt'), 'a') as f:
+      f.write(f'{step} {digest}\n')
+    return batch
+
+
+def fit(*args, should_stop, **kwargs):
+  calls = [0]
+
+  def stop():
+    calls[0] += 1
+    return should_stop() or (stop_after > 0 and calls[0] >= stop_after)
+
+  return real_fit(*args, should_stop=stop, **kwargs)
+
+
+runs.pipeline.train_dataset = lambda *a, **k: Recorded(real_dataset(*a, **k))
+runs.fit = fit
+sys.exit(cli.main(argv))

@@ -1,0 +1,206 @@
+"""Resume and failure, end to end in fresh processes (bitwise on CPU)."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from purax import runs
+from purax.config import TrainConfig
+from purax.io.checkpoint import Checkpointer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+ENV['PYTHONPATH'] = ROOT + os.pathsep + ENV.get('PYTHONPATH', '')
+ARGS = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', '10',
+        '--eval-every', '20', '--checkpoint-every', '10', '--dropout-rate', '0.2',
+        '--no-progress']
+
+
+def purax(*args, recorded_stop=None, timeout=180):
+  if recorded_stop is None:
+    cmd = [sys.executable, '-m', 'purax.cli', *args]
+  else:
+    cmd = [sys.executable, '-m', 'tests.scripts.train_recorded', str(recorded_stop), *args]
+  return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def final_tree(workdir):
+  config, ds, task, _ = runs._prepare(runs._read_config(workdir))
+  from purax.config import sample_batch
+  abstract = runs.abstract_checkpoint(task, sample_batch(ds.x_train, ds.y_train,
+                                                         config.batch_size))
+  with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+    tree, extra, step = ckpt.restore(abstract)
+  tree = jax.tree.map(lambda x: np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(
+      x.dtype, jax.dtypes.prng_key) else np.asarray(x), tree)
+  return tree, extra, step
+
+
+def assert_trees_bitwise_equal(a, b):
+  la, ta = jax.tree.flatten(a)
+  lb, tb = jax.tree.flatten(b)
+  assert ta == tb
+  for path_leaf, x, y in zip(jax.tree_util.tree_flatten_with_path(a)[0], la, lb):
+    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path_leaf[0]))
+
+
+def logged(workdir):
+  out = []
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    for line in f:
+      rec = json.loads(line)
+      out.append({k: v for k, v in rec.items() if k not in ('time', 'steps_per_sec')})
+  return out
+
+
+def batches(workdir):
+  seen = {}
+  with open(os.path.join(workdir, 'batches.txt')) as f:
+    for line in f:
+      step, digest = line.split()
+      assert seen.setdefault(int(step), digest) == digest, f'step {step} got another batch'
+  return seen
+
+
+def test_half_save_new_process_half_equals_straight_bitwise(tmp_path):
+  straight, split = str(tmp_path / 'straight'), str(tmp_path / 'split')
+  done = purax('train', *ARGS, '--workdir', straight, recorded_stop=0)
+  assert done.returncode == 0, done.stderr
+  first = purax('train', *ARGS, '--workdir', split, recorded_stop=20)
+  assert first.returncode == 0, first.stderr
+  assert Checkpointer(os.path.join(split, 'checkpoints')).steps()[-1] == 20
+  second = purax('train', '--workdir', split, recorded_stop=0)   # bare: the saved config
+  assert second.returncode == 0, second.stderr
+  assert 'resuming' in second.stderr and 'from step 20' in second.stderr
+  a, extra_a, step_a = final_tree(straight)
+  b, extra_b, step_b = final_tree(split)
+  assert step_a == step_b == 40 and extra_a['data'] == extra_b['data'] == {'next_step': 40}
+  assert_trees_bitwise_equal(a, b)     # params, opt_state, rng, model_state, metrics window
+  assert logged(straight) == logged(split)
+  assert batches(straight) == batches(split) and sorted(batches(split)) == list(range(40))
+
+
+def last_logged_step(workdir):
+  try:
+    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+      lines = [l for l in f if l.strip()]
+    return json.loads(lines[-1])['step'] if lines else 0
+  except (OSError, ValueError, KeyError):
+    return 0
+
+
+def test_sigkill_at_random_points_then_resume_ends_with_the_uninterrupted_params(tmp_path):
+  """Killed once during start-up (before any checkpoint) and at three random
+  training steps (between and during asynchronous saves), resumed each time."""
+  args = ['--model', 'cnn', '--steps', '600', '--batch-size', '32', '--log-every', '10',
+          '--eval-every', '0', '--checkpoint-every', '25', '--no-progress']
+  reference = str(tmp_path / 'reference')
+  assert purax('train', *args, '--workdir', reference).returncode == 0
+  workdir = str(tmp_path / 'killed')
+  rng = random.Random(0)
+  plan = [('after_seconds', rng.uniform(1.0, 2.5))] + [
+      ('at_step', s) for s in sorted(rng.sample(range(40, 560, 10), 3))]
+  killed_at = []
+  for kind, when in plan:
+    cmd = [sys.executable, '-m', 'purax.cli', 'train', *args, '--workdir', workdir]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+      deadline = time.time() + 120
+      start = time.time()
+      while proc.poll() is None and time.time() < deadline:
+        if kind == 'after_seconds' and time.time() - start >= when:
+          break
+        if kind == 'at_step' and last_logged_step(workdir) >= when:
+          break
+        time.sleep(0.02)
+    finally:
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        killed_at.append(last_logged_step(workdir))
+      proc.wait()
+  assert len(killed_at) == 4, f'a run ended before it was killed: {killed_at}'
+  assert killed_at[-1] > 0
+  done = purax('train', '--workdir', workdir)
+  assert done.returncode == 0, done.stderr
+  a, _, step_a = final_tree(reference)
+  b, _, step_b = final_tree(workdir)
+  assert step_a == step_b == 600
+  assert_trees_bitwise_equal(a['state'], b['state'])
+
+
+def test_sigterm_commits_a_checkpoint_at_the_step_reached_and_exits_0(tmp_path):
+  workdir = str(tmp_path / 'run')
+  cmd = [sys.executable, '-m', 'purax.cli', 'train', '--model', 'mlp', '--steps', '100000',
+         '--checkpoint-every', '0', '--eval-every', '0', '--log-every', '10', '--no-progress',
+         '--workdir', workdir]
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 120
+    jsonl = os.path.join(workdir, 'metrics.jsonl')
+    while not (os.path.exists(jsonl) and os.path.getsize(jsonl) > 0):
+      assert time.time() < deadline and proc.poll() is None, 'training did not start'
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0, err
+  assert 'stopped by SIGTERM at step' in err
+  reached = int(err.split('stopped by SIGTERM at step ')[1].split(';')[0])
+  assert 10 <= reached < 100000
+  assert Checkpointer(os.path.join(workdir, 'checkpoints')).steps() == [reached]
+  assert json.loads(out.strip().splitlines()[-1])['final'] == {'stopped_by': 'SIGTERM',
+                                                               'step': reached}
+
+
+def test_resuming_with_a_changed_model_config_names_the_difference(tmp_path):
+  workdir = str(tmp_path / 'run')
+  config = TrainConfig(model='mlp', steps=5, batch_size=16, eval_every=0, workdir=workdir,
+                       progress=False)
+  runs.train(config)
+  for change, message in [
+      (dict(model='cnn'), "model: expected 'mlp' (as in the run being resumed"),
+      (dict(dropout_rate=0.5), 'dropout_rate: expected 0.0 (as in the run being resumed'),
+      (dict(learning_rate=1.0), 'learning_rate: expected 0.002'),
+  ]:
+    with pytest.raises(Exception, match=message.replace('(', r'\(')):
+      runs.train(TrainConfig(**{**config.__dict__, **change}))
+  # Cadence fields may change; the finished run is evaluated again, unchanged.
+  with open(os.path.join(workdir, 'final_metrics.json')) as f:
+    before = json.load(f)
+  again = runs.train(TrainConfig(**{**config.__dict__, 'log_every': 7}))
+  assert again['accuracy'] == before['accuracy'] and again['examples'] == 360
+
+
+def test_restore_onto_another_device_count_continues_the_run(tmp_path):
+  """Saved on 8 devices (data parallel), restored on 4 and on 1: allclose, since
+  the gradient all-reduce sums in another order (float32, rtol 1e-5)."""
+  workdir = str(tmp_path)
+
+  def script(*args):
+    done = subprocess.run([sys.executable, '-m', 'tests.scripts.dp_resume', *args], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+  script('8', 'straight', workdir)
+  script('8', 'first', workdir)
+  script('4', 'second', workdir)
+  script('1', 'second', workdir)
+  straight = np.load(os.path.join(workdir, 'params.npz'))
+  for devices in (4, 1):
+    resumed = np.load(os.path.join(workdir, f'params-{devices}.npz'))
+    assert set(resumed.files) == set(straight.files)
+    for name in straight.files:
+      np.testing.assert_allclose(resumed[name], straight[name], rtol=1e-5, atol=1e-6,
+                                 err_msg=f'{devices} devices: {name}')

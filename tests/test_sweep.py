@@ -1,0 +1,179 @@
+"""Sweeps: search-space helpers, one compilation per sweep shape, the CLI end to end."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from purax import cli, search, sweep
+from purax.core import population as P
+from purax.core.errors import ConfigError
+from purax.io import pipeline
+from purax.loop import train_step, zero_metrics
+
+try:   # share the compiled tiny task with the population tests
+  import test_population as tp
+except ImportError:   # pragma: no cover
+  from tests.core import test_population as tp
+
+
+@settings(max_examples=10)
+@given(lists=st.lists(st.lists(st.floats(1e-5, 1.0), min_size=1, max_size=3),
+                      min_size=1, max_size=3),
+       seeds=st.lists(st.integers(0, 99), min_size=1, max_size=3))
+def test_grid_is_the_cartesian_product_with_seeds(lists, seeds):
+  values = {f'h{i}': v for i, v in enumerate(lists)}
+  got_seeds, hparams = search.grid(values, seeds)
+  size = len(seeds) * int(np.prod([len(v) for v in lists]))
+  assert got_seeds.shape == (size,) and got_seeds.dtype == np.int32
+  points = {tuple(float(hparams[n][m]) for n in values) + (int(got_seeds[m]),)
+            for m in range(size)}
+  distinct = len(set(seeds)) * int(np.prod([len(set(np.float32(v))) for v in lists]))
+  assert len(points) == distinct   # every combination appears
+  for n, v in values.items():
+    assert hparams[n].dtype == np.float32 and set(hparams[n]) == set(np.float32(v))
+
+
+@settings(max_examples=10)
+@given(low=st.floats(1e-6, 1e-2), ratio=st.floats(1.0, 1e4), members=st.sampled_from([1, 16]))
+def test_log_uniform_draws_float32_within_bounds(low, ratio, members):
+  high = low * ratio
+  v = np.asarray(search.log_uniform(jax.random.key(0), low, high, members))
+  assert v.shape == (members,) and v.dtype == np.float32
+  assert np.all(v >= np.float32(low) * (1 - 1e-6)) and np.all(v <= np.float32(high) * (1 + 1e-6))
+
+
+def test_specs_parse_and_malformed_specs_are_named():
+  assert search.parse_spec('lr', '1e-4,3e-4') == (1e-4, 3e-4)
+  assert search.parse_spec('lr', 'loguniform:1e-5:1e-2') == search.Uniform(1e-5, 1e-2, True)
+  for text, match in (('loguniform:1e-5', r"--lr: expected 'v1,v2,...'.*got 'loguniform:1e-5'"),
+                      ('1e-3,abc', r"--lr: expected .*got '1e-3,abc'"),
+                      ('gauss:0:1', r"--lr: expected .*got 'gauss:0:1'"),
+                      ('-1e-3', r"--lr: expected values in \(0.0, inf\), got '-1e-3'"),
+                      ('loguniform:0:1', r'--lr: expected LOW <= HIGH \(and LOW > 0')):
+    with pytest.raises(ConfigError, match=match):
+      search.parse_spec('lr', text)
+  with pytest.raises(ConfigError, match=r'--b2: expected values in \[0.0, 1.0\)'):
+    search.parse_spec('b2', '1.0')
+  with pytest.raises(ConfigError, match=r"--seeds: expected comma-separated integers"):
+    search.parse_seeds('0,x')
+  specs = {'lr': (1e-3, 1e-2), 'weight_decay': search.Uniform(0.0, 0.1)}
+  seeds, hp = search.members_from_specs(specs, (0, 1), 5, key=jax.random.key(0))
+  assert seeds.tolist() == [0, 1, 0, 1, 0] and hp['lr'].tolist() == np.float32(
+      [1e-3, 1e-3, 1e-2, 1e-2, 1e-3]).tolist() and hp['weight_decay'].shape == (5,)
+  with pytest.raises(ConfigError, match='members: expected >= 1, got 0'):
+    search.members_from_specs(specs, (0,), 0, key=jax.random.key(0))
+  with pytest.raises(ConfigError, match=r'members: expected unset or 2 \(the grid size\)'):
+    search.members_from_specs({'lr': (1e-3, 1e-2)}, (0,), 3, key=jax.random.key(0))
+
+
+def test_second_sweep_with_other_values_compiles_nothing():
+  compiles = []
+  listener = lambda event, *a, **k: compiles.append(event) if 'backend_compile' in event \
+      else None   # noqa: E731
+  def one_sweep(seeds, lrs, smoothing):
+    pop = tp.pinit(tp.TASK, tp.keys(seeds), {'peak_learning_rate': np.float32(lrs),
+                                            'label_smoothing': np.float32(smoothing)}, tp.batch())
+    return sweep.run_population(tp.TASK, pop, [tp.batch(s) for s in range(4)],
+                                eval_data=[tp.batch(9)], eval_every=2, log_every=2,
+                                patience=3, progress=False)
+  one_sweep([0, 1, 2], [1e-3, 3e-3, 1e-2], [0.0, 0.1, 0.0])   # compiles the programs
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    pop, history = one_sweep([5, 6, 7], [2e-2, 1e-4, 5e-4], [0.2, 0.0, 0.05])
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert compiles == [], compiles
+  assert [r['step'] for r in history] == [2, 2, 4, 4]
+  assert history[-1]['eval/loss'].shape == (3,)
+
+
+def test_member_reads_its_own_seeds_batches_like_a_single_run():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(40, tp.FEATURES)).astype(np.float32)
+  y = rng.integers(0, tp.CLASSES, size=40).astype(np.int32)
+  seeds = np.int32([3, 4, 3])
+  datasets = [pipeline.train_dataset(x, y, batch_size=tp.BATCH, seed=s, num_steps=3)
+              for s in (3, 4)]
+  pop = tp.pinit(tp.TASK, tp.keys(seeds), {'peak_learning_rate': np.float32([1e-2, 1e-2, 3e-3])},
+                 tp.batch())
+  with jax.default_matmul_precision('highest'):
+    pop, _ = sweep.run_population(tp.TASK, pop, sweep._SeedBatches(datasets),
+                                  batch_index=np.int32([0, 1, 0]), progress=False)
+    for i, (seed, lr) in enumerate(zip(seeds, (1e-2, 1e-2, 3e-3))):
+      state = tp.sinit(jax.random.key(seed), {'peak_learning_rate': lr}, tp.batch())
+      data = datasets[0 if seed == 3 else 1]
+      acc = zero_metrics(lambda st, b: tp.TASK.step(st, b)[1], state, data[0])
+      for s in range(3):   # purax.fit's own compiled step
+        state, acc = train_step(tp.TASK, state, acc, data[s])
+      np.testing.assert_allclose(P.member(pop, i).params['Dense_0']['kernel'],
+                                 state.params['Dense_0']['kernel'], rtol=tp.RTOL, atol=tp.ATOL)
+
+
+@pytest.mark.slow
+def test_cli_grid_sweep_end_to_end_and_eval_of_the_best(tmp_path, capsys):
+  workdir = str(tmp_path / 'grid')
+  rc = cli.main(['sweep', '--lr', '1e-4,3e-4,1e-3', '--seeds', '0,1,2', '--steps', '12',
+                 '--batch-size', '32', '--eval-every', '6', '--log-every', '6',
+                 '--workdir', workdir, '--no-progress'])
+  assert rc == 0
+  out = capsys.readouterr().out
+  assert 'members sorted by eval loss' in out
+  summary = json.load(open(os.path.join(workdir, 'sweep.json')))
+  losses = [m['eval_loss'] for m in summary['members']]
+  assert len(losses) == 9 and losses == sorted(losses)
+  assert {(m['seed'], m['peak_learning_rate']) for m in summary['members']} == {
+      (s, lr) for s in (0, 1, 2) for lr in (1e-4, 3e-4, 1e-3)}
+  assert os.path.getsize(os.path.join(workdir, 'curves.png')) > 1000
+  best = os.path.join(workdir, 'best')
+  config = json.load(open(os.path.join(best, 'config.json')))
+  assert config['learning_rate'] == summary['members'][0]['peak_learning_rate']
+  assert cli.main(['eval', '--workdir', best]) == 0
+  evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['eval']
+  np.testing.assert_allclose(evaluated['loss'], summary['members'][0]['eval_loss'], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_cli_random_sweep_end_to_end(tmp_path, capsys):
+  workdir = str(tmp_path / 'random')
+  rc = cli.main(['sweep', '--lr', 'loguniform:1e-5:1e-2', '--members', '16', '--steps', '8',
+                 '--batch-size', '32', '--eval-every', '0', '--log-every', '4',
+                 '--patience', '1', '--workdir', workdir, '--no-progress'])
+  assert rc == 0
+  summary = json.load(open(os.path.join(workdir, 'sweep.json')))
+  lrs = [m['peak_learning_rate'] for m in summary['members']]
+  assert len(lrs) == 16 and len(set(lrs)) == 16 and all(1e-5 <= v <= 1e-2 for v in lrs)
+  assert os.path.isdir(os.path.join(workdir, 'best', 'checkpoints'))
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--lr', 'loguniform:1e-5'], "--lr: expected 'v1,v2,...'"),
+    (['--lr', 'loguniform:1e-5:1e-2', '--members', '0'], 'members: expected >= 1, got 0'),
+    (['--seeds', '0,-1'], '--seeds: expected integers >= 0'),
+    (['--steps', '0'], 'steps: expected >= 1, got 0'),
+    (['--pbt-fraction', '0.9'], r'pbt_fraction: expected in (0, 0.5], got 0.9'),
+])
+def test_bad_input_is_named_and_leaves_no_directory(tmp_path, capsys, args, message):
+  workdir = tmp_path / 'bad'
+  assert cli.main(['sweep', *args, '--workdir', str(workdir), '--no-progress']) == 2
+  assert message in capsys.readouterr().err
+  assert not workdir.exists()
+
+
+def test_failure_midway_removes_the_sweep_directory(tmp_path, monkeypatch):
+  from purax import sweep_report
+  def boom(*a, **k):
+    raise RuntimeError('disk full')
+  # Training is not the point here: a trivial init, and the report fails.
+  monkeypatch.setattr(sweep.pop_lib, 'init', lambda task, keys, hparams, batch: keys)
+  monkeypatch.setattr(sweep, 'run_population', lambda task, pop, *a, **k: (pop, []))
+  monkeypatch.setattr(sweep_report, 'write', boom)
+  workdir = tmp_path / 'midway'
+  with pytest.raises(RuntimeError, match='disk full'):
+    sweep.run(sweep.SweepConfig(lr='1e-3,2e-3', steps=2, batch_size=16, eval_every=0,
+                                workdir=str(workdir), progress=False))
+  assert not workdir.exists()
