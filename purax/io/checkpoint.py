@@ -195,8 +195,19 @@ class Checkpointer:
                             f'{type(e).__name__}: {e}') from e
 
   def close(self) -> None:
-    self.wait()
-    self._manager.close()
+    """Waits for started saves and releases orbax's threads.
+
+    Raises:
+      CheckpointError: a background save failed.
+    """
+    try:
+      self.wait()
+    finally:
+      try:
+        self._manager.close()
+      except Exception as e:  # e.g. the final metadata write of a failed save
+        raise CheckpointError(f'closing checkpoints in {self.directory} failed: '
+                              f'{type(e).__name__}: {e}') from e
 
   def __enter__(self):
     return self

@@ -137,11 +137,11 @@ def test_a_save_that_runs_out_of_space_raises_and_leaves_earlier_checkpoints_int
                                             r'\[Errno 28\] No space left on device'):
     ckpt.save(2, {'state': state})
     ckpt.wait()
-  os.remove(small_disk / 'filler')
   with contextlib.suppress(CheckpointError):
-    ckpt.close()
+    ckpt.close()   # while the disk is still full: the failed save stays uncommitted
   del ckpt
   gc.collect()   # let orbax's orphaned coroutines be reported here, under the filter
+  os.remove(small_disk / 'filler')
   restored, _, step = Checkpointer(str(small_disk / 'ckpt')).restore(
       jax.eval_shape(lambda: {'state': state}))
   assert step == 1 and tree_equal(keyless(restored), keyless({'state': state}))
