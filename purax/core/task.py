@@ -3,7 +3,7 @@
 A :class:`Task` bundles the static pieces (a flax.linen model, an optax
 transformation, the objective); its methods are pure functions of explicit
 pytrees that compose with ``jax.jit``, ``jax.vmap``, ``jax.eval_shape`` and
-sharding. No method touches the host: no ``.item()``, no printing, no
+sharding. No method touches the host: no scalar reads, no printing, no
 transfers.
 
 Batches are dicts of arrays:
