@@ -54,6 +54,7 @@ class LossScale(struct.PyTreeNode):
 
 
 def all_finite(tree) -> jax.Array:
-  """bool ``[]``: every element of every leaf is finite."""
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+  """bool ``[]``: every element of every floating leaf is finite."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)

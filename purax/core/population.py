@@ -39,6 +39,7 @@ from flax import struct
 
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, expect
+from purax.core.loss_scale import all_finite
 from purax.core.state import TrainState
 
 HParams = Mapping[str, jax.Array]   # name -> float32 [members]
@@ -168,16 +169,10 @@ def init(task, keys: jax.Array, hparams: HParams, batch) -> Population:
                     stale=jnp.zeros((members,), jnp.int32))
 
 
-def _all_finite(tree) -> jax.Array:
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(x.dtype, jnp.inexact)]
-  return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
-
-
 def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   new_state, metrics = task.step(state, batch)
   finite = (jnp.isfinite(metrics['loss'].total) & jnp.isfinite(metrics['grad_norm'].total)
-            & _all_finite(new_state.params))
+            & all_finite(new_state.params))
   if 'skipped' in metrics:   # the task's own guard already refused a non-finite update
     finite = finite & (metrics['skipped'].value == 0)
   keep_old = frozen | ~finite

@@ -43,7 +43,7 @@ from purax.core import losses
 from purax.core import loss_scale as loss_scale_lib
 from purax.core import update
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ConfigError, DataError, expect
+from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
 
 Batch = Mapping[str, jax.Array]
@@ -183,8 +183,9 @@ class Task:
     Returns:
       ``(loss, aux)``; ``aux`` holds ``'model_state'`` (updated in training,
       unchanged otherwise), ``'metrics'`` (a metrics tree of sums and counts),
-      ``'outputs'`` (``[batch, ...]`` model outputs) and ``'per_example_loss'``
-      (float32 ``[batch]``).
+      ``'outputs'`` (``[batch, ...]`` model outputs), ``'per_example_loss'``
+      (float32 ``[batch]``) and ``'weight'`` (float32 ``[]``, the total weight
+      the loss is averaged over).
     """
     if hparams is None:
       hparams = {'label_smoothing': jnp.asarray(self.label_smoothing, jnp.float32)}
@@ -213,7 +214,7 @@ class Task:
     metrics['loss'] = metrics_lib.Average.of(per_example, weight)
     metrics['examples'] = metrics_lib.Sum.of(weight)
     aux = {'model_state': new_model_state, 'metrics': metrics, 'outputs': outputs,
-           'per_example_loss': per_example}
+           'per_example_loss': per_example, 'weight': total_weight}
     return loss, aux
 
   def step(self, state: TrainState, batch: Batch, *,

@@ -32,15 +32,6 @@ from purax.core import metrics as metrics_lib
 from purax.core.errors import DataError, expect
 
 
-def _weight(aux) -> jax.Array:
-  """Total example (or token) weight behind a loss value."""
-  if 'weight' in aux:
-    return aux['weight']
-  metrics = aux['metrics']
-  counter = metrics['examples'] if 'examples' in metrics else metrics['tokens']
-  return counter.value
-
-
 def _split(batch, k: int):
   n = jnp.shape(batch['x'])[0]
   expect(n % k == 0, "batch['x'].shape[0]", f'a multiple of microbatches={k}', n, DataError)
@@ -66,7 +57,7 @@ def gradients(task, state, batch, *, axis_name=None):
     def objective(p):
       loss, aux = task.loss(p, model_state, microbatch, mb_key, hparams=state.hparams,
                             train=True)
-      total = loss * _weight(aux)           # the weighted sum of per-example losses
+      total = loss * aux['weight']           # the weighted sum of per-example losses
       if scale is not None:
         total = scale.scale_loss(total)
       return total, aux
@@ -76,7 +67,7 @@ def gradients(task, state, batch, *, axis_name=None):
   if k == 1:
     grads, aux = weighted_grad(state.params, state.model_state, batch, key)
     metrics, model_state = aux['metrics'], aux['model_state']
-    weight = _weight(aux)
+    weight = aux['weight']
   else:
     micro = _split(batch, k)
     first = jax.tree.map(lambda a: a[0], micro)
@@ -91,7 +82,7 @@ def gradients(task, state, batch, *, axis_name=None):
                                  jax.random.fold_in(key, i))
       grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
       metrics = metrics_lib.merge(metrics, aux['metrics'])
-      return (grads_sum, aux['model_state'], metrics, weight + _weight(aux)), None
+      return (grads_sum, aux['model_state'], metrics, weight + aux['weight']), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (grads, model_state, metrics, weight), _ = jax.lax.scan(

@@ -22,6 +22,7 @@ half-written files).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from typing import Any, Mapping
@@ -174,13 +175,10 @@ class Checkpointer:
     step = int(step)
     payload = {'data': {'next_step': step}, 'signature': signature(tree),
                **self.metadata, **(extra or {})}
-    try:
+    with self._failures(f'saving checkpoint {step}'):  # earlier background failures too
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(_storable(tree)), extra=ocp.args.JsonSave(payload)),
           metrics=dict(metrics) if metrics else None, force=True)
-    except Exception as e:  # orbax re-raises background failures here too
-      raise CheckpointError(f'saving checkpoint {step} in {self.directory} failed: '
-                            f'{type(e).__name__}: {e}') from e
 
   def wait(self) -> None:
     """Blocks until every started save is committed.
@@ -188,11 +186,8 @@ class Checkpointer:
     Raises:
       CheckpointError: a background save failed.
     """
-    try:
+    with self._failures('checkpoint save'):
       self._manager.wait_until_finished()
-    except Exception as e:
-      raise CheckpointError(f'checkpoint save in {self.directory} failed: '
-                            f'{type(e).__name__}: {e}') from e
 
   def close(self) -> None:
     """Waits for started saves and releases orbax's threads.
@@ -203,11 +198,17 @@ class Checkpointer:
     try:
       self.wait()
     finally:
-      try:
+      with self._failures('closing checkpoints'):  # e.g. a failed save's last metadata write
         self._manager.close()
-      except Exception as e:  # e.g. the final metadata write of a failed save
-        raise CheckpointError(f'closing checkpoints in {self.directory} failed: '
-                              f'{type(e).__name__}: {e}') from e
+
+  @contextlib.contextmanager
+  def _failures(self, what: str):
+    """Re-raises orbax's errors as CheckpointError naming what failed and where."""
+    try:
+      yield
+    except Exception as e:
+      raise CheckpointError(f'{what} in {self.directory} failed: '
+                            f'{type(e).__name__}: {e}') from e
 
   def __enter__(self):
     return self

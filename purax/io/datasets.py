@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from purax.core.errors import ConfigError, DataError, expect
+from purax.core.errors import ConfigError, expect
 
 BUILTIN = ('digits', 'mnist1d')
 NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')

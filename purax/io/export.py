@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.core.errors import DataError, expect
+from purax.core.errors import expect
 
 ARTIFACT = 'predict.jaxexport'
 SIGNATURE = 'signature.json'

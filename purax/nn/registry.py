@@ -6,7 +6,7 @@ from typing import Sequence
 
 import flax.linen as nn
 
-from purax.core.errors import ConfigError, DataError, expect
+from purax.core.errors import ConfigError, expect
 from purax.nn.cnn import CNN
 from purax.nn.mlp import MLP
 from purax.nn.resnet import ResNet

@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 
 from jax.sharding import Mesh, PartitionSpec as P
 
-from purax.core.errors import ConfigError, DataError, expect
+from purax.core.errors import ConfigError, expect
 
 MeshAxes = str | tuple[str, ...] | None
 
