@@ -26,13 +26,19 @@ Shapes (``--config auto`` picks by platform): on GPU ``gpt2`` (124M: d 768,
 heads, seq 2048, batch 8), bfloat16 compute, float32 params; on CPU ``cpu``
 (d 128, 4 layers, 4 heads, seq 128, batch 16, vocab 256, float32).
 
-Usage (one command on a GPU machine)::
+``attention_kernel`` records the kernel the compiled step really calls (cuDNN's
+fused-attention custom calls found in its HLO, or XLA's), not the one asked for.
 
-  python benchmarks/lm.py --out benchmarks/results/lm_gpu.json
+Usage (on a GPU machine ``sh benchmarks/gpu.sh`` runs this and the other GPU
+measurements within one timed call)::
+
+  python benchmarks/lm.py --budget-s 330 --out benchmarks/results/lm_gpu.json
   python benchmarks/lm.py --config cpu --out benchmarks/results/lm_cpu.json
 
-Nothing is asserted; results are written after every measurement, so a
-timeout still leaves the finished ones.
+Nothing is asserted. Measurements run most-needed first (purax and the cuDNN
+baseline at each shape, purax's compile-by-depth, then the XLA baseline and
+the rest); results are written after every one, so a timeout or the budget
+still leaves the finished ones.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ import optax
 
 import purax
 from purax.core import flops
-from purax.nn.attention import attention_implementation
+from purax.nn.attention import attention_implementation, kernels_in_hlo
 from purax.nn.transformer import DecoderLM, count_params
 
 CONFIGS = {
@@ -156,6 +162,7 @@ def measure(build, cfg, *, steps, trials):
   compiled = jitted.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
   memory = compiled.memory_analysis()
+  cudnn_calls = kernels_in_hlo(compiled.as_text())
   for _ in range(2):   # warm-up
     state, out = compiled(state, batch)
   jax.block_until_ready(state)
@@ -181,6 +188,8 @@ def measure(build, cfg, *, steps, trials):
       'temp_bytes': getattr(memory, 'temp_size_in_bytes', None),
       'argument_bytes': getattr(memory, 'argument_size_in_bytes', None),
       'params': n_params, 'flops_per_token': per_token,
+      # what the compiled step really calls, not what was asked for
+      'attention_kernel': 'cudnn' if cudnn_calls else 'xla', 'cudnn_calls': cudnn_calls,
   }
 
 
@@ -192,6 +201,20 @@ def compile_seconds(build, cfg):
   start = time.perf_counter()
   jax.jit(step, donate_argnums=0).lower(state, batch).compile()
   return time.perf_counter() - start
+
+
+def plan(names, chosen, depth_variants):
+  """The measurements in the order they run: purax and the strongest baseline
+  first, so that a run cut short by ``--budget-s`` (or a device lease) still
+  has the comparison that matters."""
+  order = ['purax', 'flax_cudnn', 'flax_xla', 'purax_unrolled', 'purax_remat']
+  first = [v for v in order[:2] if v in chosen]
+  rest = [v for v in order[2:] if v in chosen]
+  items = [('step', n, v) for n in names for v in first]
+  items += [('depth', None, v) for v in depth_variants if v == 'purax']
+  items += [('step', n, v) for n in names for v in rest]
+  items += [('depth', None, v) for v in depth_variants if v != 'purax']
+  return items
 
 
 def main():
@@ -206,8 +229,12 @@ def main():
   parser.add_argument('--variants', default=None,
                       help='comma-separated among purax, flax_xla, flax_cudnn (GPU), and the '
                            'diagnostic purax_unrolled, purax_remat (default: the first three)')
+  parser.add_argument('--budget-s', type=float, default=None,
+                      help='start no new measurement after this many seconds (they are '
+                           'recorded as skipped); for a timed device lease')
   parser.add_argument('--out', default=None)
   args = parser.parse_args()
+  began = time.perf_counter()
   device = jax.devices()[0]
   gpu = device.platform == 'gpu'
   names = (['gpt2', '1.3b'] if gpu else ['cpu']) if args.config == 'auto' \
@@ -219,12 +246,14 @@ def main():
              'python': platform.python_version(), 'jax': jax.__version__,
              'flax': __import__('flax').__version__, 'optax': optax.__version__,
              'peak_flops': flops.peak_flops(device.device_kind, jnp.bfloat16),
-             'steps': steps, 'trials': args.trials, 'configs': {}, 'compile_by_depth': {}}
+             'steps': steps, 'trials': args.trials, 'configs': {}, 'compile_by_depth': {},
+             'skipped': []}
 
-  def save():
+  def save():   # atomically: a run killed by its time limit keeps the last good file
     os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-    with open(out, 'w') as f:
+    with open(out + '.tmp', 'w') as f:
       json.dump(results, f, indent=2)
+    os.replace(out + '.tmp', out)
 
   builders = {'purax': lambda c, d: purax_task(c, d),
               'flax_xla': lambda c, d: handwritten(c, d, None),
@@ -233,35 +262,74 @@ def main():
               'purax_remat': lambda c, d: purax_task(c, d, remat='dots_saveable')}
   chosen = (args.variants.split(',') if args.variants
             else ['purax', 'flax_xla'] + (['flax_cudnn'] if gpu else []))
-  variants = {name: builders[name] for name in chosen}
-  for name in names:
-    cfg = CONFIGS[name]
-    dtype = jnp.dtype(cfg['dtype'])
-    entry = results['configs'][name] = {'shape': cfg}
-    entry['purax_attention'] = attention_implementation(dtype, cfg['d'] // cfg['heads'])
-    for variant, build in variants.items():
+  unknown = sorted(set(chosen) - set(builders))
+  if unknown:
+    parser.error(f'--variants: expected names from {sorted(builders)}, got {unknown}')
+  depth_variants = [] if args.no_depth else [v for v in ('purax', 'flax_xla') if v in chosen]
+  base = CONFIGS['gpt2' if gpu else 'cpu']
+  depth_cfg = dict(base, batch=base['batch'] if gpu else 4, seq=base['seq'] if gpu else 64)
+  for kind, name, variant in plan(names, chosen, depth_variants):
+    label = f'{name} {variant}' if kind == 'step' else f'compile-by-depth {variant}'
+    if args.budget_s is not None and time.perf_counter() - began > args.budget_s:
+      results['skipped'].append(label)
+      print('skipped (budget):', label, flush=True)
+      save()
+      continue
+    if kind == 'step':
+      cfg = CONFIGS[name]
+      dtype = jnp.dtype(cfg['dtype'])
+      entry = results['configs'].setdefault(name, {'shape': cfg})
+      entry['purax_attention_choice'] = attention_implementation(dtype,
+                                                                 cfg['d'] // cfg['heads'])
       try:
-        entry[variant] = measure(build(cfg, dtype), cfg, steps=steps, trials=args.trials)
+        entry[variant] = measure(builders[variant](cfg, dtype), cfg, steps=steps,
+                                 trials=args.trials)
       except Exception as e:   # e.g. out of memory: record it, keep going
         entry[variant] = {'error': f'{type(e).__name__}: {str(e)[:500]}'}
       print(name, variant, json.dumps(entry[variant]), flush=True)
-      save()
-  if not args.no_depth:
-    base = CONFIGS['gpt2' if gpu else 'cpu']
-    cfg = dict(base, batch=4 if not gpu else base['batch'], seq=64 if not gpu else base['seq'])
-    for variant in ('purax', 'flax_xla'):
-      if variant not in variants:
-        continue
-      row = results['compile_by_depth'][variant] = {'shape': cfg}
-      for depth in map(int, args.depths.split(',')):
-        c = dict(cfg, layers=depth)
-        row[str(depth)] = compile_seconds(builders[variant](c, jnp.dtype(c['dtype'])), c)
-        print(variant, depth, 'layers: compile', f'{row[str(depth)]:.1f}s', flush=True)
-        save()
-      depths = [k for k in row if k != 'shape']
-      row['ratio_last_to_first'] = row[depths[-1]] / row[depths[0]]
-      save()
+    else:
+      row = results['compile_by_depth'].setdefault(variant, {'shape': depth_cfg})
+      try:
+        for depth in map(int, args.depths.split(',')):
+          c = dict(depth_cfg, layers=depth)
+          row[str(depth)] = compile_seconds(builders[variant](c, jnp.dtype(c['dtype'])), c)
+          print(variant, depth, 'layers: compile', f'{row[str(depth)]:.1f}s', flush=True)
+          save()
+        depths = [k for k in row if k.isdigit()]
+        row['ratio_last_to_first'] = row[depths[-1]] / row[depths[0]]
+      except Exception as e:   # record it, keep going
+        row['error'] = f'{type(e).__name__}: {str(e)[:500]}'
+        print(variant, 'compile by depth', row['error'], flush=True)
+    save()
+  print(summary(results))
   print(f'wrote {out}')
+
+
+def summary(results) -> str:
+  """A short table of the step measurements (the end of a device call's output)."""
+  lines = [f"{results['device_kind']} jax {results['jax']}",
+           f"{'config':6} {'variant':15} {'step ms':>8} {'tok/s':>9} {'MFU':>6} "
+           f"{'temp GiB':>8} {'compile s':>9} kernel"]
+  for name, entry in results['configs'].items():
+    for variant, m in entry.items():
+      if not isinstance(m, dict) or variant == 'shape':
+        continue
+      if 'error' in m:
+        lines.append(f'{name:6} {variant:15} {m["error"][:60]}')
+        continue
+      mfu = '-' if m['mfu'] is None else f"{100 * m['mfu']:.1f}%"
+      temp = '-' if m['temp_bytes'] is None else f"{m['temp_bytes'] / 2**30:.2f}"
+      lines.append(f"{name:6} {variant:15} {1e3 * m['step_time_s']:8.1f} "
+                   f"{m['tokens_per_sec']:9.0f} {mfu:>6} {temp:>8} {m['compile_s']:9.1f} "
+                   f"{m['attention_kernel']}")
+  for variant, row in results['compile_by_depth'].items():
+    if 'ratio_last_to_first' in row:
+      lines.append(f"compile {variant}: " + ', '.join(
+          f'{k} layers {v:.1f}s' for k, v in row.items() if k.isdigit())
+          + f", ratio {row['ratio_last_to_first']:.2f}x")
+  if results['skipped']:
+    lines.append('skipped: ' + '; '.join(results['skipped']))
+  return '\n'.join(lines)
 
 
 if __name__ == '__main__':

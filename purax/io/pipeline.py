@@ -16,13 +16,17 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
-import grain
 import jax
 import numpy as np
 
 from purax.core.errors import ConfigError, expect
+
+# grain is imported on use: the core and the models need only jax, flax and optax
+# (so benchmarks/lm.py runs on a GPU image without grain).
+if TYPE_CHECKING:
+  import grain
 
 
 def _gather(x: np.ndarray, y: np.ndarray):
@@ -67,6 +71,7 @@ def train_dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int,
       indices = np.concatenate([indices, permutation(first + 1)[:batch_size - len(indices)]])
     return gather(indices)
 
+  import grain
   return grain.MapDataset.range(num_steps).map(batch_of_step)
 
 
@@ -90,6 +95,7 @@ def eval_batches(x: np.ndarray, y: np.ndarray, *, batch_size: int) -> grain.MapD
     padded = np.concatenate([indices, np.zeros(batch_size - real, indices.dtype)])
     return dict(gather(padded), weight=weight)
 
+  import grain
   return grain.MapDataset.range(n).batch(batch_size, drop_remainder=False).map(pad)
 
 

@@ -26,11 +26,16 @@ import dataclasses
 import functools
 import os
 import sysconfig
+from typing import TYPE_CHECKING
 
-import grain
 import numpy as np
 
 from purax.core.errors import ConfigError, DataError, expect
+
+# grain is imported on use: the core and the models need only jax, flax and optax
+# (so benchmarks/lm.py runs on a GPU image without grain).
+if TYPE_CHECKING:
+  import grain
 
 BUILTIN = ('pystdlib',)
 VOCAB_SIZE = 256
@@ -196,6 +201,7 @@ def train_dataset(ds: TextDataset, *, batch_size: int, seed: int,
     windows = data[starts[:, None] + offsets].astype(np.int32)
     return {'x': windows[:, :-1], 'y': windows[:, 1:]}
 
+  import grain
   return grain.MapDataset.range(num_steps).map(batch_of_step)
 
 

@@ -20,6 +20,8 @@ Shoeybi et al. 2019), one all-reduce per attention block.
 
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Literal
 
 import flax.linen as nn
@@ -60,18 +62,51 @@ def attend(q, k, v, *, causal: bool, implementation: Implementation,
            fallback: bool = True) -> jax.Array:
   """``jax.nn.dot_product_attention`` on ``[batch, seq, heads, head_dim]``.
 
-  With ``fallback``, when this installation cannot build the cuDNN kernel (an
-  old cuDNN or GPU: jax raises while tracing) XLA's kernel is used instead, so
-  a model whose kernel was chosen automatically never fails for want of the
-  fast path.
+  With ``fallback``, when jax refuses the cuDNN kernel while tracing (no cuDNN
+  or an old one, an unsupported GPU, head size or batching: ``RuntimeError``
+  or ``NotImplementedError``) XLA's kernel is used instead, with an
+  :class:`AttentionFallbackWarning` that names the reason, so a model whose
+  kernel was chosen automatically never fails for want of the fast path, and
+  never loses it silently either. (A failure later, when XLA compiles the
+  cuDNN graph, is not caught.) :func:`kernels_in_hlo` tells which kernel a
+  compiled step really calls.
+
+  Raises:
+    RuntimeError, NotImplementedError: from jax's cuDNN kernel, without
+      ``fallback``.
   """
   if implementation == 'cudnn':
     try:
       return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation='cudnn')
-    except (RuntimeError, NotImplementedError):
+    except (RuntimeError, NotImplementedError) as e:
       if not fallback:
         raise
+      warnings.warn(f"cuDNN attention is unavailable for q {q.dtype}{list(q.shape)} "
+                    f"({type(e).__name__}: {e}); using XLA's kernel", AttentionFallbackWarning,
+                    stacklevel=2)
   return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation='xla')
+
+
+class AttentionFallbackWarning(UserWarning):
+  """The automatically chosen cuDNN attention kernel could not be built."""
+
+
+#: Custom-call targets of cuDNN's fused attention in compiled HLO (forward,
+#: backward): ``__cudnn$fmhaSoftmax``, ``__cudnn$fmhaSoftmaxBackward``, ...
+CUDNN_ATTENTION_TARGET = re.compile(r'__cudnn\$fmha\w*')
+
+
+def kernels_in_hlo(hlo_text: str) -> list[str]:
+  """The cuDNN fused-attention custom calls in ``hlo_text``, sorted, deduplicated.
+
+  Args:
+    hlo_text: ``jax.jit(f).lower(...).as_text()`` or ``.compile().as_text()``.
+
+  Returns:
+    e.g. ``['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']`` for a
+    training step on cuDNN attention; ``[]`` when attention runs on XLA's kernel.
+  """
+  return sorted(set(CUDNN_ATTENTION_TARGET.findall(hlo_text)))
 
 
 def rope_angles(positions: jax.Array, head_dim: int, base: float = 10000.0):

@@ -7,7 +7,9 @@ and full computations, are the same arithmetic in a different order, so they
 agree to float32 rounding (atol 1e-5 on O(1) logits).
 """
 
+import dataclasses
 import functools
+import warnings
 
 import flax.linen as nn
 import jax
@@ -18,7 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import purax
-from purax.nn.attention import attention_implementation
+from purax.nn.attention import (
+  AttentionFallbackWarning,
+  attention_implementation,
+  kernels_in_hlo,
+)
 from purax.nn.generate import generate, init_cache
 from purax.nn.transformer import DecoderLM, TransformerEncoder, count_params
 
@@ -239,8 +245,52 @@ def test_an_unavailable_cudnn_kernel_falls_back_to_xla_only_when_chosen_automati
   q = jax.random.normal(jax.random.key(0), (1, 8, 2, 16), jnp.bfloat16)
   if jax.default_backend() == 'gpu':
     pytest.skip('cuDNN is available here')
+  with pytest.warns(AttentionFallbackWarning, match=r'cuDNN attention is unavailable .*bfloat16'):
+    out = attend(q, q, q, causal=True, implementation='cudnn')
   np.testing.assert_array_equal(
-      attend(q, q, q, causal=True, implementation='cudnn'),
-      jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation='xla'))
+      out, jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation='xla'))
   with pytest.raises(RuntimeError):
     attend(q, q, q, causal=True, implementation='cudnn', fallback=False)
+
+
+@pytest.fixture
+def pretend_cudnn(monkeypatch):
+  """Lets jax lower cuDNN attention for CUDA on a machine without a GPU.
+
+  jax asks the CUDA plugin for the cuDNN version and the GPU's compute
+  capability while tracing; the answers of an H100/H200 with cuDNN 9.10 are
+  given instead, and purax's kernel choice sees a GPU backend. Only lowering
+  (StableHLO for ``cuda``) is possible here, not compiling or running.
+  """
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+  from purax.nn import attention
+  monkeypatch.setattr(cudnn, 'check_cudnn_version', lambda: 91000)
+  monkeypatch.setattr(cudnn, 'check_compute_capability', lambda capability: True)
+  monkeypatch.setattr(cudnn, 'is_cuda_compute_capability_equal', lambda capability: False)
+  choose = attention.attention_implementation
+  monkeypatch.setattr(attention, 'attention_implementation',
+                      lambda dtype, head_dim: choose(dtype, head_dim, backend='gpu'))
+
+
+@pytest.mark.parametrize('remat', ['none', 'full'])
+def test_default_bf16_lm_step_lowers_to_cudnn_attention_on_a_gpu(pretend_cudnn, remat):
+  # The configuration a user gets (no implementation named) in bfloat16, layers
+  # scanned: forward and backward attention both become cuDNN's fused kernel.
+  model = DecoderLM(vocab_size=256, d_model=64, num_layers=2, num_heads=2, max_len=32,
+                    dtype=jnp.bfloat16, remat=remat)
+  task = purax.Task(model=model, tx=purax.adamw(learning_rate=1e-3, total_steps=10),
+                    objective='language_model')
+  batch = {'x': jnp.zeros((2, 32), jnp.int32), 'y': jnp.zeros((2, 32), jnp.int32)}
+  state = jax.eval_shape(task.init, jax.random.key(0), batch)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error', AttentionFallbackWarning)
+    lowered = jax.jit(task.step).trace(state, batch).lower(lowering_platforms=('cuda',))
+  assert kernels_in_hlo(lowered.as_text()) == ['__cudnn$fmhaSoftmax',
+                                               '__cudnn$fmhaSoftmaxBackward']
+  # float32 compute has no cuDNN kernel: XLA's, chosen (not fallen back to).
+  task32 = dataclasses.replace(task, model=model.clone(dtype=jnp.float32))
+  with warnings.catch_warnings():
+    warnings.simplefilter('error', AttentionFallbackWarning)
+    lowered = jax.jit(task32.step).trace(state, batch).lower(lowering_platforms=('cuda',))
+  assert kernels_in_hlo(lowered.as_text()) == []
