@@ -18,10 +18,10 @@ import numpy as np
 from purax.core.errors import ConfigError, expect
 from purax.core.optim import adamw
 from purax.core.precision import get_policy
-from purax.nn.remat import check_remat
 from purax.core.task import Task
 from purax.io.text import is_text
 from purax.nn.registry import MODELS, check_input_shape, get_model
+from purax.nn.remat import check_remat
 
 ModelName = Literal['cnn', 'mlp', 'resnet', 'transformer', 'lm']
 
@@ -168,21 +168,36 @@ class TrainConfig:
     Raises:
       ConfigError: naming the first field that differs, with both values.
     """
+    ours_sized, saved = self.with_model_sizes(), saved.with_model_sizes()
     for field in dataclasses.fields(self):
       if field.name in RESUMABLE_CHANGES:
         continue
-      ours, theirs = getattr(self, field.name), getattr(saved, field.name)
+      ours, theirs = getattr(ours_sized, field.name), getattr(saved, field.name)
       expect(ours == theirs, field.name,
              f'{theirs!r} (as in the run being resumed; start a new --workdir to change it)',
              repr(ours), ConfigError)
 
   def resolved(self) -> 'TrainConfig':
-    """With ``workdir`` filled in (``runs/DATASET-MODEL-YYYYmmdd-HHMMSS``)."""
-    if self.workdir:
-      return self
-    name = self.dataset.replace(':', '_').replace('/', '_')
+    """With ``workdir`` filled in (``runs/DATASET-MODEL-YYYYmmdd-HHMMSS``) and
+    the model sizes left unset taken from the model's defaults, so that the
+    saved ``config.json`` records the sizes trained, not ``null`` (a later
+    change of a model default cannot change what a saved run restores)."""
+    config = self.with_model_sizes()
+    if config.workdir:
+      return config
+    name = config.dataset.replace(':', '_').replace('/', '_')
     stamp = time.strftime('%Y%m%d-%H%M%S')
-    return dataclasses.replace(self, workdir=os.path.join('runs', f'{name}-{self.model}-{stamp}'))
+    return dataclasses.replace(config,
+                               workdir=os.path.join('runs', f'{name}-{config.model}-{stamp}'))
+
+  def with_model_sizes(self) -> 'TrainConfig':
+    """``d_model``, ``num_layers``, ``num_heads`` that are None set to the
+    defaults of the transformer / lm model class (unchanged for other models)."""
+    if self.model not in ('transformer', 'lm'):
+      return self
+    defaults = {f.name: f.default for f in dataclasses.fields(MODELS[self.model])}
+    return dataclasses.replace(self, **{k: defaults[k] for k in MODEL_SIZES
+                                        if getattr(self, k) is None})
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -195,6 +210,9 @@ class TrainConfig:
     expect(not unknown, 'config.json', f'fields among {sorted(known)}', unknown, ConfigError)
     return cls(**data)
 
+
+#: Model sizes of TrainConfig that default to the model class's own.
+MODEL_SIZES = ('d_model', 'num_layers', 'num_heads')
 
 RESUMABLE_CHANGES = frozenset({'workdir', 'progress', 'log_every', 'eval_every',
                                'eval_batch_size', 'checkpoint_every', 'keep_last', 'keep_best',
@@ -210,8 +228,8 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
   """
   kwargs = {'dropout_rate': config.dropout_rate} if config.model in ('mlp', 'cnn') else {}
   if config.model in ('transformer', 'lm'):
-    kwargs = {k: getattr(config, k) for k in ('dropout_rate', 'd_model', 'num_layers',
-                                               'num_heads') if getattr(config, k) is not None}
+    kwargs = {k: getattr(config, k) for k in ('dropout_rate', *MODEL_SIZES)
+              if getattr(config, k) is not None}
     if config.model == 'lm':
       kwargs['max_len'] = config.seq_len
   policy = get_policy(config.precision)

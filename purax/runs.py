@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -20,16 +21,18 @@ import sys
 import threading
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 import purax
 from purax import parallel
 from purax.config import TrainConfig, build_task, sample_batch
-from purax.core.errors import ConfigError, expect
 from purax.core import flops
+from purax.core.errors import ConfigError, expect
 from purax.io import datasets, pipeline, text, writers
-from purax.nn.transformer import count_params
 from purax.io.checkpoint import Checkpointer
 from purax.loop import evaluate, fit, zero_metrics
+from purax.nn.transformer import count_params
 
 
 def _prepare(config: TrainConfig):
@@ -140,17 +143,20 @@ def train(config: TrainConfig) -> dict:
     FileExistsError: ``workdir`` exists but is not a purax run directory;
     CheckpointError: a checkpoint cannot be written or read.
   """
-  config = config.validate().resolved()
+  config = config.validate()
   parallel.distributed.initialize(config.coordinator, config.num_processes,
                                   config.process_id)   # no-op for one process
+  expect(jax.process_count() == 1 or bool(config.workdir), 'workdir',
+         'set for a multi-host run (every process must use the same directory)',
+         config.workdir, ConfigError)
+  config = config.resolved()
   workdir = config.workdir
-  resuming = os.path.isfile(os.path.join(workdir, 'config.json'))
-  if resuming:
-    config.check_resumable(_read_config(workdir))
-  else:
-    expect(not os.path.exists(workdir) or not os.listdir(workdir), 'workdir',
-           'a new or empty directory, or a purax run directory to resume', repr(workdir),
-           FileExistsError)
+  # Multi-host: process 0 checks the workdir and every process learns its
+  # answer before anything is written; then only process 0 writes files, and
+  # all take part in checkpoints.
+  primary = jax.process_index() == 0
+  created = not os.path.exists(workdir)
+  resuming = _check_workdir(config)
   config, ds, task, train_data = _prepare(config)
   sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
@@ -158,11 +164,10 @@ def train(config: TrainConfig) -> dict:
   if config.mesh is not None:
     mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
     plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
-  created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
   checkpointer = writer = None
   try:
-    if not resuming:
+    if not resuming and primary:
       with open(os.path.join(workdir, 'config.json.tmp'), 'w') as f:
         f.write(config.to_json())
       os.replace(os.path.join(workdir, 'config.json.tmp'), os.path.join(workdir, 'config.json'))
@@ -181,22 +186,24 @@ def train(config: TrainConfig) -> dict:
       step = 0
       init = plan.init if plan is not None else lambda k: jax.jit(task.init)(k, sample)
       state = init(jax.random.key(config.seed))
-    _truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'), step)
-    writer = _with_throughput(writers.create_default_writer(workdir, console=True),
-                              config, task, abstract)
+    if primary:
+      _truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'), step)
+      writer = _with_throughput(writers.create_default_writer(workdir, console=True),
+                                config, task, abstract)
     eval_data = pipeline.eval_batches(ds.x_test, ds.y_test, batch_size=config.eval_batch_size)
     with StopOnSignal() as stop, jax.debug_nans(config.debug_nans):
       state, history = fit(task, state, train_data, eval_data=eval_data,
                            log_every=config.log_every, eval_every=config.eval_every,
-                           writer=writer, progress=config.progress, checkpointer=checkpointer,
+                           writer=writer, progress=config.progress and primary,
+                           checkpointer=checkpointer,
                            checkpoint_every=config.checkpoint_every, train_metrics=acc,
-                           should_stop=stop, plan=plan,
+                           should_stop=_agreed(stop, every=config.log_every), plan=plan,
                            max_consecutive_skips=config.max_consecutive_skips)
   except BaseException:
     if checkpointer is not None:
       with contextlib.suppress(Exception):
         checkpointer.close()
-    if created and (checkpointer is None or not checkpointer.steps()):
+    if created and primary and (checkpointer is None or not checkpointer.steps()):
       shutil.rmtree(workdir, ignore_errors=True)   # nothing worth keeping was written
     raise
   finally:
@@ -205,16 +212,75 @@ def train(config: TrainConfig) -> dict:
   checkpointer.close()
   reached = int(jax.device_get(state.step))
   if reached < config.steps:
-    print(f'purax: stopped by {stop.received} at step {reached}; checkpoint committed in '
+    by = stop.received or 'a signal to another process'
+    print(f'purax: stopped by {by} at step {reached}; checkpoint committed in '
           f'{checkpointer.directory}; run the same command to resume', file=sys.stderr)
-    return {'stopped_by': stop.received, 'step': reached}
+    return {'stopped_by': by, 'step': reached}
   final = {k[len('eval/'):]: v for rec in history for k, v in rec.items()
            if k.startswith('eval/')}
   if not final:   # resumed a run that had already finished
     final = evaluate(task, state, eval_data)
-  with open(os.path.join(workdir, 'final_metrics.json'), 'w') as f:
-    json.dump({'step': config.steps, **final}, f, indent=2)
+  if primary:
+    with open(os.path.join(workdir, 'final_metrics.json.tmp'), 'w') as f:
+      json.dump({'step': config.steps, **final}, f, indent=2)
+    os.replace(os.path.join(workdir, 'final_metrics.json.tmp'),
+               os.path.join(workdir, 'final_metrics.json'))
   return final
+
+
+def _agreed(poll, *, every: int):
+  """``poll`` (a stop flag), agreed by all processes of a multi-host run.
+
+  Every process asks at the same steps, every ``every`` calls, and all stop
+  when any was signalled: a process that stopped alone would leave the others
+  waiting in the step's collectives. One process: ``poll`` itself, every call.
+  """
+  if jax.process_count() == 1:
+    return poll
+  from jax.experimental import multihost_utils
+  calls = itertools.count(1)
+
+  def agreed() -> bool:
+    if next(calls) % every:
+      return False
+    return bool(np.any(multihost_utils.process_allgather(np.int32(poll()))))
+  return agreed
+
+
+def _check_workdir(config: TrainConfig) -> bool:
+  """Whether ``config.workdir`` holds a run to resume (checked against it).
+
+  Multi-host: process 0 (the one that writes there) decides, and every process
+  learns its answer, so that all go on, or all fail, together.
+
+  Raises:
+    FileExistsError: the directory is neither new, empty, nor a purax run;
+    ConfigError: the saved run's config differs in a field that changes the
+      computation (on every process: the others name process 0's refusal).
+  """
+  error, resuming = None, False
+  if jax.process_index() == 0:
+    try:
+      resuming = os.path.isfile(os.path.join(config.workdir, 'config.json'))
+      if resuming:
+        config.check_resumable(_read_config(config.workdir))
+      else:
+        expect(not os.path.exists(config.workdir) or not os.listdir(config.workdir),
+               'workdir', 'a new or empty directory, or a purax run directory to resume',
+               repr(config.workdir), FileExistsError)
+    except Exception as e:   # told to the other processes, then raised
+      error = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    answer = int(multihost_utils.broadcast_one_to_all(
+        np.int32(2 if error is not None else int(resuming))))
+    expect(error is not None or answer != 2, 'workdir',
+           'a directory process 0 accepts (its log names what it refused)',
+           repr(config.workdir), ConfigError)
+    resuming = answer == 1
+  if error is not None:
+    raise error
+  return resuming
 
 
 def restore_run(workdir: str):
@@ -243,13 +309,19 @@ def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
 def export_run(workdir: str, *, out: str | None = None) -> str:
   """Exports a run's predict function (newest checkpoint) with a symbolic batch.
 
+  Inputs are float32 ``[batch, *input_shape]``; for a language model int32
+  token ids ``[batch, seq_len]`` (outputs: logits ``[batch, seq_len, 256]``).
+
   Returns:
     The artifact's path (default ``WORKDIR/export/predict.jaxexport``).
   """
   from purax.io.export import export_predict
   config, ds, task, state = restore_run(workdir)
+  # A language model takes int32 token ids [batch, seq_len] and gives logits
+  # [batch, seq_len, vocab]; the other models take float32 features.
+  dtype = jnp.int32 if config.model == 'lm' else jnp.float32
   return export_predict(lambda x: task.predict(state, x), ds.input_shape,
-                        out or os.path.join(workdir, 'export'),
+                        out or os.path.join(workdir, 'export'), dtype=dtype,
                         metadata={'model': config.model, 'dataset': config.dataset,
                                   'num_classes': ds.num_classes,
                                   'step': int(jax.device_get(state.step))})

@@ -229,7 +229,7 @@ class SweepConfig:
                        dropout_rate=self.dropout_rate, seed=int(seed), workdir=workdir,
                        log_every=self.log_every, eval_every=self.eval_every,
                        eval_batch_size=self.eval_batch_size, num_classes=self.num_classes,
-                       progress=False, **fields)
+                       progress=False, **fields).with_model_sizes()
 
 
 class _SeedBatches:

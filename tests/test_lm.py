@@ -8,9 +8,13 @@ byte model), ``purax generate`` prints text, the encoder classifies digits
 
 import json
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from purax import cli
+from purax.io.export import load_predict
+from purax.runs import restore_run
 
 TINY = ['--d-model', '32', '--num-layers', '2', '--num-heads', '4', '--seq-len', '32',
         '--batch-size', '16', '--learning-rate', '3e-3', '--warmup-steps', '10',
@@ -43,6 +47,13 @@ def test_default_corpus_lm_learns_and_generates(tmp_path, capsys):
   assert out.startswith('def ') and len(out) > 10
   assert run('generate', '--workdir', str(workdir), '--prompt', '') == 2
   assert 'prompt: expected a non-empty string' in capsys.readouterr().err
+  # The exported predict function takes token ids and gives the restored model's logits.
+  assert run('export', '--workdir', str(workdir)) == 0
+  predict = load_predict(str(workdir / 'export'))
+  tokens = np.frombuffer(b'def f(x):\n    return x + 1\n' * 2, np.uint8)[:32][None]
+  _, _, task, state = restore_run(str(workdir))
+  np.testing.assert_allclose(predict(tokens), task.predict(state, jnp.asarray(tokens, jnp.int32)),
+                             rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -53,6 +64,9 @@ def test_encoder_classifies_digits_rows_as_tokens(tmp_path):
              '--workdir', str(workdir), '--no-progress') == 0
   final = json.loads((workdir / 'final_metrics.json').read_text())
   assert final['accuracy'] > 0.9, final
+  # The sizes trained are recorded, including the model's defaults.
+  config = json.loads((workdir / 'config.json').read_text())
+  assert (config['d_model'], config['num_layers'], config['num_heads']) == (32, 2, 4), config
 
 
 @pytest.mark.parametrize('args, message', [

@@ -1,10 +1,14 @@
 """Multi-host on jax.distributed: two local processes x 2 CPU devices (gloo)
 train like one process with 4 devices; initialize() argument handling."""
 
+import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -48,6 +52,92 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
   expected = {jax.tree_util.keystr(p): np.asarray(x)
               for p, x in jax.tree_util.tree_leaves_with_path(expected)}
   testing.assert_trees_close(got, expected, testing.TOLERANCES['params'], what='params')
+
+
+def _start_two_process_cli(*args) -> list[subprocess.Popen]:
+  """Starts ``purax ARGS`` as processes 0 and 1 of a 2-process run (2 CPU devices each)."""
+  port = _free_port()
+  env = {k: v for k, v in os.environ.items()
+         if not k.lower().endswith('_proxy') and not k.startswith(('PURAX_', 'JAX_'))}
+  env['PYTHONPATH'] = os.getcwd() + os.pathsep + env.get('PYTHONPATH', '')
+  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+  cmd = [sys.executable, '-c', 'import sys; from purax.cli import main; sys.exit(main())',
+         *args, '--coordinator', f'localhost:{port}', '--num-processes', '2']
+  return [subprocess.Popen(cmd + ['--process-id', str(i)], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT) for i in range(2)]
+
+
+def _finish(procs) -> list[tuple[int, str]]:
+  """``(returncode, output)`` of each process; kills what outlives TIMEOUT_S."""
+  try:
+    logs = [p.communicate(timeout=TIMEOUT_S)[0].decode() for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return [(p.returncode, log) for p, log in zip(procs, logs)]
+
+
+def _two_process_cli(*args) -> list[tuple[int, str]]:
+  return _finish(_start_two_process_cli(*args))
+
+
+TRAIN = ('train', '--model', 'mlp', '--dataset', 'digits', '--steps', '20', '--mesh', 'data=4',
+         '--checkpoint-every', '10', '--eval-every', '10', '--log-every', '5', '--no-progress')
+
+
+def test_two_process_cli_run_writes_one_set_of_files(tmp_path):
+  # `purax train` on two processes sharing a workdir: process 0 checks it and
+  # both learn the answer before either writes; only process 0 writes logs and
+  # results (one metrics.jsonl with every record, one event file), and both
+  # write their checkpoint shards.
+  workdir = tmp_path / 'run'
+  for code, log in _two_process_cli(*TRAIN, '--workdir', str(workdir)):
+    assert code == 0, log[-3000:]
+  rows = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  assert sorted({r['step'] for r in rows}) == [5, 10, 15, 20], rows
+  assert len([r for r in rows if 'eval/accuracy' in r]) == 2
+  assert len(list(workdir.glob('events.out.tfevents.*'))) == 1
+  assert json.loads((workdir / 'final_metrics.json').read_text())['step'] == 20
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['10', '20']
+  shards = {p.name for p in (workdir / 'checkpoints' / '20' / 'state').iterdir()}
+  assert {'ocdbt.process_0', 'ocdbt.process_1'} <= shards, shards
+
+
+def test_two_process_cli_refuses_together_and_writes_nothing(tmp_path):
+  # A workdir that is not a purax run: process 0 names the field, process 1
+  # names process 0's refusal; both exit at once (no collective left waiting).
+  workdir = tmp_path / 'taken'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('mine')
+  (code0, log0), (code1, log1) = _two_process_cli(*TRAIN, '--workdir', str(workdir))
+  assert code0 == 2 and 'workdir: expected a new or empty directory' in log0, log0[-2000:]
+  assert code1 == 2 and 'workdir: expected a directory process 0 accepts' in log1, log1[-2000:]
+  assert sorted(p.name for p in workdir.iterdir()) == ['notes.txt']
+
+
+def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):
+  # SIGTERM reaches process 1 only; the processes agree at the next log point,
+  # all checkpoint the same step and exit cleanly (none left in a collective).
+  workdir = tmp_path / 'run'
+  procs = _start_two_process_cli(
+      'train', '--model', 'mlp', '--dataset', 'digits', '--steps', '100000', '--mesh', 'data=4',
+      '--checkpoint-every', '0', '--eval-every', '0', '--log-every', '5', '--no-progress',
+      '--workdir', str(workdir))
+  deadline = time.monotonic() + TIMEOUT_S
+  metrics = workdir / 'metrics.jsonl'
+  while not (metrics.exists() and metrics.read_text().count('\n') >= 2):
+    assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+        [p.poll() for p in procs]
+    time.sleep(0.2)
+  procs[1].send_signal(signal.SIGTERM)
+  (code0, log0), (code1, log1) = _finish(procs)
+  assert code0 == 0 and code1 == 0, (log0[-2000:], log1[-2000:])
+  steps = [int(re.search(r'stopped by .* at step (\d+);', log).group(1)) for log in (log0, log1)]
+  assert 'stopped by a signal to another process' in log0 and 'stopped by SIGTERM' in log1
+  assert steps[0] == steps[1] and steps[0] % 5 == 0 and steps[0] < 100000, steps
+  assert [p.name for p in (workdir / 'checkpoints').iterdir()] == [str(steps[0])]
 
 
 def test_initialize_is_a_no_op_for_one_process(monkeypatch):

@@ -1,0 +1,33 @@
+"""TrainConfig: the saved config records the model sizes trained; resuming
+compares computation-changing fields, with old runs' unset sizes read as the
+model's defaults."""
+
+import dataclasses
+
+import pytest
+
+from purax import ConfigError
+from purax.config import TrainConfig
+from purax.nn.transformer import DecoderLM, TransformerEncoder
+
+
+@pytest.mark.parametrize('model, cls', [('lm', DecoderLM), ('transformer', TransformerEncoder)])
+def test_resolved_config_records_the_model_default_sizes(model, cls):
+  config = TrainConfig(model=model, num_layers=3, workdir='w').resolved()
+  defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+  assert (config.d_model, config.num_layers, config.num_heads) == (
+      defaults['d_model'], 3, defaults['num_heads'])
+  assert TrainConfig.from_json(config.to_json()) == config
+
+
+def test_sizes_stay_unset_for_models_without_them():
+  config = TrainConfig(model='cnn', workdir='w').resolved()
+  assert (config.d_model, config.num_layers, config.num_heads) == (None, None, None)
+
+
+def test_a_run_saved_with_unset_sizes_resumes_with_the_same_sizes_only():
+  saved = TrainConfig(model='lm', workdir='w')                 # as older runs saved it
+  TrainConfig(model='lm', workdir='w').resolved().check_resumable(saved)
+  TrainConfig(model='lm', workdir='w', d_model=128).check_resumable(saved)
+  with pytest.raises(ConfigError, match=r"d_model: expected 128 \(as in the run being resumed"):
+    TrainConfig(model='lm', workdir='w', d_model=64).check_resumable(saved)
