@@ -157,6 +157,8 @@ def train(config: TrainConfig) -> dict:
   primary = jax.process_index() == 0
   created = not os.path.exists(workdir)
   resuming = _check_workdir(config)
+  if primary:
+    print(f'purax: run directory {workdir}', file=sys.stderr)
   config, ds, task, train_data = _prepare(config)
   sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
@@ -179,7 +181,8 @@ def train(config: TrainConfig) -> dict:
       tree, extra, step = checkpointer.restore(abstract)
       state, acc = tree['state'], tree['train_metrics']
       expect(extra['data']['next_step'] == int(jax.device_get(state.step)),
-             'checkpoint data position', f"next_step == state.step ({step})",
+             'checkpoint data position',
+             f'next_step == state.step ({int(jax.device_get(state.step))}) in checkpoint {step}',
              extra['data']['next_step'], ConfigError)
       print(f'purax: resuming {workdir} from step {step}', file=sys.stderr)
     else:
@@ -261,6 +264,9 @@ def _check_workdir(config: TrainConfig) -> bool:
   error, resuming = None, False
   if jax.process_index() == 0:
     try:
+      expect(not os.path.exists(config.workdir) or os.path.isdir(config.workdir), 'workdir',
+             'a directory (new, empty, or a purax run to resume)',
+             f'{config.workdir!r}, an existing file', FileExistsError)
       resuming = os.path.isfile(os.path.join(config.workdir, 'config.json'))
       if resuming:
         config.check_resumable(_read_config(config.workdir))

@@ -97,6 +97,12 @@ def test_existing_workdir_is_not_overwritten(tmp_path, capsys):
   assert run('train', '--workdir', str(tmp_path), '--steps', '1', '--no-progress') == 2
   assert 'workdir: expected a new or empty directory, or a purax run directory to resume' in capsys.readouterr().err
   assert (tmp_path / 'keep.txt').read_text() == 'precious'
+  # A file named as the workdir is refused the same way, and kept.
+  assert run('train', '--workdir', str(tmp_path / 'keep.txt'), '--steps', '1',
+             '--no-progress') == 2
+  assert "expected a directory (new, empty, or a purax run to resume), got '" in \
+      capsys.readouterr().err
+  assert (tmp_path / 'keep.txt').read_text() == 'precious'
 
 
 def test_eval_of_a_non_run_directory(tmp_path, capsys):
@@ -110,6 +116,13 @@ def test_precision_accumulation_and_remat_options(tmp_path, capsys):
              '--workdir', str(tmp_path / 'r'), '--no-progress') == 0
   config = json.loads((tmp_path / 'r' / 'config.json').read_text())
   assert (config['precision'], config['microbatches'], config['remat']) == ('bf16', 4, 'dots_saveable')
+  # float16: the loss scale starts high, so the first steps overflow and are
+  # skipped; the run still takes all its steps and finishes.
+  assert run('train', '--precision', 'fp16', '--steps', '12', '--eval-every', '0',
+             '--log-every', '4', '--workdir', str(tmp_path / 'h'), '--no-progress') == 0
+  rows = [json.loads(l) for l in (tmp_path / 'h' / 'metrics.jsonl').read_text().splitlines()]
+  assert sum(r.get('train/skipped', 0) for r in rows) >= 1, rows
+  assert json.loads((tmp_path / 'h' / 'final_metrics.json').read_text())['step'] == 12
   for args, message in [
       (['--precision', 'fp8'], "precision: expected one of ['bf16', 'fp16', 'fp32']"),
       (['--microbatches', '3'], 'batch_size: expected a multiple of microbatches=3, got 64'),

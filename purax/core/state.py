@@ -19,7 +19,10 @@ class TrainState(struct.PyTreeNode):
   """Everything that changes during training, and nothing else.
 
   Attributes:
-    step: int32 ``[]``, number of optimizer updates applied so far.
+    step: int32 ``[]``, number of training steps taken so far (batches
+      consumed: the data position), updates skipped by the non-finite guard
+      included; the optimizer's own count in ``opt_state`` (which drives the
+      schedule) counts applied updates only.
     params: trainable parameters (float32 masters by default).
     model_state: non-trainable flax collections, e.g. ``{'batch_stats': ...}``;
       ``{}`` for models without any. Threaded into the loss and returned out.

@@ -16,10 +16,13 @@ microbatches, loss-scaled, summed across devices), then a guarded update.
 - Loss scaling (float16): the objective is multiplied by ``state.loss_scale``
   before differentiation and the gradients divided after, in float32.
 - Non-finite guard: when any gradient (or the loss) is not finite, the update
-  is skipped — params, optimizer state (its counters too), model state and
-  ``step`` stay bitwise as they were — and the step counts in
+  is skipped — params, optimizer state (its counters, hence the schedule,
+  too) and model state stay bitwise as they were — and the step counts in
   ``metrics['skipped']``; its loss metrics are zeroed so the window's averages
-  stay finite. The loss scale, if any, is still halved.
+  stay finite. ``state.step`` still advances: it counts steps taken (batches
+  consumed, the data position), so the next step reads the next batch with a
+  new dropout key, and a run of N steps ends at ``step == N`` with skips or
+  without. The loss scale, if any, is still halved.
 """
 
 from __future__ import annotations
@@ -122,8 +125,9 @@ def step(task, state, batch, *, axis_name=None):
   # pass over the state); every field stays bitwise as it was when not finite.
   updated = apply(state)
   keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-  new_state = state.replace(**{f: keep(getattr(updated, f), getattr(state, f))
-                               for f in ('step', 'params', 'opt_state', 'model_state')})
+  new_state = state.replace(step=updated.step,
+                            **{f: keep(getattr(updated, f), getattr(state, f))
+                               for f in ('params', 'opt_state', 'model_state')})
   metrics = jax.tree.map(lambda x: jnp.where(finite, x, jnp.zeros_like(x)), metrics)
   metrics['skipped'] = metrics_lib.Sum.of(jnp.logical_not(finite))
   metrics['skip_streak'] = metrics_lib.Streak.of(jnp.logical_not(finite))

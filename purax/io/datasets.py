@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, DataError, expect
 
 BUILTIN = ('digits', 'mnist1d')
 NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')
@@ -112,10 +112,19 @@ def from_npz(path: str, num_classes: int | None = None) -> ArrayDataset:
   Without ``num_classes`` in the file or the argument it is ``max label + 1``.
 
   Raises:
-    DataError: the file is missing or lacks a key (the message lists those present).
+    DataError: the file is missing, is not an .npz archive, or lacks a key (the
+      message lists those present).
   """
   expect(os.path.isfile(path), 'dataset', 'an existing .npz file', repr(path))
-  with np.load(path, allow_pickle=False) as f:
+  try:
+    archive = np.load(path, allow_pickle=False)
+  except (ValueError, OSError, EOFError) as e:   # not a numpy file at all
+    raise DataError(f'dataset: expected an .npz archive (numpy.savez), got {path!r} '
+                    f'({type(e).__name__}: {e})') from None
+  expect(isinstance(archive, np.lib.npyio.NpzFile), 'dataset',
+         'an .npz archive (numpy.savez) of x_train, y_train, x_test, y_test',
+         f'{path!r}, a single .npy array')
+  with archive as f:
     present = sorted(f.files)
     for key in NPZ_KEYS:
       expect(key in f.files, f'{path}: key {key!r}', 'present',

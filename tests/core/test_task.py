@@ -16,7 +16,7 @@ from tests.helpers import params_differ, tiny_batch, tiny_task, tree_equal
 
 def test_init_state_fields_are_arrays():
   task = tiny_task('resnet')
-  state = task.init(jax.random.key(0), tiny_batch())
+  state = jax.jit(task.init)(jax.random.key(0), tiny_batch())
   assert state.step.dtype == jnp.int32 and state.step.shape == ()
   assert jnp.issubdtype(state.rng.dtype, jax.dtypes.prng_key)
   assert 'batch_stats' in state.model_state
@@ -24,8 +24,8 @@ def test_init_state_fields_are_arrays():
   # eval_shape and vmap work on init.
   abstract = jax.eval_shape(task.init, jax.random.key(0), tiny_batch())
   assert jax.tree.structure(abstract) == jax.tree.structure(state)
-  stacked = jax.vmap(task.init, in_axes=(0, None))(jax.random.split(jax.random.key(0), 3),
-                                                  tiny_batch())
+  stacked = jax.jit(jax.vmap(task.init, in_axes=(0, None)))(
+      jax.random.split(jax.random.key(0), 3), tiny_batch())
   assert stacked.step.shape == (3,)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -102,7 +103,8 @@ def test_the_loss_scale_halves_on_overflow_grows_after_a_finite_run_and_stays_fi
 
 @settings(max_examples=6)
 @given(seed=st.integers(0, 2**16), scaled=st.booleans(), model=st.sampled_from(['mlp', 'resnet']))
-def test_a_step_with_non_finite_gradients_leaves_the_state_bitwise_unchanged(seed, scaled, model):
+def test_a_step_with_non_finite_gradients_leaves_the_state_bitwise_unchanged_but_the_step(
+    seed, scaled, model):
   task = tiny_task(model)
   task = dataclasses.replace(task, loss_scale=2.0 ** 8 if scaled else None)
   batch = tiny_batch(seed=seed)
@@ -110,14 +112,53 @@ def test_a_step_with_non_finite_gradients_leaves_the_state_bitwise_unchanged(see
   poisoned = dict(batch, x=batch['x'].copy())
   poisoned['x'][0, 0] = np.nan
   after, metrics = jax.jit(task.step)(state, poisoned)
-  for field in ('step', 'params', 'opt_state', 'model_state', 'hparams'):
+  for field in ('params', 'opt_state', 'model_state', 'hparams'):
     assert tree_equal(getattr(after, field), getattr(state, field)), field
+  assert int(after.step) == int(state.step) + 1    # steps taken: the data position
   assert tree_equal(jax.random.key_data(after.rng), jax.random.key_data(state.rng))
   computed = metrics_lib.compute(metrics)
   assert computed['skipped'] == 1 and computed['skip_streak'] == 1
   assert computed['examples'] == 0                 # the skipped batch does not count
   if scaled:
     assert float(after.loss_scale.scale) == float(state.loss_scale.scale) / 2
+
+
+def test_a_run_with_skipped_steps_ends_at_its_last_step_and_resumes_there(tmp_path):
+  # Steps 2 and 5 have a NaN batch: their updates are skipped, the run still
+  # takes all 8 steps (state.step is the data position), and the checkpoint
+  # of step 4 resumes to the same final state.
+  from purax import loop
+  from purax.io import pipeline
+  from purax.io.checkpoint import Checkpointer
+  from purax.runs import abstract_checkpoint
+  data = tiny_batch(n=32, shape=(6,), classes=5)
+  train = pipeline.train_dataset(data['x'], data['y'], batch_size=8, seed=0, num_steps=8)
+
+  class Poisoned:
+    def __len__(self):
+      return len(train)
+
+    def __getitem__(self, s):
+      batch = dict(train[s])
+      if s in (2, 5):
+        batch['x'] = np.full_like(batch['x'], np.nan)
+      return batch
+
+  task = mlp_task()
+  init = task.init(jax.random.key(0), train[0])
+  with Checkpointer(str(tmp_path / 'ckpt')) as ckpt:
+    straight, history = loop.fit(task, init, Poisoned(), log_every=4, progress=False,
+                                 checkpointer=ckpt, checkpoint_every=4)
+    assert int(straight.step) == 8
+    assert [r['train/skipped'] for r in history if 'train/skipped' in r] == [1, 1]
+    counts = [int(c) for _, c in
+              optax.tree_utils.tree_get_all_with_path(straight.opt_state, 'count')]
+    assert counts and set(counts) == {6}              # updates applied: 8 - 2 skipped
+    tree, _, step = ckpt.restore(abstract_checkpoint(task, train[0]), step=4)
+  assert step == 4 and int(tree['state'].step) == 4
+  resumed, _ = loop.fit(task, tree['state'], Poisoned(), log_every=4, progress=False,
+                        train_metrics=tree['train_metrics'])
+  assert tree_equal(resumed.params, straight.params)
 
 
 def test_the_loop_stops_naming_the_window_after_consecutive_skips():

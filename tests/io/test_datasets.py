@@ -58,3 +58,13 @@ def test_unknown_and_missing_data_sets():
     datasets.load('cifar10')
   with pytest.raises(purax.DataError, match='an existing .npz file'):
     datasets.load('npz:/nonexistent/file.npz')
+
+
+def test_a_file_that_is_not_an_npz_archive_is_named(tmp_path):
+  (tmp_path / 'notes.npz').write_text('not numpy at all\n')
+  with pytest.raises(purax.DataError, match=r"dataset: expected an .npz archive \(numpy.savez\), "
+                                            r"got '.*notes.npz' \(ValueError"):
+    datasets.load(f'npz:{tmp_path}/notes.npz')
+  np.save(tmp_path / 'one.npy', np.zeros(3))
+  with pytest.raises(purax.DataError, match=r"got '.*one.npy', a single .npy array"):
+    datasets.load(f'npz:{tmp_path}/one.npy')
