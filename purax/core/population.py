@@ -15,7 +15,9 @@ evaluate every member on one shared batch or on per-member batches. Member
 
 A member whose loss, gradients or updated parameters become non-finite is
 frozen: its state keeps its last finite value (``jnp.where`` over the tree),
-``diverged[i]`` is set for good, and its metrics carry the flag. Early stopping
+``diverged[i]`` is set for good, and its metrics carry the flag. With dynamic
+loss scaling (float16) a non-finite gradient is an overflow that the task's
+guard skips and the halved scale cures: the member goes on. Early stopping
 (:func:`early_stopping`) freezes a member whose eval metric stopped improving.
 Frozen members still cost compute (vmap runs every lane) but never change.
 
@@ -173,7 +175,10 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   new_state, metrics = task.step(state, batch)
   finite = (jnp.isfinite(metrics['loss'].total) & jnp.isfinite(metrics['grad_norm'].total)
             & all_finite(new_state.params))
-  if 'skipped' in metrics:   # the task's own guard already refused a non-finite update
+  if 'skipped' in metrics and state.loss_scale is None:
+    # The task's guard refused a non-finite update. Under dynamic loss scaling
+    # that is an overflow, expected and handled (the scale halves): not a
+    # divergence, so the member goes on with the guarded state.
     finite = finite & (metrics['skipped'].value == 0)
   keep_old = frozen | ~finite
   state = jax.tree.map(lambda new, old: jnp.where(keep_old, old, new), new_state, state)

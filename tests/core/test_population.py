@@ -12,6 +12,8 @@ the biases). On CPU the results are in fact bitwise equal in our runs, but we
 do not promise that.
 """
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ from purax.core import metrics as metrics_lib
 from purax.core import population as P
 from purax.core.errors import ConfigError
 from purax.nn import MLP
+from tests.helpers import params_differ
 
 RTOL, ATOL = 1e-5, 1e-6
 CLASSES, FEATURES, BATCH = 3, 6, 8
@@ -171,6 +174,23 @@ def test_non_finite_batch_freezes_member_at_its_previous_state():
   assert np.asarray(pop.diverged).tolist() == [False, True, False]
   assert np.asarray(P.status(pop)).tolist() == ['ok', 'diverged', 'ok']
   assert int(pop.state.step[0]) == 1
+
+
+def test_a_loss_scale_overflow_is_skipped_not_divergence():
+  # Dynamic loss scaling starting absurdly high: the first steps overflow, the
+  # task's guard skips them and halves the scale; no member is frozen, and
+  # training goes on once the scale fits.
+  task = dataclasses.replace(TASK, loss_scale=2.0 ** 126)
+  pop0 = pinit(task, keys([0, 1]), {}, batch())
+  pop, skipped = pop0, 0.0
+  for s in range(12):
+    pop, m = pstep(task, pop, batch(s))
+    skipped += metrics_lib.compute(m)['skipped'].sum()
+  assert skipped >= 1 and not np.asarray(pop.diverged).any()
+  assert np.asarray(pop.state.step).tolist() == [12, 12]
+  assert (np.asarray(pop.state.loss_scale.scale) < 2.0 ** 126).all()
+  for i in range(2):
+    assert params_differ(P.member(pop, i).params, P.member(pop0, i).params)
 
 
 def test_early_stopping_freezes_members_that_stop_improving():
