@@ -168,7 +168,8 @@ class TrainConfig:
     Raises:
       ConfigError: naming the first field that differs, with both values.
     """
-    ours_sized, saved = self.with_model_sizes(), saved.with_model_sizes()
+    ours_sized = self.with_model_sizes().with_absolute_dataset()
+    saved = saved.with_model_sizes().with_absolute_dataset()
     for field in dataclasses.fields(self):
       if field.name in RESUMABLE_CHANGES:
         continue
@@ -178,17 +179,28 @@ class TrainConfig:
              repr(ours), ConfigError)
 
   def resolved(self) -> 'TrainConfig':
-    """With ``workdir`` filled in (``runs/DATASET-MODEL-YYYYmmdd-HHMMSS``) and
-    the model sizes left unset taken from the model's defaults, so that the
-    saved ``config.json`` records the sizes trained, not ``null`` (a later
-    change of a model default cannot change what a saved run restores)."""
-    config = self.with_model_sizes()
+    """With ``workdir`` filled in (``runs/DATASET-MODEL-YYYYmmdd-HHMMSS``), the
+    model sizes left unset taken from the model's defaults, so that the saved
+    ``config.json`` records the sizes trained, not ``null`` (a later change of
+    a model default cannot change what a saved run restores), and a data
+    file's path made absolute."""
+    config = self.with_model_sizes().with_absolute_dataset()
     if config.workdir:
       return config
-    name = config.dataset.replace(':', '_').replace('/', '_')
+    name = self.dataset.replace(':', '_').replace('/', '_')
     stamp = time.strftime('%Y%m%d-%H%M%S')
     return dataclasses.replace(config,
                                workdir=os.path.join('runs', f'{name}-{config.model}-{stamp}'))
+
+  def with_absolute_dataset(self) -> 'TrainConfig':
+    """``npz:PATH`` / ``text:PATH`` / ``PATH.npz`` with an absolute PATH, so that
+    a saved run's eval, export, generate and resume work from any directory."""
+    name = self.dataset
+    for prefix in ('npz:', 'text:', ''):
+      if name.startswith(prefix) and (prefix or name.endswith('.npz')):
+        return dataclasses.replace(
+            self, dataset=prefix + os.path.abspath(name[len(prefix):]))
+    return self
 
   def with_model_sizes(self) -> 'TrainConfig':
     """``d_model``, ``num_layers``, ``num_heads`` that are None set to the

@@ -50,8 +50,9 @@ def _prepare(config: TrainConfig):
   return config, ds, task, train_data
 
 
-def _with_throughput(writer, config: TrainConfig, task, abstract):
-  """Adds tokens/s and MFU (purax.core.flops) to the logs of a language model."""
+def _with_throughput(writer, config: TrainConfig, task, abstract, num_devices: int):
+  """Adds tokens/s and MFU (purax.core.flops) to the logs of a language model
+  whose step runs on ``num_devices`` devices (1 without a mesh)."""
   if task.objective != 'language_model':
     return writer
   model = task.model
@@ -61,7 +62,7 @@ def _with_throughput(writer, config: TrainConfig, task, abstract):
   return flops.ThroughputWriter(writer, tokens_per_step=config.batch_size * config.seq_len,
                                 flops_per_tok=per_token,
                                 device_kind=jax.devices()[0].device_kind,
-                                dtype=model.dtype, num_devices=jax.device_count())
+                                dtype=model.dtype, num_devices=num_devices)
 
 
 def abstract_checkpoint(task, batch) -> dict:
@@ -157,15 +158,17 @@ def train(config: TrainConfig) -> dict:
   primary = jax.process_index() == 0
   created = not os.path.exists(workdir)
   resuming = _check_workdir(config)
+  fresh = not resuming                 # new, or an empty directory: nothing to lose
   if primary:
     print(f'purax: run directory {workdir}', file=sys.stderr)
   config, ds, task, train_data = _prepare(config)
   sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
-  plan = None
+  plan, num_devices = None, 1          # without a mesh the step runs on one device
   if config.mesh is not None:
     mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
     plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
+    num_devices = mesh.devices.size
   os.makedirs(workdir, exist_ok=True)
   checkpointer = writer = None
   try:
@@ -192,7 +195,7 @@ def train(config: TrainConfig) -> dict:
     if primary:
       _truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'), step)
       writer = _with_throughput(writers.create_default_writer(workdir, console=True),
-                                config, task, abstract)
+                                config, task, abstract, num_devices)
     eval_data = pipeline.eval_batches(ds.x_test, ds.y_test, batch_size=config.eval_batch_size)
     with StopOnSignal() as stop, jax.debug_nans(config.debug_nans):
       state, history = fit(task, state, train_data, eval_data=eval_data,
@@ -206,8 +209,18 @@ def train(config: TrainConfig) -> dict:
     if checkpointer is not None:
       with contextlib.suppress(Exception):
         checkpointer.close()
-    if created and primary and (checkpointer is None or not checkpointer.steps()):
-      shutil.rmtree(workdir, ignore_errors=True)   # nothing worth keeping was written
+    if fresh and primary and (checkpointer is None or not checkpointer.steps()):
+      # Nothing worth keeping was written: leave the directory as it was found.
+      if created:
+        shutil.rmtree(workdir, ignore_errors=True)
+      else:
+        for name in os.listdir(workdir):
+          path = os.path.join(workdir, name)
+          if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+          else:
+            with contextlib.suppress(OSError):
+              os.remove(path)
     raise
   finally:
     if writer is not None:
@@ -352,6 +365,7 @@ def generate_run(workdir: str, prompt: str, *, max_new_tokens: int = 200,
   expect(len(prompt) > 0, 'prompt', 'a non-empty string', repr(prompt), DataError)
   expect(max_new_tokens >= 1, 'max_new_tokens', '>= 1', max_new_tokens, ConfigError)
   expect(temperature >= 0, 'temperature', '>= 0 (0: greedy)', temperature, ConfigError)
+  expect(0 <= seed < 2 ** 32, 'seed', 'in [0, 2**32)', seed, ConfigError)
   config = _read_config(workdir)
   expect(config.model == 'lm', 'workdir', 'a run of --model lm', f'--model {config.model}',
          ConfigError)

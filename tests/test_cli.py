@@ -105,6 +105,18 @@ def test_existing_workdir_is_not_overwritten(tmp_path, capsys):
   assert (tmp_path / 'keep.txt').read_text() == 'precious'
 
 
+def test_a_run_failing_in_an_empty_workdir_leaves_it_empty(tmp_path, capsys):
+  # It fails after writing config.json and logs (diverged: non-finite steps),
+  # before any checkpoint: the directory is left as it was found.
+  workdir = tmp_path / 'empty'
+  workdir.mkdir()
+  assert run('train', '--model', 'mlp', '--learning-rate', '1e30', '--steps', '40',
+             '--log-every', '5', '--max-consecutive-skips', '2', '--workdir', str(workdir),
+             '--no-progress') == 2
+  assert 'consecutive steps with non-finite gradients' in capsys.readouterr().err
+  assert workdir.is_dir() and list(workdir.iterdir()) == []
+
+
 def test_eval_of_a_non_run_directory(tmp_path, capsys):
   assert run('eval', '--workdir', str(tmp_path)) == 2
   assert 'workdir: expected a run directory with config.json' in capsys.readouterr().err

@@ -31,3 +31,15 @@ def test_a_run_saved_with_unset_sizes_resumes_with_the_same_sizes_only():
   TrainConfig(model='lm', workdir='w', d_model=128).check_resumable(saved)
   with pytest.raises(ConfigError, match=r"d_model: expected 128 \(as in the run being resumed"):
     TrainConfig(model='lm', workdir='w', d_model=64).check_resumable(saved)
+
+
+def test_a_data_file_path_is_saved_absolute_and_old_relative_runs_still_resume(tmp_path,
+                                                                             monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  config = TrainConfig(model='lm', dataset='text:notes.txt').resolved()
+  assert config.dataset == f'text:{tmp_path}/notes.txt'
+  assert config.workdir.startswith('runs/text_notes.txt-lm-')   # named as typed
+  TrainConfig(model='lm', dataset='text:notes.txt', workdir=config.workdir).resolved() \
+      .check_resumable(TrainConfig(model='lm', dataset='text:notes.txt'))   # an old run
+  with pytest.raises(ConfigError, match='dataset: expected'):
+    TrainConfig(model='lm', dataset='text:other.txt').check_resumable(config)

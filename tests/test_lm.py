@@ -47,6 +47,8 @@ def test_default_corpus_lm_learns_and_generates(tmp_path, capsys):
   assert out.startswith('def ') and len(out) > 10
   assert run('generate', '--workdir', str(workdir), '--prompt', '') == 2
   assert 'prompt: expected a non-empty string' in capsys.readouterr().err
+  assert run('generate', '--workdir', str(workdir), '--prompt', 'x', '--seed', str(2 ** 64)) == 2
+  assert 'seed: expected in [0, 2**32), got 18446744073709551616' in capsys.readouterr().err
   # The exported predict function takes token ids and gives the restored model's logits.
   assert run('export', '--workdir', str(workdir)) == 0
   predict = load_predict(str(workdir / 'export'))

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 PEAK_BF16_TFLOPS: tuple[tuple[str, float | None], ...] = (
     ('H100 PCIe', 756.0),
     ('H100 NVL', None),
+    ('H200 NVL', None),
     ('GH200', 989.0),
     ('H200', 989.0),
     ('H100', 989.0),
@@ -48,11 +49,14 @@ PEAK_BF16_TFLOPS: tuple[tuple[str, float | None], ...] = (
     ('L40S', 362.0),
     ('L40', None),
     ('L4', 121.0),
-    ('V100', 125.0),  # float16 only
+    ('V100-PCIE', None),
+    ('V100', 125.0),  # SXM2; float16 only
+    ('TPU v4 lite', None),
     ('TPU v4', 275.0),
     ('TPU v5 lite', 197.0),
     ('TPU v5e', 197.0),
     ('TPU v5p', 459.0),
+    ('TPU v5', 459.0),   # jax names v5p 'TPU v5' (v5e is 'TPU v5 lite')
     ('TPU v6 lite', 918.0),
     ('TPU v6e', 918.0),
 )

@@ -68,9 +68,17 @@ def token_cross_entropy(logits: jax.Array, labels: jax.Array,
   Returns:
     ``[batch, seq]`` float32 losses (nats per token).
   """
+  return token_cross_entropy_and_nll(logits, labels, label_smoothing)[0]
+
+
+def token_cross_entropy_and_nll(logits: jax.Array, labels: jax.Array,
+                                label_smoothing: jax.Array | float = 0.0):
+  """``(loss, nll)``: :func:`token_cross_entropy` and the plain negative
+  log-likelihood ``lse - z[label]`` (no smoothing: what bits per byte and
+  perplexity measure), both float32 ``[batch, seq]``, from one ``logsumexp``."""
   logits = at_least_float32(logits)
   lse = jax.nn.logsumexp(logits, axis=-1)
   picked = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
   s = jnp.asarray(label_smoothing, logits.dtype)
   nll = lse - picked
-  return (1.0 - s) * nll + s * (lse - jnp.mean(logits, axis=-1))
+  return (1.0 - s) * nll + s * (lse - jnp.mean(logits, axis=-1)), nll

@@ -70,9 +70,9 @@ class Task:
       metrics loss, accuracy, examples), ``'regression'`` (mean squared
       error; metrics loss, examples) or ``'language_model'`` (float32
       per-token cross-entropy of logits ``[batch, seq, vocab]`` against next
-      tokens; metrics loss and accuracy per token, bits_per_byte =
-      loss / ln 2 (bits per token; per byte for byte-level data), tokens,
-      examples).
+      tokens; metrics loss and accuracy per token, bits_per_byte = the
+      negative log-likelihood (without label smoothing) / ln 2 (bits per
+      token; per byte for byte-level data), tokens, examples).
     label_smoothing: initial value of ``state.hparams['label_smoothing']``.
     microbatches: gradient accumulation: each batch is split into this many
       microbatches scanned in sequence (the batch size must divide); one
@@ -279,14 +279,15 @@ def _language_model_loss(logits, batch: Batch, hparams, model_state):
             else losses.at_least_float32(weight))
   if weight.ndim == 1:
     weight = jnp.broadcast_to(weight[:, None], y.shape)
-  per_token = losses.token_cross_entropy(logits, y, hparams['label_smoothing'])
+  per_token, nll = losses.token_cross_entropy_and_nll(logits, y, hparams['label_smoothing'])
   correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
   token_weight = jnp.sum(weight, axis=1)
   loss = jnp.sum(per_token * weight) / jnp.maximum(jnp.sum(token_weight), 1e-12)
   metrics = {
       'loss': metrics_lib.Average.of(per_token, weight),
       'accuracy': metrics_lib.Average.of(correct, weight),
-      'bits_per_byte': metrics_lib.Average.of(per_token / jnp.log(2.0), weight),
+      # bits per byte: the plain likelihood, also when training smooths labels
+      'bits_per_byte': metrics_lib.Average.of(nll / jnp.log(2.0), weight),
       'tokens': metrics_lib.Sum.of(weight),
       'examples': metrics_lib.Sum.of(jnp.max(weight, axis=1)),
   }

@@ -206,8 +206,13 @@ def train_dataset(ds: TextDataset, *, batch_size: int, seed: int,
 
 
 def encode(text: str) -> np.ndarray:
-  """UTF-8 bytes of ``text`` as int32 token ids ``[len]``."""
-  return np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32)
+  """UTF-8 bytes of ``text`` as int32 token ids ``[len]``.
+
+  Lone surrogates from undecodable command-line bytes (Python's
+  ``surrogateescape``, e.g. ``--prompt $'\\xff'``) become those raw bytes again.
+  """
+  return np.frombuffer(text.encode('utf-8', errors='surrogateescape'),
+                       np.uint8).astype(np.int32)
 
 
 def decode(tokens) -> str:

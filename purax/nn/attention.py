@@ -35,25 +35,29 @@ Implementation = Literal['xla', 'cudnn']
 INIT_STD = 0.02
 
 
-def attention_implementation(dtype, head_dim: int, backend: str | None = None
-                             ) -> Implementation:
+def attention_implementation(dtype, head_dim: int, backend: str | None = None,
+                             seq_len: int | None = None) -> Implementation:
   """The attention kernel for this device: ``'cudnn'`` or ``'xla'``.
 
   cuDNN's fused attention (flash attention, Dao et al. 2022) runs only on
   NVIDIA GPUs, in bfloat16 or float16, with a head size that is a multiple of
-  8 and at most 128; every other case uses XLA's implementation.
+  8 and at most 128, and (for its backward pass) an even sequence length;
+  every other case uses XLA's implementation. The sequence-length rule is
+  checked by jax only when the step is differentiated, after the forward
+  pass was traced, so it must be known here: a fallback could not catch it.
 
   Args:
     dtype: the compute dtype of queries, keys and values.
     head_dim: the size of one head.
     backend: ``jax.default_backend()`` when None (``'cpu'``, ``'gpu'``, ``'tpu'``).
+    seq_len: the query (= key) length; None skips that rule.
 
   Returns:
     The ``implementation=`` argument of ``jax.nn.dot_product_attention``.
   """
   backend = jax.default_backend() if backend is None else backend
   if (backend in ('gpu', 'cuda') and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-      and head_dim % 8 == 0 and head_dim <= 128):
+      and head_dim % 8 == 0 and head_dim <= 128 and (seq_len is None or seq_len % 2 == 0)):
     return 'cudnn'
   return 'xla'
 
@@ -84,7 +88,17 @@ def attend(q, k, v, *, causal: bool, implementation: Implementation,
       warnings.warn(f"cuDNN attention is unavailable for q {q.dtype}{list(q.shape)} "
                     f"({type(e).__name__}: {e}); using XLA's kernel", AttentionFallbackWarning,
                     stacklevel=2)
-  return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation='xla')
+  return _xla_attention(q, k, v, is_causal=causal)
+
+
+def _xla_attention(q, k, v, **kwargs) -> jax.Array:
+  """XLA's kernel; float16 is computed in float32 off the GPU (XLA's CPU dot has
+  no float16 x float16 -> float32 form), output cast back to float16."""
+  if q.dtype == jnp.float16 and jax.default_backend() not in ('gpu', 'cuda'):
+    out = jax.nn.dot_product_attention(q.astype(jnp.float32), k.astype(jnp.float32),
+                                       v.astype(jnp.float32), implementation='xla', **kwargs)
+    return out.astype(jnp.float16)
+  return jax.nn.dot_product_attention(q, k, v, implementation='xla', **kwargs)
 
 
 class AttentionFallbackWarning(UserWarning):
@@ -209,7 +223,7 @@ class SelfAttention(nn.Module):
     else:
       out = attend(q, k, v, causal=self.causal,
                    implementation=self.implementation
-                   or attention_implementation(self.dtype, head_dim),
+                   or attention_implementation(self.dtype, head_dim, seq_len=seq),
                    fallback=self.implementation is None)
     out = jnp.einsum('bshf,hfd->bsd', out, out_kernel.astype(self.dtype))
     return out + out_bias.astype(self.dtype)[None, None]
@@ -220,8 +234,7 @@ class SelfAttention(nn.Module):
     cached_k = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
     cached_v = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
     if not initialized:   # creating the cache: the input's length is its size
-      return jax.nn.dot_product_attention(q, k, v, is_causal=self.causal,
-                                          implementation='xla')
+      return _xla_attention(q, k, v, is_causal=self.causal)
     index = jnp.asarray(cache_index, jnp.int32)
     zero = jnp.zeros((), jnp.int32)
     keys = jax.lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype),
@@ -236,5 +249,4 @@ class SelfAttention(nn.Module):
     if not self.causal:
       visible = key_pos[None, :] < (index + seq)
       visible = jnp.broadcast_to(visible, (seq, max_len))
-    return jax.nn.dot_product_attention(q, keys, values, mask=visible[None, None],
-                                        implementation='xla')
+    return _xla_attention(q, keys, values, mask=visible[None, None])

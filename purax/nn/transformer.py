@@ -135,9 +135,10 @@ def stack(parent_kwargs: dict, *, num_layers: int, scan_layers: bool, remat: str
 def _check(module, d_model, num_heads, remat, rope=False):
   expect(d_model % num_heads == 0, f'{type(module).__name__}.d_model',
          f'a multiple of num_heads ({num_heads})', d_model, ConfigError)
-  expect(not rope or (d_model // num_heads) % 2 == 0, f'{type(module).__name__}.d_model',
-         'an even head size (d_model / num_heads) for rotary positions',
-         d_model // num_heads, ConfigError)
+  expect(not rope or (d_model // num_heads) % 2 == 0,
+         f'{type(module).__name__}.d_model / num_heads (the head size)',
+         'even, for rotary positions', f'{d_model} / {num_heads} = {d_model // num_heads}',
+         ConfigError)
   check_remat(remat)
 
 

@@ -16,8 +16,9 @@ def test_flops_per_token_is_6n_plus_the_attention_term():
 @pytest.mark.parametrize('kind, tflops', [
     ('NVIDIA H200', 989), ('NVIDIA H100 80GB HBM3', 989), ('NVIDIA H100 PCIe', 756),
     ('NVIDIA A100-SXM4-80GB', 312), ('NVIDIA A100-PCIE-40GB', 312), ('NVIDIA L4', 121),
-    ('TPU v4', 275), ('TPU v5 lite', 197),
+    ('TPU v4', 275), ('TPU v5 lite', 197), ('TPU v5', 459),
     ('cpu', None), ('NVIDIA H100 NVL', None), ('NVIDIA L40', None), ('Some New GPU', None),
+    ('NVIDIA H200 NVL', None), ('TPU v4 lite', None), ('Tesla V100-PCIE-16GB', None),
 ])
 def test_peak_table_knows_its_devices_and_nothing_else(kind, tflops):
   expected = None if tflops is None else tflops * 1e12

@@ -53,6 +53,12 @@ def test_loss_is_the_weighted_mean_token_cross_entropy(state):
   assert aux['per_example_loss'].shape == (4,)
   # An untrained byte model is close to uniform: ~8 bits per byte.
   assert 7.5 < m['bits_per_byte'] < 8.5
+  # Label smoothing changes the loss, not the bits per byte (a likelihood).
+  smoothed = jax.jit(lambda b: TASK.loss(state.params, {}, b, None, train=False,
+                                         hparams={'label_smoothing': jnp.float32(0.5)}))(batch)
+  ms = metrics_lib.compute(smoothed[1]['metrics'])
+  assert abs(ms['loss'] - m['loss']) > 1e-3
+  np.testing.assert_allclose(ms['bits_per_byte'], m['bits_per_byte'], rtol=1e-6)
 
 
 def test_per_sequence_weights_equal_the_same_per_token_weights(state):

@@ -81,3 +81,11 @@ def test_bad_text_data_is_reported_with_field_expected_and_actual(tmp_path, kind
   }[kind]
   with pytest.raises(error, match=message):
     text.load(name, seq_len=seq_len)
+
+
+def test_encode_decode_round_trip_including_raw_command_line_bytes():
+  for s in ['def f(x):\n', 'café — 日本語 🙂', '']:
+    assert text.decode(text.encode(s)) == s
+  # An undecodable byte on the command line arrives as a lone surrogate
+  # (surrogateescape) and is encoded as that byte again.
+  assert text.encode('\udcffa').tolist() == [0xff, ord('a')]
