@@ -279,8 +279,8 @@ def main():
       cfg = CONFIGS[name]
       dtype = jnp.dtype(cfg['dtype'])
       entry = results['configs'].setdefault(name, {'shape': cfg})
-      entry['purax_attention_choice'] = attention_implementation(dtype,
-                                                                 cfg['d'] // cfg['heads'])
+      entry['purax_attention_choice'] = attention_implementation(
+          dtype, cfg['d'] // cfg['heads'], seq_len=cfg['seq'])
       try:
         entry[variant] = measure(builders[variant](cfg, dtype), cfg, steps=steps,
                                  trials=args.trials)

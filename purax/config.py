@@ -168,15 +168,14 @@ class TrainConfig:
     Raises:
       ConfigError: naming the first field that differs, with both values.
     """
-    ours_sized = self.with_model_sizes().with_absolute_dataset()
-    saved = saved.with_model_sizes().with_absolute_dataset()
+    ours, saved = self._as_saved(), saved._as_saved()
     for field in dataclasses.fields(self):
       if field.name in RESUMABLE_CHANGES:
         continue
-      ours, theirs = getattr(ours_sized, field.name), getattr(saved, field.name)
-      expect(ours == theirs, field.name,
+      mine, theirs = getattr(ours, field.name), getattr(saved, field.name)
+      expect(mine == theirs, field.name,
              f'{theirs!r} (as in the run being resumed; start a new --workdir to change it)',
-             repr(ours), ConfigError)
+             repr(mine), ConfigError)
 
   def resolved(self) -> 'TrainConfig':
     """With ``workdir`` filled in (``runs/DATASET-MODEL-YYYYmmdd-HHMMSS``), the
@@ -184,13 +183,18 @@ class TrainConfig:
     ``config.json`` records the sizes trained, not ``null`` (a later change of
     a model default cannot change what a saved run restores), and a data
     file's path made absolute."""
-    config = self.with_model_sizes().with_absolute_dataset()
+    config = self._as_saved()
     if config.workdir:
       return config
     name = self.dataset.replace(':', '_').replace('/', '_')
     stamp = time.strftime('%Y%m%d-%H%M%S')
     return dataclasses.replace(config,
                                workdir=os.path.join('runs', f'{name}-{config.model}-{stamp}'))
+
+  def _as_saved(self) -> 'TrainConfig':
+    """The fields as ``config.json`` records them: model sizes resolved, data
+    file path absolute (also applied to an older run's saved config)."""
+    return self.with_model_sizes().with_absolute_dataset()
 
   def with_absolute_dataset(self) -> 'TrainConfig':
     """``npz:PATH`` / ``text:PATH`` / ``PATH.npz`` with an absolute PATH, so that

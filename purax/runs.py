@@ -158,7 +158,6 @@ def train(config: TrainConfig) -> dict:
   primary = jax.process_index() == 0
   created = not os.path.exists(workdir)
   resuming = _check_workdir(config)
-  fresh = not resuming                 # new, or an empty directory: nothing to lose
   if primary:
     print(f'purax: run directory {workdir}', file=sys.stderr)
   config, ds, task, train_data = _prepare(config)
@@ -209,8 +208,8 @@ def train(config: TrainConfig) -> dict:
     if checkpointer is not None:
       with contextlib.suppress(Exception):
         checkpointer.close()
-    if fresh and primary and (checkpointer is None or not checkpointer.steps()):
-      # Nothing worth keeping was written: leave the directory as it was found.
+    if not resuming and primary and (checkpointer is None or not checkpointer.steps()):
+      # A new or empty directory, nothing worth keeping written: leave it as found.
       if created:
         shutil.rmtree(workdir, ignore_errors=True)
       else:

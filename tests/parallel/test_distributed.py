@@ -26,15 +26,17 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_equal_one_process_with_four_devices(tmp_path):
-  out = tmp_path / 'params.npz'
-  port = _free_port()
+def _child_env(**extra) -> dict:
+  """This process's environment for a child: no proxies, no PURAX_/JAX_
+  settings, the repository importable, plus ``extra``."""
   env = {k: v for k, v in os.environ.items()
          if not k.lower().endswith('_proxy') and not k.startswith(('PURAX_', 'JAX_'))}
   env['PYTHONPATH'] = os.getcwd() + os.pathsep + env.get('PYTHONPATH', '')
-  procs = [subprocess.Popen([sys.executable, worker.__file__, str(i), '2', str(port), str(out)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-           for i in range(2)]
+  return {**env, **extra}
+
+
+def _finish(procs) -> list[tuple[int, str]]:
+  """``(returncode, output)`` of each process; kills what outlives TIMEOUT_S."""
   try:
     logs = [p.communicate(timeout=TIMEOUT_S)[0].decode() for p in procs]
   finally:
@@ -42,8 +44,17 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
       if p.poll() is None:
         p.kill()
         p.wait()
-  for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-3000:]
+  return [(p.returncode, log) for p, log in zip(procs, logs)]
+
+
+def test_two_processes_equal_one_process_with_four_devices(tmp_path):
+  out = tmp_path / 'params.npz'
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, worker.__file__, str(i), '2', str(port), str(out)],
+                            env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+           for i in range(2)]
+  for code, log in _finish(procs):
+    assert code == 0, log[-3000:]
   got = dict(np.load(out))
   # The same program on one process with 4 of this process's 8 devices.
   mesh = parallel.make_mesh(data=2, fsdp=-1, devices=jax.devices()[:4])
@@ -57,26 +68,11 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
 def _start_two_process_cli(*args) -> list[subprocess.Popen]:
   """Starts ``purax ARGS`` as processes 0 and 1 of a 2-process run (2 CPU devices each)."""
   port = _free_port()
-  env = {k: v for k, v in os.environ.items()
-         if not k.lower().endswith('_proxy') and not k.startswith(('PURAX_', 'JAX_'))}
-  env['PYTHONPATH'] = os.getcwd() + os.pathsep + env.get('PYTHONPATH', '')
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+  env = _child_env(XLA_FLAGS='--xla_force_host_platform_device_count=2')
   cmd = [sys.executable, '-c', 'import sys; from purax.cli import main; sys.exit(main())',
          *args, '--coordinator', f'localhost:{port}', '--num-processes', '2']
   return [subprocess.Popen(cmd + ['--process-id', str(i)], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT) for i in range(2)]
-
-
-def _finish(procs) -> list[tuple[int, str]]:
-  """``(returncode, output)`` of each process; kills what outlives TIMEOUT_S."""
-  try:
-    logs = [p.communicate(timeout=TIMEOUT_S)[0].decode() for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  return [(p.returncode, log) for p, log in zip(procs, logs)]
 
 
 def _two_process_cli(*args) -> list[tuple[int, str]]:
