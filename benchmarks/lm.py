@@ -6,7 +6,7 @@ multiple of 64 as in nanoGPT) trained with AdamW + global-norm clipping on a
 fixed random batch (compute only, no input pipeline):
 
 - ``purax``: ``purax.Task(DecoderLM(...), purax.adamw(...),
-  objective='language_model')`` with its defaults (layers scanned, attention
+  loss=purax.objectives.language_model)`` with its defaults (layers scanned, attention
   kernel chosen for the device, float32 per-token loss, non-finite guard),
   ``jax.jit(task.step, donate_argnums=0)``.
 - ``flax_xla``: the straightforward hand-written version (``nn.Dense`` layers
@@ -140,7 +140,7 @@ def purax_task(cfg, dtype, **model_kwargs):
                     dtype=dtype, **model_kwargs)
   task = purax.Task(model=model, tx=purax.adamw(learning_rate=LR, total_steps=10_000,
                                                 weight_decay=0.1),
-                    objective='language_model')
+                    loss=purax.objectives.language_model)
   return (lambda batch: task.init(jax.random.key(0), batch), task.step,
           lambda state: state.params)
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from purax.core import objectives
 from purax.core.errors import ConfigError, expect
 from purax.core.optim import adamw
 from purax.core.precision import get_policy
@@ -261,8 +262,9 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
              warmup_steps=min(config.warmup_steps, config.steps),
              weight_decay=config.weight_decay, clip_norm=config.clip_norm)
   return Task(model=model, tx=tx,
-              objective='language_model' if config.model == 'lm' else 'classification',
-              label_smoothing=config.label_smoothing, microbatches=config.microbatches,
+              loss=objectives.language_model if config.model == 'lm' else objectives.classification,
+              hparams={'label_smoothing': config.label_smoothing},
+              microbatches=config.microbatches,
               loss_scale=config.loss_scale if policy.needs_loss_scaling else None)
 
 

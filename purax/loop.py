@@ -5,15 +5,31 @@ running metrics donated; metrics stay on the device and are merged inside the
 same compiled call, so the loop's only host syncs are the log points (every
 ``log_every`` steps) and evaluation. The next batch is put on the device while
 the current step runs.
+
+Data comes from either kind of source:
+
+- random access (``len()`` and ``data[s]``, e.g. a grain ``MapDataset`` or
+  :func:`purax.io.pipeline.train_dataset`): batch ``s`` is ``data[s]``, so the
+  data position is ``state.step`` and resume is exact;
+- any iterable of batches (a generator, a grain ``IterDataset``, a
+  ``tf.data``/torch loader yielding numpy arrays): iterated in order. When the
+  iterator has ``get_state()`` / ``set_state()`` (grain's ``DatasetIterator``)
+  its state after the last consumed batch is saved in every checkpoint and
+  restored on resume (``data_state``), so resume is exact; a plain iterator
+  cannot be repositioned, and ``iterator_resume`` says what happens then.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import signal
+import threading
 import time
-from typing import Callable, Iterable, Sequence
+import warnings
+from typing import Any, Callable, Iterable, Literal
 
 import jax
-from tqdm.auto import tqdm
 
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, NonFiniteError, expect
@@ -22,6 +38,37 @@ from purax.core.task import Task
 from purax.io.checkpoint import Checkpointer
 from purax.io.pipeline import prefetch_to_device
 from purax.io.writers import MetricWriter
+
+
+class StopOnSignal(contextlib.AbstractContextManager):
+  """Turns SIGTERM/SIGINT into a flag polled by the loop; a second signal acts as usual.
+
+  Use as ``with StopOnSignal() as stop: fit(..., should_stop=stop)``: the
+  loop then finishes its step, checkpoints and returns; ``stop.received``
+  names the signal. Handlers are installed only on the main thread.
+  """
+
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+    self.signals, self.received, self._previous = signals, None, {}
+
+  def __call__(self) -> bool:
+    return self.received is not None
+
+  def _handle(self, signum, frame):
+    self.received = signal.Signals(signum).name
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for s in self.signals:
+        self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    return False
 
 
 def _train_step(task: Task, state: TrainState, acc, batch):
@@ -44,18 +91,27 @@ def zero_metrics(fn: Callable, *args):
   return metrics_lib.zeros_like(jax.eval_shape(fn, *args))
 
 
-def evaluate(task: Task, state: TrainState, batches: Iterable) -> dict[str, float]:
+def evaluate(task: Task, state: TrainState, batches: Iterable, *, plan=None
+             ) -> dict[str, float]:
   """Metrics over all ``batches`` (padded batches carry ``weight``), as numbers.
 
   One compiled evaluation step for fixed-size batches; one host transfer at
-  the end.
+  the end. With a ``plan`` (:func:`purax.parallel.sharded`) the batches are
+  placed on its mesh and evaluated by its ``evaluate``.
+
+  Raises:
+    ConfigError: no batches.
   """
   batches = iter(batches)
   first = next(batches, None)
   expect(first is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
   acc = zero_metrics(task.evaluate, state, first)
-  for batch in prefetch_to_device(_chain(first, batches)):
-    acc = eval_step(task, state, acc, batch)
+  if plan is None:
+    for batch in prefetch_to_device(_chain(first, batches)):
+      acc = eval_step(task, state, acc, batch)
+  else:
+    for batch in prefetch_to_device(_chain(first, batches), 2, plan.batch_sharding):
+      acc = metrics_lib.merge(acc, plan.evaluate(state, batch))
   return metrics_lib.compute(acc)
 
 
@@ -64,22 +120,83 @@ def _chain(first, rest):
   yield from rest
 
 
-def fit(task: Task, state: TrainState, train_data: Sequence, *,
+def is_random_access(data) -> bool:
+  """Whether ``data`` is read by step (``len()`` and ``data[s]``), not iterated."""
+  return hasattr(data, '__len__') and hasattr(data, '__getitem__') and not isinstance(
+      data, (dict, str, bytes))
+
+
+class _Source:
+  """The batches of steps ``start, start + 1, ...`` and the data position after each."""
+
+  def __init__(self, data, start: int, steps: int | None, data_state, iterator_resume: str):
+    expect(iterator_resume in ('error', 'warn', 'skip'), 'iterator_resume',
+           "'error', 'warn' or 'skip'", repr(iterator_resume), ConfigError)
+    self.positions = collections.deque()
+    if is_random_access(data):
+      self.num_steps = len(data) if steps is None else steps
+      expect(self.num_steps <= len(data), 'steps', f'<= len(train_data) = {len(data)}',
+             self.num_steps, ConfigError)
+      self.batches = (data[s] for s in range(start, self.num_steps))
+      self.stateful = False
+      return
+    self.num_steps = steps
+    iterator = iter(data)
+    self.stateful = callable(getattr(iterator, 'get_state', None)) and callable(
+        getattr(iterator, 'set_state', None))
+    if start > 0:
+      if self.stateful and data_state is not None:
+        iterator.set_state(data_state)
+      elif iterator_resume == 'error':
+        raise ConfigError(
+            f'train_data: expected a data position to resume at step {start}, got '
+            + ('none (pass data_state= from the checkpoint)' if self.stateful else
+               f'a {type(iterator).__name__} that cannot be repositioned (pass '
+               "iterator_resume='warn' to continue from where it is, 'skip' to draw and "
+               "drop the first steps' batches, or a random-access source)"))
+      elif iterator_resume == 'warn':
+        warnings.warn(f'purax: resuming at step {start}: the data position is not restored '
+                      f'({type(iterator).__name__} has no get_state/set_state); training '
+                      'continues on the batches the iterator yields next', RuntimeWarning,
+                      stacklevel=3)
+      else:
+        for _ in range(start):
+          expect(next(iterator, None) is not None, 'train_data',
+                 f'at least {start} batches to skip on resume', 'fewer', ConfigError)
+    self.iterator = iterator
+    self.batches = self._iterate(start)
+
+  def _iterate(self, start):
+    for _ in (range(start, self.num_steps) if self.num_steps is not None else iter(int, 1)):
+      batch = next(self.iterator, None)
+      if batch is None:
+        return
+      self.positions.append(self.iterator.get_state() if self.stateful else None)
+      yield batch
+
+  def position(self) -> Any:
+    """The data position after the batch just consumed (JSON-serialisable) or None."""
+    return self.positions.popleft() if self.positions else None
+
+
+def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         eval_data: Iterable | None = None, log_every: int = 50, eval_every: int = 0,
         writer: MetricWriter | None = None, progress: bool = True,
         prefetch: int = 2, checkpointer: Checkpointer | None = None,
         checkpoint_every: int = 0, train_metrics=None,
         should_stop: Callable[[], bool] | None = None, plan=None,
-        max_consecutive_skips: int | None = 10,
+        max_consecutive_skips: int | None = 10, data_state: Any = None,
+        iterator_resume: Literal['error', 'warn', 'skip'] = 'error',
         ) -> tuple[TrainState, list[dict[str, float]]]:
-  """Trains from ``state.step`` to ``len(train_data)``.
+  """Trains from ``state.step`` to ``steps``.
 
   Args:
-    task: the static model/optimizer/objective.
+    task: the static model/optimizer/loss.
     state: the initial (or restored) state; consumed (donated).
-    train_data: random access by step, ``train_data[s]`` is the batch of step
-      ``s`` (e.g. :func:`purax.io.pipeline.train_dataset`); training resumes at
-      ``state.step``.
+    train_data: random access by step (``train_data[s]`` is the batch of step
+      ``s``) or any iterable of batches; see the module docstring.
+    steps: the step to train to; default ``len(train_data)`` (random access)
+      or until the iterable ends.
     eval_data: evaluation batches, iterated afresh at every evaluation (e.g.
       :func:`purax.io.pipeline.eval_batches`).
     log_every: fetch and write the training metrics every this many steps
@@ -92,34 +209,46 @@ def fit(task: Task, state: TrainState, train_data: Sequence, *,
     checkpointer: saves ``{'state', 'train_metrics'}`` every
       ``checkpoint_every`` steps (asynchronously; with the evaluation metrics
       when evaluated at that step, for keep-best), when stopped, and at the end
-      (then waits for the commit).
+      (then waits for the commit); the extra JSON holds the data position
+      (``{'data': {'next_step', 'iterator'}}``).
     checkpoint_every: steps between checkpoints (0: only at the end).
     train_metrics: the running metrics window to continue (from a
       checkpoint), so a resumed run logs bitwise what the straight run logs.
     should_stop: polled after every step (a cheap host flag, e.g. set by a
-      SIGTERM handler); when true the loop checkpoints and returns early with
-      ``state.step < len(train_data)``.
+      SIGTERM handler, :class:`StopOnSignal`); when true the loop checkpoints
+      and returns early.
     plan: a :class:`purax.parallel.Sharded` (``parallel.sharded(task, mesh,
       rules, batch)``): the step runs on its mesh, the state is placed in its
       sharding, and with several processes each feeds only its rows of every
-      global batch (``train_data[s]``). Only process 0 writes.
+      global batch. Only process 0 writes.
     max_consecutive_skips: stop with :class:`NonFiniteError` when this many
       consecutive steps had non-finite gradients (skipped updates; seen at the
       next log point, naming the step window); ``None``: never.
+    data_state: an iterable's saved position (``extra['data']['iterator']``
+      of the checkpoint resumed from), restored with ``set_state``.
+    iterator_resume: what resuming (``state.step > 0``) with an iterable that
+      cannot be repositioned does: ``'error'`` (default) refuses, ``'warn'``
+      says in one line that the data position is not restored and continues
+      on what the iterator yields, ``'skip'`` draws and drops ``state.step``
+      batches first (exact for a deterministic iterable).
 
   Returns:
     ``(state, history)``: the final state and every record written.
 
   Raises:
-    ConfigError: ``log_every`` or ``eval_every`` out of range.
-    DataError: a malformed batch (checked before compiling).
+    ConfigError: ``log_every`` or ``eval_every`` out of range; an iterable
+      that cannot be repositioned under ``iterator_resume='error'``.
+    DataError, ContractError: a malformed batch or loss (at the first trace).
     NonFiniteError: ``max_consecutive_skips`` consecutive skipped updates.
   """
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   expect(eval_every >= 0, 'eval_every', '>= 0', eval_every, ConfigError)
-  num_steps = len(train_data)
+  expect(checkpoint_every >= 0, 'checkpoint_every', '>= 0', checkpoint_every, ConfigError)
   start = int(jax.device_get(state.step))      # host read before the loop only
-  expect(0 <= start <= num_steps, 'state.step', f'in [0, {num_steps}]', start, ConfigError)
+  source = _Source(train_data, start, steps, data_state, iterator_resume)
+  num_steps = source.num_steps
+  expect(num_steps is None or 0 <= start <= num_steps, 'state.step',
+         f'in [0, {num_steps}]', start, ConfigError)
   history: list[dict[str, float]] = []
 
   def write(step, scalars):
@@ -127,20 +256,22 @@ def fit(task: Task, state: TrainState, train_data: Sequence, *,
     if writer is not None and jax.process_index() == 0:
       writer.write_scalars(step, scalars)
 
-  expect(checkpoint_every >= 0, 'checkpoint_every', '>= 0', checkpoint_every, ConfigError)
-  if start < num_steps:
-    task.check_batch(train_data[start])
-    acc = train_metrics
-    if acc is None:
-      acc = zero_metrics(lambda st, b: task.step(st, b)[1], state, train_data[start])
+  host_batches = source.batches
+  first = next(host_batches, None)
+  acc = train_metrics
+  if first is not None and acc is None:
+    acc = zero_metrics(lambda st, b: task.step(st, b)[1], state, first)
+  host_batches = _chain(first, host_batches) if first is not None else iter(())
+  position = {'next_step': start, 'iterator': data_state}
 
   def save(step, metrics=None):
     if checkpointer is not None:
-      checkpointer.save(step, {'state': state, 'train_metrics': acc}, metrics=metrics)
+      checkpointer.save(step, {'state': state, 'train_metrics': acc}, metrics=metrics,
+                        extra={'data': dict(position)})
 
+  from tqdm.auto import tqdm   # the progress bar is an optional dependency
   bar = tqdm(total=num_steps, initial=start, disable=not progress, unit='step',
              dynamic_ncols=True)
-  host_batches = (train_data[s] for s in range(start, num_steps))
   if plan is None:
     batches = prefetch_to_device(host_batches, prefetch)
     run_step = lambda state, acc, batch: train_step(task, state, acc, batch)
@@ -149,25 +280,28 @@ def fit(task: Task, state: TrainState, train_data: Sequence, *,
     state = jax.device_put(state, plan.state_sharding)   # no-op when already placed
     if jax.process_count() > 1:
       rows = distributed.process_rows(plan.mesh, plan.rules,
-                                      len(plan.sample_batch['x']))
-      batches = (distributed.global_batch({k: v[rows] for k, v in b.items()},
-                                          plan.mesh, plan.rules) for b in host_batches)
+                                      len(jax.tree.leaves(plan.sample_batch)[0]))
+      batches = (distributed.global_batch(jax.tree.map(lambda v: v[rows], b), plan.mesh,
+                                          plan.rules) for b in host_batches)
     else:
       batches = prefetch_to_device(host_batches, prefetch, plan.batch_sharding)
     run_step = plan.train_step
   last_time, last_step = time.perf_counter(), start
-  window_start = start
+  window_start = step = start
   for step, batch in enumerate(batches, start=start + 1):
     state, acc = run_step(state, acc, batch)
+    position = {'next_step': step, 'iterator': source.position()}
     bar.update(1)
-    if step % log_every == 0 or step == num_steps:
+    at_end = step == num_steps
+    if step % log_every == 0 or at_end:
       # The one host sync of the loop: fetch the merged metrics of the window.
       scalars = {f'train/{k}': v for k, v in metrics_lib.compute(acc).items()}
       now = time.perf_counter()
       scalars['steps_per_sec'] = (step - last_step) / max(now - last_time, 1e-9)
       last_time, last_step = now, step
       acc = metrics_lib.zeros_like(acc)
-      bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", refresh=False)
+      if 'train/loss' in scalars:
+        bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", refresh=False)
       write(step, scalars)
       streak = scalars.get('train/skip_streak', 0)
       if max_consecutive_skips is not None and streak >= max_consecutive_skips:
@@ -179,16 +313,29 @@ def fit(task: Task, state: TrainState, train_data: Sequence, *,
             f'(try a lower learning rate, clipping, or --debug-nans to find the source)')
       window_start = step
     eval_scalars = None
-    if eval_data is not None and ((eval_every and step % eval_every == 0)
-                                  or step == num_steps):
-      eval_scalars = {f'eval/{k}': v for k, v in evaluate(task, state, eval_data).items()}
+    if eval_data is not None and ((eval_every and step % eval_every == 0) or at_end):
+      eval_scalars = {f'eval/{k}': v for k, v in
+                      evaluate(task, state, eval_data, plan=plan).items()}
       write(step, eval_scalars)
       last_time = time.perf_counter()   # evaluation time is not training time
     stop = should_stop is not None and should_stop()
-    if (checkpoint_every and step % checkpoint_every == 0) or step == num_steps or stop:
+    if (checkpoint_every and step % checkpoint_every == 0) or at_end or stop:
       save(step, eval_scalars)
     if stop:
       break
+  else:
+    if step > start and step != num_steps:
+      # An iterable ran out: that is the end of training (logged, evaluated, saved).
+      if step % log_every:
+        scalars = {f'train/{k}': v for k, v in metrics_lib.compute(acc).items()}
+        write(step, scalars)
+        acc = metrics_lib.zeros_like(acc)
+      eval_scalars = None
+      if eval_data is not None:
+        eval_scalars = {f'eval/{k}': v for k, v in
+                        evaluate(task, state, eval_data, plan=plan).items()}
+        write(step, eval_scalars)
+      save(step, eval_scalars)
   bar.close()
   if writer is not None:
     writer.flush()

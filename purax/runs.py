@@ -16,9 +16,7 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import sys
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -27,11 +25,11 @@ import numpy as np
 import purax
 from purax import parallel
 from purax.config import TrainConfig, build_task, sample_batch
-from purax.core import flops
+from purax.core import flops, objectives
 from purax.core.errors import ConfigError, expect
 from purax.io import datasets, pipeline, text, writers
 from purax.io.checkpoint import Checkpointer
-from purax.loop import evaluate, fit, zero_metrics
+from purax.loop import StopOnSignal, evaluate, fit, zero_metrics
 from purax.nn.transformer import count_params
 
 
@@ -53,7 +51,7 @@ def _prepare(config: TrainConfig):
 def _with_throughput(writer, config: TrainConfig, task, abstract, num_devices: int):
   """Adds tokens/s and MFU (purax.core.flops) to the logs of a language model
   whose step runs on ``num_devices`` devices (1 without a mesh)."""
-  if task.objective != 'language_model':
+  if task.loss is not objectives.language_model:
     return writer
   model = task.model
   per_token = flops.flops_per_token(
@@ -102,32 +100,6 @@ def _truncate_jsonl(path: str, last_step: int) -> None:
   with open(path + '.tmp', 'w') as f:
     f.writelines(keep)
   os.replace(path + '.tmp', path)
-
-
-class StopOnSignal(contextlib.AbstractContextManager):
-  """Turns SIGTERM/SIGINT into a flag polled by the loop; a second signal acts as usual."""
-
-  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
-    self.signals, self.received, self._previous = signals, None, {}
-
-  def __call__(self) -> bool:
-    return self.received is not None
-
-  def _handle(self, signum, frame):
-    self.received = signal.Signals(signum).name
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      for s in self.signals:
-        self._previous[s] = signal.signal(s, self._handle)
-    return self
-
-  def __exit__(self, *exc):
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
-    return False
 
 
 def train(config: TrainConfig) -> dict:

@@ -187,7 +187,7 @@ def assert_trees_close(actual: Any, expected: Any, tol: Tolerance, *, what: str 
 
 def grads_of(task: Task, state: TrainState, batch: Mapping[str, Any]):
   """The gradient of ``task.loss`` that ``task.step`` would apply (pure, jittable)."""
-  grad = jax.grad(lambda p: task.loss(p, state.model_state, batch, state.step_key(),
+  grad = jax.grad(lambda p: task.compute_loss(p, state.model_state, batch, state.step_key(),
                                       hparams=state.hparams, train=True)[0])
   return grad(state.params)
 

@@ -18,7 +18,7 @@ import purax
 from purax.nn.transformer import DecoderLM
 task = purax.Task(model=DecoderLM(d_model=32, num_layers=1, num_heads=2, max_len=8),
                   tx=purax.adamw(learning_rate=1e-3, total_steps=2),
-                  objective='language_model')
+                  loss=purax.objectives.language_model)
 batch = {{'x': jnp.zeros((2, 8), jnp.int32), 'y': jnp.zeros((2, 8), jnp.int32)}}
 state = jax.eval_shape(task.init, jax.random.key(0), batch)   # traced, not compiled
 state, metrics = jax.eval_shape(task.step, state, batch)

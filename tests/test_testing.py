@@ -1,7 +1,6 @@
 """purax.testing: the strategies draw what they promise, and the assertions
 fail, naming the leaf, when a step is not the single-device step."""
 
-import dataclasses
 
 import jax
 import numpy as np
@@ -67,14 +66,12 @@ def test_assert_trees_close_checks_structure_shape_dtype():
                                testing.TOLERANCES['loss'])
 
 
-@dataclasses.dataclass(frozen=True)
-class _BrokenTask(purax.Task):
+@purax.loss_function(hparams={'label_smoothing': 0.0})
+def _first_half_loss(outputs, batch, hparams):
   """Drops the second half of the batch: right on one device, wrong when split."""
-
-  def loss(self, params, model_state, batch, key, **kwargs):
-    n = batch['x'].shape[0]
-    weight = (np.arange(n) < n // 2).astype(np.float32)
-    return super().loss(params, model_state, dict(batch, weight=weight), key, **kwargs)
+  values, _, metrics = purax.objectives.classification(outputs, batch, hparams)
+  n = values.shape[0]
+  return values, (np.arange(n) < n // 2).astype(np.float32), metrics
 
 
 def test_assert_step_matches_single_device_catches_a_wrong_step():
@@ -88,7 +85,8 @@ def test_assert_step_matches_single_device_catches_a_wrong_step():
   with jax.default_matmul_precision('highest'):
     testing.assert_step_matches_single_device(task, mesh, parallel.data_parallel(), batches)
     state = jax.jit(task.init)(jax.random.key(0), batches[0])
-    broken = parallel.shard_map_step(_BrokenTask(model=task.model, tx=task.tx), mesh)
+    broken = parallel.shard_map_step(
+        purax.Task(model=task.model, tx=task.tx, loss=_first_half_loss), mesh)
     with pytest.raises(AssertionError, match='step 1 loss sum'):
       testing.assert_same_training(jax.jit(task.step), jax.tree.map(jax.numpy.copy, state),
                                    broken, state, batches)

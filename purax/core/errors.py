@@ -20,6 +20,11 @@ class DataError(PuraxError):
   """A data set or batch has the wrong structure, shape, dtype or values."""
 
 
+class ContractError(PuraxError):
+  """A user function (loss, model) returned something outside its documented
+  contract; the message names the function, the part and what was expected."""
+
+
 class NonFiniteError(PuraxError):
   """Training produced non-finite gradients for too many consecutive steps."""
 

@@ -93,19 +93,20 @@ Metric = Average | Sum | Streak
 Metrics = Mapping[str, Metric]
 
 
-def _is_metric(x) -> bool:
+def is_metric(x) -> bool:
+  """Whether ``x`` is one of the metric classes (a leaf of a metrics tree)."""
   return isinstance(x, (Average, Sum, Streak))
 
 
 def merge(a: Metrics, b: Metrics) -> dict[str, Metric]:
   """Merges two metrics trees of the same structure (jit-safe)."""
-  return jax.tree.map(lambda x, y: x.merge(y), a, b, is_leaf=_is_metric)
+  return jax.tree.map(lambda x, y: x.merge(y), a, b, is_leaf=is_metric)
 
 
 @jax.jit
 def _zeros_on_device(metrics):
   return jax.tree.map(lambda m: m.reset() if isinstance(m, Streak)
-                      else jax.tree.map(jnp.zeros_like, m), metrics, is_leaf=_is_metric)
+                      else jax.tree.map(jnp.zeros_like, m), metrics, is_leaf=is_metric)
 
 
 def zeros_like(metrics: Metrics) -> dict[str, Metric]:

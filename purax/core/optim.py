@@ -8,6 +8,8 @@ population of them) never recompiles, and bfloat16 params never round
 
 from __future__ import annotations
 
+from typing import Any, Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -58,9 +60,18 @@ def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
   )
 
 
+class ScheduledTransformation(NamedTuple):
+  """An optax transformation (``init``, ``update``) that can also say its
+  current learning rate: ``learning_rate(opt_state) -> float32 []``."""
+
+  init: Callable
+  update: Callable
+  learning_rate: Callable[[Any], jax.Array]
+
+
 def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 0,
           weight_decay: float = 1e-4, b1: float = 0.9, b2: float = 0.999,
-          eps: float = 1e-8, clip_norm: float = 1.0) -> optax.GradientTransformation:
+          eps: float = 1e-8, clip_norm: float = 1.0) -> ScheduledTransformation:
   """AdamW (Loshchilov & Hutter 2019) with a warmup-cosine schedule and clipping.
 
   Args:
@@ -73,7 +84,8 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
 
   Returns:
     An optax transformation whose state holds the six float hyperparameters
-    as float32 ``[]`` arrays in ``opt_state.hyperparams``.
+    as float32 ``[]`` arrays in ``opt_state.hyperparams``; its
+    ``learning_rate(opt_state)`` is the rate the next update applies.
 
   Raises:
     ConfigError: a value out of range, naming the field.
@@ -88,9 +100,44 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   factory = optax.inject_hyperparams(
       _adamw_cosine, static_args=('warmup_steps', 'total_steps'),
       hyperparam_dtype=jnp.float32)
-  return factory(peak_learning_rate=learning_rate, weight_decay=weight_decay,
-                 b1=b1, b2=b2, eps=eps, clip_norm=clip_norm,
-                 warmup_steps=int(warmup_steps), total_steps=int(total_steps))
+  tx = factory(peak_learning_rate=learning_rate, weight_decay=weight_decay,
+               b1=b1, b2=b2, eps=eps, clip_norm=clip_norm,
+               warmup_steps=int(warmup_steps), total_steps=int(total_steps))
+  unit = warmup_cosine(1.0, warmup_steps=int(warmup_steps), total_steps=int(total_steps))
+
+  def current(opt_state):
+    return (opt_state.hyperparams['peak_learning_rate'] * unit(opt_state.count)
+            ).astype(jnp.float32)
+
+  return ScheduledTransformation(tx.init, tx.update, current)
+
+
+def hyperparams(state, tx=None) -> dict[str, jax.Array]:
+  """Every hyperparameter of a state, the current learning rate included.
+
+  Args:
+    state: a :class:`purax.TrainState` (or any object with ``opt_state`` and
+      ``hparams``); stacked (population) states give ``[members]`` values.
+    tx: the state's optax transformation (``task.tx``); needed only for
+      ``'learning_rate'`` under :func:`adamw`'s schedule.
+
+  Returns:
+    ``name -> float32 array``: the optimizer's injected hyperparameters
+    (``optax.inject_hyperparams`` anywhere in ``opt_state``), the loss and
+    model ones (``state.hparams``), and ``'learning_rate'``: the rate the
+    next update applies (from ``tx.learning_rate(opt_state)`` when ``tx`` has
+    one, else an injected ``learning_rate``, which optax evaluates at the
+    current count when it is a schedule).
+  """
+  found = {}
+  is_injected = lambda x: hasattr(x, 'hyperparams') and hasattr(x, 'inner_state')
+  for node in jax.tree.leaves(state.opt_state, is_leaf=is_injected):
+    if is_injected(node):
+      found.update(node.hyperparams)
+  found.update(dict(getattr(state, 'hparams', None) or {}))
+  if tx is not None and callable(getattr(tx, 'learning_rate', None)):
+    found['learning_rate'] = tx.learning_rate(state.opt_state)
+  return found
 
 
 def set_hyperparams(opt_state, **values):

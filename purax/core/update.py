@@ -1,28 +1,38 @@
 """The optimizer update of :meth:`purax.Task.step`: gradients (accumulated over
 microbatches, loss-scaled, summed across devices), then a guarded update.
 
-- Gradient accumulation: the batch ``[k * m, ...]`` is split into ``k``
-  microbatches ``[m, ...]`` and ``lax.scan`` sums ``grad(loss_i * W_i)``, where
-  ``W_i`` is microbatch ``i``'s total example weight; the sum is divided by
-  ``sum_i W_i``. That is exactly the gradient of the weighted mean loss of the
-  whole batch, so accumulation equals one step on the concatenated batch (up to
-  float summation order), also with uneven per-example weights. Clipping, the
-  schedule and ``state.step`` then see one update. BatchNorm statistics are
-  threaded through the microbatches in order. The dropout key of microbatch
-  ``i`` is ``fold_in(fold_in(rng, step), i)``.
+- Gradient accumulation: the batch (every leaf ``[k * m, ...]``) is split into
+  ``k`` microbatches ``[m, ...]``; ``lax.scan`` sums ``W_i * grad(loss_i)``,
+  where ``loss_i`` is microbatch ``i``'s weighted mean loss and ``W_i`` its
+  total weight, in float32, and the sum is divided by ``sum_i W_i``. That is
+  exactly the gradient of the weighted mean loss of the whole batch, so
+  accumulation equals one step on the concatenated batch (up to float
+  summation order), also with uneven per-example weights. Clipping, the
+  schedule and ``state.step`` then see one update. The dropout key of
+  microbatch ``i`` is ``fold_in(fold_in(rng, step), i)``.
+- Model state under accumulation (BatchNorm statistics, counters, any EMA the
+  model keeps): every microbatch's forward pass starts from the step's
+  ``model_state`` and the new state is the ``W_i``-weighted mean of the
+  microbatches' new states, so it follows the optimizer step, not the
+  microbatch: a running mean moves once per step with the whole batch's
+  mean, a counter advances by one. What still differs from one big batch: a
+  running *variance* is the mean of the microbatches' variances (it lacks the
+  spread between microbatch means), and normalisation in the forward pass
+  uses each microbatch's own statistics, as in any accumulation.
 - Data parallelism (``axis_name`` inside ``pmap`` / ``shard_map``): the same
-  sums are ``psum``-ed across devices before the division, so the update is
-  the one of the global batch.
-- Loss scaling (float16): the objective is multiplied by ``state.loss_scale``
-  before differentiation and the gradients divided after, in float32.
-- Non-finite guard: when any gradient (or the loss) is not finite, the update
-  is skipped — params, optimizer state (its counters, hence the schedule,
-  too) and model state stay bitwise as they were — and the step counts in
-  ``metrics['skipped']``; its loss metrics are zeroed so the window's averages
-  stay finite. ``state.step`` still advances: it counts steps taken (batches
-  consumed, the data position), so the next step reads the next batch with a
-  new dropout key, and a run of N steps ends at ``step == N`` with skips or
-  without. The loss scale, if any, is still halved.
+  weighted sums are ``psum``-ed across devices before the division, so the
+  update is the one of the global batch.
+- Loss scaling (float16): each microbatch's *mean* loss is multiplied by
+  ``state.loss_scale`` before differentiation and the gradient divided by it
+  right after, in float32: the scale applied is the state's, whatever the
+  batch size.
+- Non-finite guard: when the gradients' global norm (any NaN or inf in any
+  gradient makes it non-finite) or the loss is not finite, the update is
+  skipped — params, optimizer state (its counters, hence the schedule, too)
+  and model state stay bitwise as they were — and the step counts in
+  ``metrics['skipped']``; its loss metrics are zeroed so the window's
+  averages stay finite. ``state.step`` still advances: it counts steps taken
+  (batches consumed, the data position). The loss scale, if any, is halved.
 """
 
 from __future__ import annotations
@@ -32,74 +42,115 @@ import jax.numpy as jnp
 import optax
 
 from purax.core import metrics as metrics_lib
-from purax.core.errors import DataError, expect
+from purax.core.errors import ConfigError, DataError, expect
 
 
 def _split(batch, k: int):
-  n = jnp.shape(batch['x'])[0]
-  expect(n % k == 0, "batch['x'].shape[0]", f'a multiple of microbatches={k}', n, DataError)
-  return jax.tree.map(lambda a: jnp.reshape(a, (k, n // k, *jnp.shape(a)[1:])), batch)
+  leaves = jax.tree.leaves(batch)
+  expect(bool(leaves), 'batch', 'at least one array to split into microbatches', 'none',
+         DataError)
+  n = jnp.shape(leaves[0])[0] if jnp.ndim(leaves[0]) else 0
+
+  def split(path, a):
+    size = jnp.shape(a)[0] if jnp.ndim(a) else None
+    where = f'batch{jax.tree_util.keystr(path)}.shape[0]'
+    expect(size == n, where, f'{n} (the batch size of every leaf)', size, DataError)
+    expect(n % k == 0, where, f'a multiple of microbatches={k}', size, DataError)
+    return jnp.reshape(a, (k, n // k, *jnp.shape(a)[1:]))
+
+  return jax.tree_util.tree_map_with_path(split, batch)
+
+
+def _f32(tree):
+  return jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), tree)
+
+
+def _weighted_state_sum(model_state, weight):
+  """``weight * leaf`` for floating leaves; integer leaves are carried as they are."""
+  return jax.tree.map(lambda x: (jnp.where(weight > 0, x.astype(jnp.float32) * weight, 0.0)
+                                 if jnp.issubdtype(x.dtype, jnp.floating) else x), model_state)
 
 
 def gradients(task, state, batch, *, axis_name=None):
   """``(grads, metrics, model_state)`` of the batch's weighted mean loss.
 
   ``grads`` are unscaled (loss scale removed) and summed across ``axis_name``.
+
+  Raises:
+    ConfigError: ``axis_name`` with a loss that couples examples.
   """
+  expect(not (axis_name is not None and task.couples_examples), 'axis_name',
+         'None for a loss that couples examples (a per-device loss sees only its '
+         "device's examples); use jax.jit with shardings (purax.parallel.sharded), "
+         'which computes it on the global batch', axis_name, ConfigError)
   key = state.step_key()
   scale = state.loss_scale
   k = task.microbatches
 
-  if k == 1 and axis_name is None and scale is None:
-    # The plain path: the gradient of the weighted mean loss itself.
-    (_, aux), grads = jax.value_and_grad(task.loss, has_aux=True)(
-        state.params, state.model_state, batch, key, hparams=state.hparams, train=True)
-    return grads, aux['metrics'], aux['model_state']
-
-  def weighted_grad(params, model_state, microbatch, mb_key):
+  def grad_of_mean(params, model_state, microbatch, mb_key):
+    """Gradient of the (scaled) mean loss, unscaled in float32 when scaled."""
     def objective(p):
-      loss, aux = task.loss(p, model_state, microbatch, mb_key, hparams=state.hparams,
-                            train=True)
-      total = loss * aux['weight']           # the weighted sum of per-example losses
-      if scale is not None:
-        total = scale.scale_loss(total)
-      return total, aux
+      loss, aux = task.compute_loss(p, model_state, microbatch, mb_key,
+                                    hparams=state.hparams, train=True)
+      return (loss if scale is None else scale.scale_loss(loss)), aux
     (_, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    if scale is not None:
+      grads = jax.tree.map(lambda g: g.astype(jnp.float32) / scale.scale, grads)
     return grads, aux
 
+  if k == 1 and axis_name is None:
+    grads, aux = grad_of_mean(state.params, state.model_state, batch, key)
+    if scale is not None:
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    return grads, aux['metrics'], aux['model_state']
+
   if k == 1:
-    grads, aux = weighted_grad(state.params, state.model_state, batch, key)
-    metrics, model_state = aux['metrics'], aux['model_state']
+    grads, aux = grad_of_mean(state.params, state.model_state, batch, key)
     weight = aux['weight']
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32) * weight, grads)
+    metrics, model_state = aux['metrics'], aux['model_state']
   else:
     micro = _split(batch, k)
-    first = jax.tree.map(lambda a: a[0], micro)
-    aux_shape = jax.eval_shape(lambda: weighted_grad(state.params, state.model_state, first,
-                                                     key)[1])
-    zero_metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), aux_shape['metrics'])
 
     def body(carry, xs):
-      grads_sum, model_state, metrics, weight = carry
+      grads_sum, state_sum, metrics, weight = carry
       i, microbatch = xs
-      grads, aux = weighted_grad(state.params, model_state, microbatch,
-                                 jax.random.fold_in(key, i))
-      grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
+      grads, aux = grad_of_mean(state.params, state.model_state, microbatch,
+                                jax.random.fold_in(key, i))
+      w = aux['weight']
+      grads_sum = jax.tree.map(lambda s, g: s + g.astype(jnp.float32) * w, grads_sum, grads)
+      new_state = _weighted_state_sum(aux['model_state'], w)
+      state_sum = jax.tree.map(lambda s, x: s + x if jnp.issubdtype(s.dtype, jnp.floating)
+                               else x, state_sum, new_state)
       metrics = metrics_lib.merge(metrics, aux['metrics'])
-      return (grads_sum, aux['model_state'], metrics, weight + aux['weight']), None
+      return (grads_sum, state_sum, metrics, weight + w), None
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
-    (grads, model_state, metrics, weight), _ = jax.lax.scan(
-        body, (zeros, state.model_state, zero_metrics, jnp.zeros((), jnp.float32)),
+    first = jax.tree.map(lambda a: a[0], micro)
+    aux_shape = jax.eval_shape(lambda: grad_of_mean(state.params, state.model_state, first,
+                                                    key)[1])
+    zero_metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), aux_shape['metrics'])
+    zero_state = jax.tree.map(
+        lambda x: jnp.zeros(x.shape, jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating)
+                            else x.dtype), aux_shape['model_state'])
+    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype,
+                                                                               jnp.float32)),
+                              state.params)
+    (grads, state_sum, metrics, weight), _ = jax.lax.scan(
+        body, (zero_grads, zero_state, zero_metrics, jnp.zeros((), jnp.float32)),
         (jnp.arange(k), micro))
+    # The weighted mean of the microbatches' new model states (see the module doc);
+    # an all-padding batch (weight 0) leaves the model state as it was.
+    model_state = jax.tree.map(
+        lambda s, old: (jnp.where(weight > 0, s / jnp.maximum(weight, 1e-12), old)
+                        .astype(old.dtype) if jnp.issubdtype(old.dtype, jnp.floating) else s),
+        state_sum, state.model_state)
 
   if axis_name is not None:
     grads = jax.lax.psum(grads, axis_name)
     metrics = jax.lax.psum(metrics, axis_name)
     weight = jax.lax.psum(weight, axis_name)
   inv = 1.0 / jnp.maximum(weight, 1e-12)
-  if scale is not None:
-    inv = inv / scale.scale
-  grads = jax.tree.map(lambda g: (g.astype(jnp.float32) * inv).astype(g.dtype), grads)
+  grads = jax.tree.map(lambda g, p: (g * inv).astype(p.dtype), grads, state.params)
   return grads, metrics, model_state
 
 

@@ -93,7 +93,6 @@ def sharded(task: Task, mesh: Mesh, rules: Rules, sample_batch: Mapping[str, Any
     ConfigError: rules naming an unknown mesh axis, or a tensor-parallel dimension
       that does not divide.
   """
-  task.check_batch(sample_batch)
   if logical is None and rules.uses_logical:
     logical = logical_axes(task, sample_batch)
   abstract = jax.eval_shape(task.init, jax.random.key(0), sample_batch)

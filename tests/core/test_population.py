@@ -184,7 +184,8 @@ def test_a_loss_scale_overflow_is_skipped_not_divergence():
   pop0 = pinit(task, keys([0, 1]), {}, batch())
   pop, skipped = pop0, 0.0
   for s in range(12):
-    pop, m = pstep(task, pop, batch(s))
+    large = dict(batch(s), x=batch(s)['x'] * 1e4)   # the scaled gradients overflow
+    pop, m = pstep(task, pop, large)
     skipped += metrics_lib.compute(m)['skipped'].sum()
   assert skipped >= 1 and not np.asarray(pop.diverged).any()
   assert np.asarray(pop.state.step).tolist() == [12, 12]

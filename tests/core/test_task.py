@@ -48,7 +48,7 @@ def test_loss_gradients_match_finite_differences(model):
     task64 = dataclasses.replace(task, model=task.model.clone(dtype=jnp.float64,
                                                               param_dtype=jnp.float64))
     def f64(params):
-      loss, _ = task64.loss(params, state.model_state, batch64, None, train=False)
+      loss, _ = task64.compute_loss(params, state.model_state, batch64, None, train=False)
       return loss
     # Modes: reverse-mode against central differences, order 1, eps 1e-4, float64.
     check_grads(f64, (params64,), order=1, modes=('rev',), eps=1e-4, atol=1e-6, rtol=1e-5)
@@ -90,7 +90,7 @@ def test_dropout_masks_differ_between_steps_and_are_pure_in_seed_and_step():
   state = task.init(jax.random.key(0), batch)
 
   def outputs(state):
-    _, aux = task.loss(state.params, state.model_state, batch, state.step_key(), train=True)
+    _, aux = task.compute_loss(state.params, state.model_state, batch, state.step_key(), train=True)
     return np.asarray(aux['outputs'])
 
   at0 = outputs(state)
@@ -112,7 +112,7 @@ def test_batchnorm_statistics_change_in_training_not_in_evaluation():
   state = task.init(jax.random.key(0), batch)
   trained, _ = jax.jit(task.step)(state, batch)
   assert params_differ(state.model_state, trained.model_state)
-  _, aux = task.loss(trained.params, trained.model_state, batch, None, train=False)
+  _, aux = task.compute_loss(trained.params, trained.model_state, batch, None, train=False)
   assert tree_equal(aux['model_state'], trained.model_state)
   jax.jit(task.evaluate)(trained, batch)
   assert tree_equal(aux['model_state'], trained.model_state)
@@ -141,16 +141,17 @@ def test_weighted_loss_ignores_zero_weight_examples():
   state = task.init(jax.random.key(0), batch)
   first4 = {k: v[:4] for k, v in batch.items()}
   padded = dict(batch, weight=np.array([1, 1, 1, 1, 0, 0], np.float32))
-  loss4, _ = task.loss(state.params, state.model_state, first4, None, train=False)
-  loss_p, _ = task.loss(state.params, state.model_state, padded, None, train=False)
+  loss4, _ = task.compute_loss(state.params, state.model_state, first4, None, train=False)
+  loss_p, _ = task.compute_loss(state.params, state.model_state, padded, None, train=False)
   np.testing.assert_allclose(loss4, loss_p, rtol=1e-6)
 
 
 @pytest.mark.parametrize('mutate, match', [
     (lambda b: dict(b, y=b['y'].astype(np.float32)), r"batch\['y'\].dtype: expected an integer"),
     (lambda b: {'x': b['x']}, r"batch\['y'\]: expected present"),
-    (lambda b: dict(b, y=b['y'][:3]), r"batch\['y'\].shape: expected \[8"),
-    (lambda b: dict(b, x=b['x'].astype(np.int32)), r"batch\['x'\].dtype: expected a floating"),
+    (lambda b: dict(b, y=b['y'][:3]), r"batch\['y'\].shape: expected \[8\]"),
+    (lambda b: {'y': b['y']}, r"batch\['x'\]: expected present"),
+    (lambda b: dict(b, weight=b['y'][:3].astype(np.float32)), r"batch\['weight'\].shape: expected \[8\]"),
 ])
 def test_malformed_batches_raise_named_errors(mutate, match):
   task = tiny_task()
@@ -159,16 +160,19 @@ def test_malformed_batches_raise_named_errors(mutate, match):
 
 
 def test_bad_task_config_raises():
-  with pytest.raises(purax.ConfigError, match='objective'):
-    purax.Task(model=pnn.MLP(num_classes=2), tx=purax.adamw(total_steps=1), objective='rank')
-  with pytest.raises(purax.ConfigError, match=r'label_smoothing: expected in \[0, 1\), got 1.5'):
-    purax.Task(model=pnn.MLP(num_classes=2), tx=purax.adamw(total_steps=1), label_smoothing=1.5)
+  with pytest.raises(purax.ConfigError, match='loss: expected a function'):
+    purax.Task(model=pnn.MLP(num_classes=2), tx=purax.adamw(total_steps=1), loss='rank')
+  with pytest.raises(purax.ConfigError, match=r"hparams\['label_smoothing'\]: expected in \[0, 1\), got 1.5"):
+    purax.Task(model=pnn.MLP(num_classes=2), tx=purax.adamw(total_steps=1),
+               hparams={'label_smoothing': 1.5})
+  with pytest.raises(purax.ConfigError, match='model: expected a flax.linen Module'):
+    purax.Task(model=object(), tx=purax.adamw(total_steps=1))
 
 
 def test_regression_objective():
   model = pnn.MLP(num_classes=2, features=(8,))
   task = purax.Task(model=model, tx=purax.adamw(learning_rate=1e-2, total_steps=50),
-                    objective='regression')
+                    loss=purax.objectives.regression)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(16, 3)).astype(np.float32)
   batch = {'x': x, 'y': np.stack([x.sum(1), x[:, 0]], 1).astype(np.float32)}

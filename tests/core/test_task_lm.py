@@ -17,7 +17,7 @@ from purax.nn.transformer import DecoderLM
 
 MODEL = DecoderLM(d_model=32, num_layers=2, num_heads=4, max_len=16)
 TASK = purax.Task(model=MODEL, tx=purax.adamw(learning_rate=1e-3, total_steps=10),
-                  objective='language_model')
+                  loss=purax.objectives.language_model)
 
 
 def lm_batch(seed=0, n=4, seq=16, weight=None):
@@ -39,7 +39,7 @@ def test_loss_is_the_weighted_mean_token_cross_entropy(state):
   weight[0, 8:] = 0.0      # padded tokens
   weight[3] = 0.0          # a padded sequence
   batch = lm_batch(weight=weight)
-  loss, aux = jax.jit(lambda b: TASK.loss(state.params, {}, b, None, train=False))(batch)
+  loss, aux = jax.jit(lambda b: TASK.compute_loss(state.params, {}, b, None, train=False))(batch)
   logits = MODEL.apply({'params': state.params}, batch['x']).astype(jnp.float32)
   per_token = optax.softmax_cross_entropy_with_integer_labels(logits, batch['y'])
   expected = float(jnp.sum(per_token * weight) / weight.sum())
@@ -50,11 +50,11 @@ def test_loss_is_the_weighted_mean_token_cross_entropy(state):
   assert m['tokens'] == weight.sum() == 40 and m['examples'] == 3
   correct = np.asarray(jnp.argmax(logits, -1) == batch['y'], np.float32)
   np.testing.assert_allclose(m['accuracy'], (correct * weight).sum() / weight.sum(), rtol=1e-6)
-  assert aux['per_example_loss'].shape == (4,)
+  assert aux['values'].shape == (4, 16)
   # An untrained byte model is close to uniform: ~8 bits per byte.
   assert 7.5 < m['bits_per_byte'] < 8.5
   # Label smoothing changes the loss, not the bits per byte (a likelihood).
-  smoothed = jax.jit(lambda b: TASK.loss(state.params, {}, b, None, train=False,
+  smoothed = jax.jit(lambda b: TASK.compute_loss(state.params, {}, b, None, train=False,
                                          hparams={'label_smoothing': jnp.float32(0.5)}))(batch)
   ms = metrics_lib.compute(smoothed[1]['metrics'])
   assert abs(ms['loss'] - m['loss']) > 1e-3
@@ -89,10 +89,9 @@ def test_a_step_trains_and_keeps_params_float32(state):
 
 
 @pytest.mark.parametrize('change, message', [
-    (dict(x=np.zeros((4, 16), np.float32)), r"batch\['x'\].dtype: expected an integer dtype \(token ids\), got float32"),
-    (dict(y=np.zeros((4, 15), np.int32)), r"batch\['y'\].shape: expected \[4, 16\] \(next tokens, as batch x\), got \(4, 15\)"),
-    (dict(x=np.zeros((4, 16, 1), np.int32)), r"batch\['x'\].shape: expected \[batch, seq\] token ids"),
-    (dict(weight=np.ones((4, 3), np.float32)), r"batch\['weight'\].shape: expected \[4\] or \[4, 16\], got \(4, 3\)"),
+    (dict(y=np.zeros((4, 15), np.int32)), r"batch\['y'\].shape: expected \[4, 16\] \(next-token ids, matching the model outputs \[4, 16, 256\]\), got \[4, 15\]"),
+    (dict(y=np.zeros((4, 16), np.float32)), r"batch\['y'\].dtype: expected an integer dtype \(token ids\), got float32"),
+    (dict(weight=np.ones((4, 3), np.float32)), r"batch\['weight'\].shape: expected \[4\] or \[4, 16\], got \[4, 3\]"),
 ])
 def test_malformed_language_model_batches_name_the_field(change, message):
   batch = {**lm_batch(), **change}
@@ -100,9 +99,9 @@ def test_malformed_language_model_batches_name_the_field(change, message):
     TASK.check_batch(batch)
 
 
-def test_classification_checks_are_unchanged():
+def test_classification_loss_on_sequence_logits_names_the_outputs():
   task = purax.Task(model=MODEL, tx=TASK.tx)
-  with pytest.raises(purax.DataError, match="batch\\['x'\\].dtype: expected a floating dtype"):
+  with pytest.raises(purax.DataError, match=r"model outputs: expected \[batch, classes\] logits"):
     task.check_batch(lm_batch())
 
 
@@ -113,7 +112,7 @@ def test_accumulating_microbatches_equals_the_whole_batch_with_token_weights(sta
   weight[0, 4:] = 0.0
   weight[3, 1:] = 0.0
   batch = lm_batch(2, weight=weight)
-  split = purax.Task(model=MODEL, tx=TASK.tx, objective='language_model', microbatches=2)
+  split = purax.Task(model=MODEL, tx=TASK.tx, loss=purax.objectives.language_model, microbatches=2)
   grads = lambda task: jax.jit(lambda s, b: update.gradients(task, s, b)[0])(state, batch)
   with jax.default_matmul_precision('highest'):
     whole, parts = grads(TASK), grads(split)

@@ -181,7 +181,7 @@ def test_remat_changes_memory_not_values(policy):
   plain = tiny_task('resnet')
   remat = dataclasses.replace(plain, model=plain.model.clone(remat=policy))
   state = plain.init(jax.random.key(0), batch)
-  grads = lambda task: jax.jit(jax.grad(lambda p: task.loss(p, state.model_state, batch,
+  grads = lambda task: jax.jit(jax.grad(lambda p: task.compute_loss(p, state.model_state, batch,
                                                              state.step_key())[0]))(state.params)
   assert_close(grads(plain), grads(remat), rtol=1e-6, atol=1e-7)
 
@@ -195,7 +195,7 @@ def test_remat_with_dropout_in_the_transformer_encoder():
   remat = dataclasses.replace(plain, model=model.clone(remat='full'))
   state = plain.init(jax.random.key(0), batch)
   key = jax.random.key(7)
-  grads = lambda task: jax.jit(jax.grad(lambda p: task.loss(p, state.model_state, batch,
+  grads = lambda task: jax.jit(jax.grad(lambda p: task.compute_loss(p, state.model_state, batch,
                                                              key)[0]))(state.params)
   g_plain, g_remat = grads(plain), grads(remat)
   assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(g_plain))
@@ -220,7 +220,7 @@ def test_under_the_bf16_policy_masters_optimizer_and_hyperparameters_stay_float3
   new, metrics = jax.jit(task.step)(state, batch)
   floats = lambda t: [x for x in jax.tree.leaves(t) if jnp.issubdtype(x.dtype, jnp.floating)]
   assert all(x.dtype == jnp.float32 for x in floats(new.params) + floats(new.opt_state))
-  loss, aux = task.loss(state.params, state.model_state, batch, state.step_key())
+  loss, aux = task.compute_loss(state.params, state.model_state, batch, state.step_key())
   assert loss.dtype == jnp.float32 and aux['outputs'].dtype == jnp.bfloat16
   # A tiny update (lr 1e-7) still moves the float32 masters; in bfloat16 it rounds away.
   moved = [bool(jnp.any(a != b)) for a, b in zip(jax.tree.leaves(new.params),

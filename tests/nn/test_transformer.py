@@ -280,7 +280,7 @@ def test_default_bf16_lm_step_lowers_to_cudnn_attention_on_a_gpu(pretend_cudnn, 
   model = DecoderLM(vocab_size=256, d_model=64, num_layers=2, num_heads=2, max_len=32,
                     dtype=jnp.bfloat16, remat=remat)
   task = purax.Task(model=model, tx=purax.adamw(learning_rate=1e-3, total_steps=10),
-                    objective='language_model')
+                    loss=purax.objectives.language_model)
   batch = {'x': jnp.zeros((2, 32), jnp.int32), 'y': jnp.zeros((2, 32), jnp.int32)}
   state = jax.eval_shape(task.init, jax.random.key(0), batch)
   with warnings.catch_warnings():
@@ -309,7 +309,7 @@ def test_float16_attention_runs_on_the_cpu():
   model = DecoderLM(vocab_size=256, d_model=32, num_layers=2, num_heads=4, max_len=16,
                     dtype=jnp.float16)
   task = purax.Task(model=model, tx=purax.adamw(learning_rate=1e-3, total_steps=10),
-                    objective='language_model')
+                    loss=purax.objectives.language_model)
   batch = {'x': tokens(0, (2, 16)), 'y': tokens(1, (2, 16))}
   state, metrics = jax.jit(task.step)(jax.jit(task.init)(jax.random.key(0), batch), batch)
   assert np.isfinite(float(metrics['loss'].compute()))

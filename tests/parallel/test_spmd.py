@@ -48,7 +48,7 @@ def test_pmap_draws_a_distinct_dropout_mask_per_device():
 
   def grads(state, batch):   # per-device gradients, before any psum
     key = jax.random.fold_in(state.step_key(), jax.lax.axis_index('batch'))
-    return jax.grad(lambda p: task.loss(p, {}, batch, key)[0])(state.params)
+    return jax.grad(lambda p: task.compute_loss(p, {}, batch, key)[0])(state.params)
 
   g = jax.pmap(grads, axis_name='batch', devices=jax.devices()[:2])(
       parallel.replicate(state, 2), parallel.split_batch(batch, 2))

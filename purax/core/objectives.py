@@ -1,0 +1,262 @@
+"""Losses as functions: the contract, and the three provided objectives.
+
+A loss is a pure function::
+
+  loss_fn(outputs, batch, hparams) -> (values, weight, metrics)
+
+- ``outputs``: what the model returned (e.g. logits ``[batch, classes]``);
+- ``batch``: the batch as the data yields it (any pytree);
+- ``hparams``: ``state.hparams``, a dict of float32 ``[]`` arrays (e.g.
+  ``{'temperature': 0.1}``; ``[members]`` never reaches the loss: populations
+  vmap over it);
+- ``values``: float ``[batch]`` (per example) or ``[batch, ...]`` (e.g. per
+  token ``[batch, seq]``);
+- ``weight``: ``None`` (every value counts 1) or a float array of ``values``'
+  shape or of a prefix of it (``[batch]`` broadcast over the trailing axes);
+  0 marks padding. The objective is ``sum(values * weight) / sum(weight)``;
+- ``metrics``: a dict ``name -> metric``; a plain array is averaged by
+  ``weight`` (``values``' shape or ``[batch]``: per value / per example;
+  ``[]``: one number for the batch, weighted by its total weight); a
+  :mod:`purax.core.metrics` object (``Average``, ``Sum``, ...) is kept as is.
+  ``'loss'`` (the weighted mean of ``values``) and ``'examples'`` (the number
+  of examples with a non-zero weight) are added unless present.
+
+Declare hyperparameters and properties with :func:`loss_function`::
+
+  @purax.loss_function(hparams={'temperature': 0.1}, couples_examples=True)
+  def supcon(outputs, batch, hparams):
+    ...
+
+A loss that *couples examples* (contrastive losses, in-batch negatives)
+computes something different on a part of the batch than on all of it, so
+gradient accumulation (``microbatches > 1``) and the per-device paths
+(``pmap`` / ``shard_map``, ``axis_name``) refuse it with a
+:class:`~purax.core.errors.ConfigError`; ``jax.jit`` with shardings
+(:func:`purax.parallel.sharded`) and populations compute it exactly.
+
+Errors name the broken part of the contract (:class:`ContractError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from purax.core import losses
+from purax.core import metrics as metrics_lib
+from purax.core.errors import ContractError, DataError, expect
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+  """What a loss function declares: its hyperparameters and whether it couples examples.
+
+  Attributes:
+    hparams: ``name -> default`` (Python floats), stored in ``state.hparams``.
+    couples_examples: the loss of a batch is not a weighted mean of
+      independent per-example terms (see the module docstring).
+  """
+
+  hparams: tuple[tuple[str, float], ...] = ()
+  couples_examples: bool = False
+
+
+def loss_function(fn: Callable | None = None, *, hparams: Mapping[str, float] | None = None,
+                  couples_examples: bool = False):
+  """Declares a loss function's hyperparameters (defaults) and properties.
+
+  Usable as ``@loss_function`` or ``@loss_function(hparams=..., couples_examples=...)``.
+
+  Args:
+    fn: the loss ``(outputs, batch, hparams) -> (values, weight, metrics)``.
+    hparams: ``name -> default``; each becomes a float32 ``[]`` leaf of
+      ``state.hparams`` (vmappable by populations, swept like the learning rate).
+    couples_examples: see the module docstring.
+
+  Returns:
+    ``fn`` itself, with a ``loss_spec`` attribute (:class:`LossSpec`).
+  """
+  def declare(f):
+    f.loss_spec = LossSpec(hparams=tuple(sorted((k, float(v)) for k, v in
+                                                (hparams or {}).items())),
+                           couples_examples=bool(couples_examples))
+    return f
+  return declare if fn is None else declare(fn)
+
+
+def spec_of(fn: Callable) -> LossSpec:
+  """The :class:`LossSpec` a loss declared (an undecorated function: none)."""
+  return getattr(fn, 'loss_spec', LossSpec())
+
+
+def _name(fn) -> str:
+  return getattr(fn, '__qualname__', None) or repr(fn)
+
+
+def reduce(fn: Callable, outputs, batch, hparams) -> tuple[jax.Array, dict, jax.Array, jax.Array]:
+  """Calls ``fn`` and checks its result against the contract.
+
+  Returns:
+    ``(loss, metrics, values, total_weight)``: the weighted mean float32 ``[]``
+    (at least float32), the metrics tree, ``values`` and ``sum(weight)``.
+
+  Raises:
+    ContractError: a result that does not fit the contract, naming the part.
+  """
+  where = f'loss {_name(fn)}'
+  out = fn(outputs, batch, hparams)
+  if not (isinstance(out, tuple) and len(out) == 3):
+    raise ContractError(
+        f'{where}: expected a tuple (values [batch, ...], weight or None, metrics dict), '
+        f'got {type(out).__name__}' + (f' of length {len(out)}' if isinstance(out, tuple) else ''))
+  values, weight, metrics = out
+  expect(hasattr(values, 'shape') and jnp.ndim(values) >= 1
+         and jnp.issubdtype(jnp.result_type(values), jnp.floating),
+         f'{where}: values', 'a float array [batch] or [batch, ...]',
+         _describe(values), ContractError)
+  values = losses.at_least_float32(jnp.asarray(values))
+  if weight is None:
+    weight = jnp.ones(values.shape, values.dtype)
+  else:
+    shape = jnp.shape(weight)
+    expect(hasattr(weight, 'shape') and values.shape[:len(shape)] == shape and len(shape) >= 1,
+           f'{where}: weight', f'None or a float array of shape {list(values.shape)} or a '
+           'prefix of it', _describe(weight), ContractError)
+    weight = losses.at_least_float32(jnp.asarray(weight))
+    weight = jnp.broadcast_to(weight.reshape(shape + (1,) * (values.ndim - len(shape))),
+                              values.shape)
+  expect(isinstance(metrics, Mapping), f'{where}: metrics', 'a dict name -> array or metric',
+         type(metrics).__name__, ContractError)
+  total = jnp.sum(weight)
+  loss = jnp.sum(values * weight) / jnp.maximum(total, 1e-12)
+  row_weight = weight.reshape(weight.shape[0], -1).max(axis=1)
+  tree = {name: _as_metric(f'{where}: metrics[{name!r}]', m, values.shape, weight, row_weight,
+                           total)
+          for name, m in metrics.items()}
+  tree.setdefault('loss', metrics_lib.Average.of(values, weight))
+  tree.setdefault('examples', metrics_lib.Sum.of(row_weight > 0))
+  return loss, tree, values, total
+
+
+def _describe(x) -> str:
+  if hasattr(x, 'shape') and hasattr(x, 'dtype'):
+    return f'{jnp.result_type(x)}{list(jnp.shape(x))}'
+  return type(x).__name__
+
+
+def _as_metric(where, m, shape, weight, row_weight, total):
+  if metrics_lib.is_metric(m):
+    return m
+  expect(hasattr(m, 'shape') or isinstance(m, (int, float)), where,
+         'an array or a purax.metrics object (Average, Sum, ...)', type(m).__name__,
+         ContractError)
+  m = jnp.asarray(m, jnp.float32)
+  if m.shape == shape:
+    return metrics_lib.Average.of(m, weight)
+  if m.shape == shape[:1]:
+    return metrics_lib.Average.of(m, row_weight)
+  expect(m.shape == (), where, f'shape {list(shape)}, {list(shape[:1])} or [] (a batch-level '
+         'number)', list(m.shape), ContractError)
+  return metrics_lib.Average(total=m * total, count=total)
+
+
+# -- the provided objectives -----------------------------------------------
+
+
+def _weight(batch, n_dims: int, shape) -> jax.Array | None:
+  weight = batch.get('weight')
+  if weight is None:
+    return None
+  expect(jnp.shape(weight) in [tuple(shape[:i]) for i in range(1, n_dims + 1)],
+         "batch['weight'].shape", ' or '.join(str(list(shape[:i])) for i in range(1, n_dims + 1)),
+         list(jnp.shape(weight)))
+  return weight
+
+
+def _labels(batch, outputs, *, expect_shape, what: str):
+  expect(isinstance(batch, Mapping) and 'y' in batch, "batch['y']", f'present ({what})',
+         f'keys {sorted(batch)}' if isinstance(batch, Mapping) else type(batch).__name__)
+  y = batch['y']
+  expect(jnp.shape(y) == tuple(expect_shape), "batch['y'].shape",
+         f'{list(expect_shape)} ({what}, matching the model outputs '
+         f'{list(jnp.shape(outputs))})', list(jnp.shape(y)))
+  return y
+
+
+@loss_function(hparams={'label_smoothing': 0.0})
+def classification(logits, batch, hparams):
+  """Softmax cross-entropy on integer labels, with label smoothing.
+
+  Args:
+    logits: ``[batch, classes]``, any float dtype (computed in float32).
+    batch: ``{'y': int [batch] in [0, classes), 'weight': optional float [batch]}``.
+    hparams: ``{'label_smoothing': float32 []}`` in ``[0, 1)``.
+
+  Returns:
+    ``(values [batch], weight, {'accuracy'})``.
+  """
+  expect(jnp.ndim(logits) == 2, 'model outputs', '[batch, classes] logits',
+         list(jnp.shape(logits)))
+  y = _labels(batch, logits, expect_shape=jnp.shape(logits)[:1], what='integer class labels')
+  expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
+         'an integer dtype (class labels)', jnp.result_type(y))
+  values = losses.softmax_cross_entropy(logits, y, hparams['label_smoothing'])
+  correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
+  return values, _weight(batch, 1, y.shape), {'accuracy': correct}
+
+
+@loss_function
+def regression(predictions, batch, hparams):
+  """Mean squared error over all but the batch axis.
+
+  Args:
+    predictions: ``[batch, ...]``.
+    batch: ``{'y': float, same shape as predictions, 'weight': optional [batch]}``.
+    hparams: unused.
+
+  Returns:
+    ``(values [batch], weight, {})``.
+  """
+  del hparams
+  y = _labels(batch, predictions, expect_shape=jnp.shape(predictions),
+              what='float targets')
+  return losses.mean_squared_error(predictions, y), _weight(batch, 1, jnp.shape(y)), {}
+
+
+@loss_function(hparams={'label_smoothing': 0.0})
+def language_model(logits, batch, hparams):
+  """Per-token cross-entropy of next-token logits, in float32.
+
+  Args:
+    logits: ``[batch, seq, vocab]``.
+    batch: ``{'y': int next tokens [batch, seq], 'weight': optional [batch] or
+      [batch, seq]}``.
+    hparams: ``{'label_smoothing': float32 []}``.
+
+  Returns:
+    ``(values [batch, seq], weight, metrics)``: metrics ``accuracy`` per token,
+    ``bits_per_byte`` (the plain negative log-likelihood / ln 2, without label
+    smoothing: bits per token, per byte for byte-level data), ``tokens``.
+  """
+  expect(jnp.ndim(logits) == 3, 'model outputs', '[batch, seq, vocab] logits',
+         list(jnp.shape(logits)))
+  y = _labels(batch, logits, expect_shape=jnp.shape(logits)[:2], what='next-token ids')
+  expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
+         'an integer dtype (token ids)', jnp.result_type(y))
+  weight = _weight(batch, 2, y.shape)
+  values, nll = losses.token_cross_entropy_and_nll(logits, y, hparams['label_smoothing'])
+  correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
+  token_weight = (jnp.ones(y.shape, jnp.float32) if weight is None else
+                  jnp.broadcast_to(jnp.reshape(weight, weight.shape + (1,) * (2 - weight.ndim)),
+                                   y.shape).astype(jnp.float32))
+  return values, weight, {'accuracy': correct, 'bits_per_byte': nll / jnp.log(2.0),
+                          'tokens': metrics_lib.Sum.of(token_weight)}
+
+
+BUILTIN = {'classification': classification, 'regression': regression,
+           'language_model': language_model}

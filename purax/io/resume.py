@@ -1,0 +1,100 @@
+"""Resume from Python: the newest checkpoint of a directory, or a fresh state.
+
+``fit`` checkpoints ``{'state': TrainState, 'train_metrics': window}`` with the
+data position in the extra JSON; :func:`restore_or_init` is the inverse, for
+research code as for ``purax train``::
+
+  restored = purax.restore_or_init('runs/mine/checkpoints', task, jax.random.key(0), batch)
+  state, history = purax.fit(task, restored.state, data, steps=1000,
+                             train_metrics=restored.train_metrics,
+                             data_state=restored.data_state,
+                             checkpointer=Checkpointer('runs/mine/checkpoints'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+
+from purax.core.errors import ConfigError, expect
+from purax.core.state import TrainState
+from purax.io.checkpoint import Checkpointer
+
+
+def abstract_checkpoint(task, batch) -> dict:
+  """The abstract ``{'state', 'train_metrics'}`` tree that ``fit`` checkpoints."""
+  from purax.loop import zero_metrics   # loop imports io; io.resume is its inverse
+  state = jax.eval_shape(task.init, jax.random.key(0), batch)
+  acc = jax.eval_shape(lambda: zero_metrics(lambda s, b: task.step(s, b)[1], state, batch))
+  return {'state': state, 'train_metrics': acc}
+
+
+@dataclasses.dataclass
+class Restored:
+  """What :func:`restore_or_init` found.
+
+  Attributes:
+    state: the restored (or fresh) :class:`TrainState`.
+    train_metrics: the running metrics window to continue (``None`` when fresh).
+    step: the checkpoint's step (0 when fresh).
+    data_state: an iterable's saved position (``fit(data_state=...)``), or None.
+    extra: the checkpoint's JSON extra (``{}`` when fresh).
+  """
+
+  state: TrainState
+  train_metrics: Any
+  step: int
+  data_state: Any
+  extra: dict
+
+  @property
+  def fresh(self) -> bool:
+    return not self.extra
+
+
+def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, *,
+                    plan=None) -> Restored:
+  """Restores the newest readable checkpoint in ``directory``, or initialises.
+
+  Args:
+    directory: a checkpoint directory (``fit``'s checkpointer's), or a
+      :class:`Checkpointer`. A missing or empty directory initialises.
+    task: the task whose state is restored (its shapes and dtypes must match:
+      strict, never a cast).
+    key: the PRNG key of a fresh state (``task.init(key, batch)``).
+    batch: a sample batch (only shapes matter).
+    plan: a :class:`purax.parallel.Sharded`: the state is restored (or
+      created) directly in its sharding.
+
+  Returns:
+    A :class:`Restored`.
+
+  Raises:
+    CheckpointMismatchError: the checkpoint's structure, shapes or dtypes
+      differ from the task's state. ConfigError: a checkpoint whose data
+      position disagrees with its state.
+  """
+  abstract = abstract_checkpoint(task, batch)
+  if plan is not None:
+    abstract['state'] = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract['state'],
+        plan.state_sharding)
+  checkpointer = directory
+  if not isinstance(directory, Checkpointer):
+    checkpointer = (Checkpointer(directory) if os.path.isdir(directory) and os.listdir(directory)
+                    else None)
+  if checkpointer is not None and checkpointer.steps():
+    tree, extra, step = checkpointer.restore(abstract)
+    data = extra.get('data', {})
+    state_step = int(jax.device_get(tree['state'].step))
+    expect(data.get('next_step', state_step) == state_step, 'checkpoint data position',
+           f'next_step == state.step ({state_step}) in checkpoint {step}',
+           data.get('next_step'), ConfigError)
+    if checkpointer is not directory:
+      checkpointer.close()
+    return Restored(tree['state'], tree['train_metrics'], step, data.get('iterator'), extra)
+  state = plan.init(key) if plan is not None else jax.jit(task.init)(key, batch)
+  return Restored(state, None, 0, None, {})
