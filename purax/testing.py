@@ -20,7 +20,19 @@ all-reduce): relative error ``~ batch * 2**-24``, a few ``1e-6`` for the
 batches here. Adam divides by ``sqrt(nu)``, which can amplify the difference
 of a gradient entry near 0 to a fraction of the learning rate, so parameters
 after ``k`` steps get an absolute tolerance of ``1e-5`` (for learning rates
-<= 1e-2 and a few steps). Nothing is compared bitwise across meshes.
+<= 1e-2 and a few steps). Where a gradient entry is *structurally* zero (an
+unused class's bias, a masked embedding row) its value on either path is
+pure rounding noise of either sign, and Adam's first step is ``-lr *
+sign(g)``: pass ``learning_rate=`` (or ``'auto'``) to widen the params
+tolerance by ``2 * lr`` per step taken; the gradients themselves are still
+compared at their own tight tolerance, so an error in the gradient (e.g. an
+all-reduce off by the device count) is not hidden by the widening. Nothing is
+compared bitwise across meshes.
+
+The assertions take any state pytree (a purax ``TrainState``, a flax
+``TrainState``, a dict) and compare every leaf kind: floats (bfloat16 in
+float64), integers and booleans exactly, typed PRNG keys by implementation
+and key data, ``None`` as structure; a difference names its path.
 
 Strategies touch devices only when drawn, never at import.
 """
@@ -37,6 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
+from purax.core import update
+from purax.core.optim import hyperparams
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.parallel.mesh import AXES, make_mesh
@@ -47,6 +61,7 @@ from purax.parallel import spmd
 __all__ = [
     'TOLERANCES', 'Tolerance', 'mesh_shapes', 'mesh_of', 'meshes', 'batch_sizes',
     'classification_batches', 'small_pytrees', 'assert_trees_close', 'grads_of',
+    'learning_rate_of',
     'assert_step_matches_single_device', 'assert_pmap_matches_jit', 'assert_same_training',
 ]
 
@@ -65,6 +80,7 @@ TOLERANCES: dict[str, Tolerance] = {
     'grads': Tolerance(rtol=1e-4, atol=1e-6),        # per-device sums + all-reduce
     'params': Tolerance(rtol=1e-4, atol=1e-5),       # after k Adam steps
     'model_state': Tolerance(rtol=1e-4, atol=1e-5),  # BatchNorm running statistics
+    'opt_state': Tolerance(rtol=1e-4, atol=1e-5),    # Adam moments, counters
 }
 
 
@@ -165,30 +181,65 @@ def small_pytrees(max_leaves: int = 4, max_dim: int = 8):
 
 # -- assertions --
 
+def _host_leaf(x):
+  """A leaf as a numpy array to compare: typed keys become ``(impl, key data)``."""
+  if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return ('prng_key', str(jax.random.key_impl(x)), np.asarray(jax.random.key_data(x)))
+  return np.asarray(x)
+
+
+def _leaves(tree):
+  return jax.tree_util.tree_flatten_with_path(tree)
+
+
 def assert_trees_close(actual: Any, expected: Any, tol: Tolerance, *, what: str = 'tree'):
   """Same structure, shapes, dtypes and values within ``tol``, leaf by leaf.
+
+  Every kind of leaf compares: floating leaves (bfloat16 and float16 in
+  float64) within ``tol``; integers and booleans exactly; typed PRNG keys by
+  implementation and key data, exactly; ``None`` is structure (both sides must
+  have it at the same place).
 
   Raises:
     AssertionError: naming the leaf path, the largest difference and the tolerance.
   """
-  a_leaves, a_def = jax.tree_util.tree_flatten_with_path(jax.device_get(actual))
-  e_leaves, e_def = jax.tree_util.tree_flatten_with_path(jax.device_get(expected))
+  (a_leaves, a_def), (e_leaves, e_def) = _leaves(actual), _leaves(expected)
   assert a_def == e_def, f'{what}: structure {a_def} != expected {e_def}'
-  for (path, a), (_, e) in zip(a_leaves, e_leaves):
+  for (path, a_raw), (_, e_raw) in zip(a_leaves, e_leaves):
     name = f'{what}{jax.tree_util.keystr(path)}'
-    a, e = np.asarray(a), np.asarray(e)
+    a, e = _host_leaf(a_raw), _host_leaf(e_raw)
+    if isinstance(a, tuple) or isinstance(e, tuple):
+      assert isinstance(a, tuple) and isinstance(e, tuple), (
+          f'{name}: a typed PRNG key on one side only ({a!r} vs {e!r})')
+      assert a[1] == e[1], f'{name}: key implementation {a[1]} != expected {e[1]}'
+      assert np.array_equal(a[2], e[2]), (
+          f'{name}: PRNG key data {a[2].tolist()} != expected {e[2].tolist()}')
+      continue
     assert a.shape == e.shape, f'{name}: shape {a.shape} != expected {e.shape}'
-    assert a.dtype == e.dtype, f'{name}: dtype {a.dtype} != expected {e.dtype}'
-    if not np.allclose(a, e, rtol=tol.rtol, atol=tol.atol, equal_nan=True):
-      diff = np.max(np.abs(a.astype(np.float64) - e.astype(np.float64)))
+    # A Python scalar (e.g. flax TrainState's step outside jit) has no dtype of
+    # its own: only its value is compared.
+    weak = isinstance(a_raw, (int, float, bool)) or isinstance(e_raw, (int, float, bool))
+    assert weak or a.dtype == e.dtype, f'{name}: dtype {a.dtype} != expected {e.dtype}'
+    if weak:
+      a, e = a.astype(np.float64), e.astype(np.float64)
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
+      if not np.array_equal(a, e):
+        bad = np.argwhere(a != e)[:3].tolist()
+        raise AssertionError(f'{name}: {a.dtype} values differ at {bad} '
+                             f'({a[tuple(np.argwhere(a != e)[0])] if a.ndim else a} vs '
+                             f'{e[tuple(np.argwhere(a != e)[0])] if e.ndim else e})')
+      continue
+    a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    if not np.allclose(a64, e64, rtol=tol.rtol, atol=tol.atol, equal_nan=True):
+      diff = np.nanmax(np.abs(a64 - e64)) if a64.size else 0.0
       raise AssertionError(f'{name}: max |actual - expected| = {diff:.3g} exceeds '
-                           f'atol={tol.atol} + rtol={tol.rtol} * |expected|')
+                           f'atol={tol.atol:g} + rtol={tol.rtol:g} * |expected|')
 
 
-def grads_of(task: Task, state: TrainState, batch: Mapping[str, Any]):
-  """The gradient of ``task.loss`` that ``task.step`` would apply (pure, jittable)."""
+def grads_of(task: Task, state: TrainState, batch: Any):
+  """The gradient of ``task.compute_loss`` at the step's key (pure, jittable)."""
   grad = jax.grad(lambda p: task.compute_loss(p, state.model_state, batch, state.step_key(),
-                                      hparams=state.hparams, train=True)[0])
+                                              hparams=state.hparams, train=True)[0])
   return grad(state.params)
 
 
@@ -196,25 +247,54 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-def _record(state: TrainState, metrics, grads) -> dict:
+def learning_rate_of(state: Any) -> float | None:
+  """The largest injected learning rate of a state (``opt_state.hyperparams``), or None."""
+  if not hasattr(state, 'opt_state'):
+    return None
+  rates = [float(np.max(np.asarray(v))) for k, v in hyperparams(state).items()
+           if 'learning_rate' in k]
+  return max(rates) if rates else None
+
+
+def _record(state: Any, metrics: Any, grads: Any) -> dict:
   """A host copy of what is compared (the device state may be donated next)."""
-  return jax.device_get({'step': state.step, 'params': state.params,
-                         'model_state': state.model_state,
-                         'loss': metrics['loss'].total, 'grads': grads})
+  loss = metrics.get('loss') if isinstance(metrics, Mapping) else None
+  loss = getattr(loss, 'total', loss)
+  return jax.device_get({'state': state, 'loss': loss, 'grads': grads})
 
 
-def _compare_runs(reference: list, actual: list, tolerances):
+def _fields(state) -> list[tuple[str, Any]]:
+  """``(name, subtree)`` pairs to compare: a dataclass or flax struct field by
+  field, anything else as one tree."""
+  if dataclasses.is_dataclass(state):
+    return [(f'.{f.name}', getattr(state, f.name)) for f in dataclasses.fields(state)
+            if f.metadata.get('pytree_node', True)]
+  return [('', state)]
+
+
+def _tolerance_of(field: str, tolerances) -> Tolerance:
+  for name in ('model_state', 'params', 'opt_state'):
+    if field == f'.{name}':
+      return tolerances.get(name, tolerances['params'])
+  return tolerances.get('state', tolerances['params'])
+
+
+def _compare_runs(reference: list, actual: list, tolerances, learning_rate: float | None):
   for i, (ref, got) in enumerate(zip(reference, actual)):
     where = f'step {i + 1}'
-    assert_trees_close(got['loss'], ref['loss'], tolerances['loss'], what=f'{where} loss sum')
-    if got['grads'] is not None:
+    if got['loss'] is not None and ref['loss'] is not None:
+      assert_trees_close(got['loss'], ref['loss'], tolerances['loss'], what=f'{where} loss sum')
+    if got['grads'] is not None and ref['grads'] is not None:
       assert_trees_close(got['grads'], ref['grads'], tolerances['grads'],
                          what=f'{where} grads')
-    assert_trees_close(got['params'], ref['params'], tolerances['params'],
-                       what=f'{where} params')
-    assert_trees_close(got['model_state'], ref['model_state'], tolerances['model_state'],
-                       what=f'{where} model_state')
-    assert int(got['step']) == int(ref['step']), f'{where}: state.step {got["step"]}'
+    for field, ref_tree in _fields(ref['state']):
+      tol = _tolerance_of(field, tolerances)
+      if learning_rate and field in ('.params', ''):
+        # Adam turns rounding noise in a (structurally) zero gradient into a
+        # full +-lr step: allow 2 * lr per step taken (see the module doc).
+        tol = dataclasses.replace(tol, atol=tol.atol + 2 * learning_rate * (i + 1))
+      got_tree = dict(_fields(got['state'])).get(field)
+      assert_trees_close(got_tree, ref_tree, tol, what=f'{where} state{field}')
 
 
 # Compiled functions are cached per (task, mesh, rules, batch shapes): a property
@@ -227,7 +307,7 @@ def _single_jits(task: Task):
 
 @functools.lru_cache(maxsize=64)
 def _plan(task: Task, mesh, rules: Rules, shapes):
-  batch = {k: np.zeros(shape, dtype) for k, shape, dtype in shapes}
+  batch = _zeros(shapes)
   plan = sharded(task, mesh, rules, batch)
   grads = jax.jit(lambda s, b: grads_of(task, s, b),
                   in_shardings=(plan.state_sharding, plan.batch_sharding))
@@ -235,7 +315,13 @@ def _plan(task: Task, mesh, rules: Rules, shapes):
 
 
 def _shapes(batch) -> tuple:
-  return tuple((k, tuple(np.shape(v)), np.asarray(v).dtype.name) for k, v in sorted(batch.items()))
+  leaves, treedef = jax.tree.flatten(batch)
+  return treedef, tuple((tuple(np.shape(v)), np.asarray(v).dtype.name) for v in leaves)
+
+
+def _zeros(shapes):
+  treedef, leaves = shapes
+  return jax.tree.unflatten(treedef, [np.zeros(s, d) for s, d in leaves])
 
 
 def _single_device_run(task: Task, state: TrainState, batches, with_grads: bool):
@@ -248,24 +334,39 @@ def _single_device_run(task: Task, state: TrainState, batches, with_grads: bool)
   return out
 
 
+def _learning_rate(learning_rate, state):
+  return learning_rate_of(state) if learning_rate == 'auto' else learning_rate
+
+
 def assert_step_matches_single_device(task: Task, mesh: jax.sharding.Mesh, rules: Rules,
-                                      batches: Sequence[Mapping[str, Any]], *,
+                                      batches: Sequence[Any], *,
                                       key: jax.Array | None = None,
-                                      tolerances: Mapping[str, Tolerance] | None = None):
+                                      tolerances: Mapping[str, Tolerance] | None = None,
+                                      learning_rate: float | str | None = None):
   """``k = len(batches)`` steps on ``mesh`` under ``rules`` equal ``k`` single-device steps.
 
   After every step: the loss (summed over the global batch), the gradients
-  (``grads_of``, computed with the plan's shardings), the parameters and the
-  model state (BatchNorm statistics) are compared within ``tolerances``
-  (default :data:`TOLERANCES`). Both runs start from ``task.init(key, batch)``,
-  the sharded one created directly in its sharding.
+  (``grads_of``, computed with the plan's shardings), and every field of the
+  state — params, optimizer state, model state (BatchNorm statistics), rng,
+  step — are compared within ``tolerances`` (default :data:`TOLERANCES`).
+  Both runs start from ``task.init(key, batch)``, the sharded one created
+  directly in its sharding.
+
+  Args:
+    learning_rate: with Adam, a gradient entry that is structurally zero
+      (e.g. an unused class's bias) is rounding noise whose sign Adam turns
+      into a full ``+-lr`` step; pass the learning rate (or ``'auto'``: the
+      largest injected one) to widen the params tolerance by ``2 * lr`` per
+      step. Default None: no widening.
 
   Raises:
     AssertionError: naming the step, the quantity and the leaf that differ.
   """
   tolerances = {**TOLERANCES, **(tolerances or {})}
   key = jax.random.key(0) if key is None else key
-  ref = _single_device_run(task, _single_jits(task)[0](key, batches[0]), batches, True)
+  ref_state = _single_jits(task)[0](key, batches[0])
+  lr = _learning_rate(learning_rate, ref_state)
+  ref = _single_device_run(task, ref_state, batches, True)
   plan, grads = _plan(task, mesh, rules, _shapes(batches[0]))
   state = plan.init(key)
   got = []
@@ -274,16 +375,37 @@ def assert_step_matches_single_device(task: Task, mesh: jax.sharding.Mesh, rules
     g = grads(state, batch)
     state, metrics = plan.step(state, batch)
     got.append(_record(state, metrics, g))
-  _compare_runs(ref, got, tolerances)
+  _compare_runs(ref, got, tolerances, lr)
 
 
-def assert_pmap_matches_jit(task: Task, batches: Sequence[Mapping[str, Any]], *,
+@functools.lru_cache(maxsize=16)
+def _pmap_grads(task: Task, devices: tuple):
+  """The gradients the pmap step applies (summed across devices), per device."""
+  local = spmd.with_axis_name(task, 'batch')
+
+  def grads(state, batch):
+    index = jax.lax.axis_index('batch')
+    state = state.replace(rng=jax.random.fold_in(state.rng, index))
+    return update.gradients(local, state, batch, axis_name='batch')[0]
+
+  return jax.pmap(grads, axis_name='batch', devices=list(devices))
+
+
+@functools.lru_cache(maxsize=16)
+def _applied_grads(task: Task):
+  return jax.jit(lambda s, b: update.gradients(task, s, b)[0])
+
+
+def assert_pmap_matches_jit(task: Task, batches: Sequence[Any], *,
                             num_devices: int | None = None, key: jax.Array | None = None,
-                            tolerances: Mapping[str, Tolerance] | None = None):
+                            tolerances: Mapping[str, Tolerance] | None = None,
+                            learning_rate: float | str | None = None):
   """``k`` steps of :func:`purax.parallel.pmap_step` equal ``k`` single-device jitted steps.
 
-  The task must be deterministic (no dropout): pmap draws a distinct dropout
-  key per device by design.
+  Compares, after every step, the loss, the gradients the step applies
+  (after the cross-device sum) and every field of the state. The task must
+  be deterministic (no dropout): pmap draws a distinct dropout key per device
+  by design. ``learning_rate`` as in :func:`assert_step_matches_single_device`.
 
   Raises:
     AssertionError: naming the step, the quantity and the leaf that differ.
@@ -291,30 +413,51 @@ def assert_pmap_matches_jit(task: Task, batches: Sequence[Mapping[str, Any]], *,
   tolerances = {**TOLERANCES, **(tolerances or {})}
   key = jax.random.key(0) if key is None else key
   n = num_devices or jax.local_device_count()
+  devices = tuple(jax.local_devices()[:n])
   state = _single_jits(task)[0](key, batches[0])
-  ref = _single_device_run(task, _copy(state), batches, False)
-  step = spmd.pmap_step(task, devices=jax.local_devices()[:n])
+  lr = _learning_rate(learning_rate, state)
   pstate = spmd.replicate(state, n)
+  ref, single = [], _copy(state)
+  for batch in batches:
+    g = _applied_grads(task)(single, batch)
+    single, metrics = _single_jits(task)[1](single, batch)
+    ref.append(_record(single, metrics, g))
+  step = spmd.pmap_step(task, devices=list(devices))
   got = []
   for batch in batches:
-    pstate, metrics = step(pstate, spmd.split_batch(batch, n))
-    got.append(_record(spmd.unreplicate(pstate), spmd.unreplicate(metrics), None))
-  _compare_runs(ref, got, tolerances)
+    split = spmd.split_batch(batch, n)
+    g = spmd.unreplicate(_pmap_grads(task, devices)(pstate, split))
+    pstate, metrics = step(pstate, split)
+    got.append(_record(spmd.unreplicate(pstate), spmd.unreplicate(metrics), g))
+  _compare_runs(ref, got, tolerances, lr)
 
 
-def assert_same_training(step_a: Callable, state_a: TrainState, step_b: Callable,
-                         state_b: TrainState, batches: Sequence[Mapping[str, Any]], *,
-                         tolerances: Mapping[str, Tolerance] | None = None):
-  """Two step functions (each with its own placement) train alike over ``batches``.
+def assert_same_training(step_a: Callable, state_a: Any, step_b: Callable,
+                         state_b: Any, batches: Sequence[Any], *,
+                         tolerances: Mapping[str, Tolerance] | None = None,
+                         learning_rate: float | str | None = None):
+  """Two step functions train alike over ``batches``: any steps, any state pytrees.
 
-  ``step_x(state, batch) -> (state, metrics)``; loss, params and model state
-  are compared after every step.
+  ``step_x(state, batch) -> (state, metrics)`` (each with its own placement:
+  jit, a mesh, ``pmap``...). After every step the whole states are compared
+  leaf by leaf — a purax :class:`TrainState`, a flax ``TrainState``, a dict;
+  typed keys, bfloat16, integers, booleans and ``None`` included — with
+  ``tolerances['params']`` for a state that is not a dataclass, per field
+  (``params``, ``opt_state``, ``model_state``; other fields ``'state'``,
+  default the params tolerance) for one that is; ``metrics['loss']`` too
+  when both steps return a dict with one. ``learning_rate`` as in
+  :func:`assert_step_matches_single_device`.
+
+  Raises:
+    AssertionError: naming the step, the field path and the difference, e.g.
+      ``step 1 state.rng: PRNG key data [0, 1] != expected [0, 2]``.
   """
   tolerances = {**TOLERANCES, **(tolerances or {})}
+  lr = _learning_rate(learning_rate, state_a)
   ra, rb = [], []
   for batch in batches:
     state_a, ma = step_a(state_a, batch)
     state_b, mb = step_b(state_b, batch)
     ra.append(_record(state_a, ma, None))
     rb.append(_record(state_b, mb, None))
-  _compare_runs(ra, rb, tolerances)
+  _compare_runs(ra, rb, tolerances, lr)

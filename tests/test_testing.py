@@ -3,6 +3,7 @@ fail, naming the leaf, when a step is not the single-device step."""
 
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -90,3 +91,85 @@ def test_assert_step_matches_single_device_catches_a_wrong_step():
     with pytest.raises(AssertionError, match='step 1 loss sum'):
       testing.assert_same_training(jax.jit(task.step), jax.tree.map(jax.numpy.copy, state),
                                    broken, state, batches)
+
+
+# -- every leaf type, any state pytree (issue: assertions over every leaf type) --
+
+def _mixed_tree(key_seed=0):
+  return {'key': jax.random.key(key_seed), 'bf16': jnp.ones((3,), jnp.bfloat16),
+          'int': jnp.arange(3, dtype=jnp.int32), 'bool': jnp.array([True, False]),
+          'none': None, 'f32': jnp.zeros((2,), jnp.float32)}
+
+
+def test_assert_trees_close_handles_keys_bf16_ints_bools_and_none():
+  tol = testing.TOLERANCES['params']
+  testing.assert_trees_close(_mixed_tree(), _mixed_tree(), tol)          # itself: no error
+  with pytest.raises(AssertionError, match=r"tree\['key'\]: PRNG key data"):
+    testing.assert_trees_close(_mixed_tree(1), _mixed_tree(0), tol)
+  changed = dict(_mixed_tree(), int=jnp.array([0, 1, 5], jnp.int32))
+  with pytest.raises(AssertionError, match=r"tree\['int'\]: int32 values differ at \[\[2\]\]"):
+    testing.assert_trees_close(changed, _mixed_tree(), tol)
+  changed = dict(_mixed_tree(), bool=jnp.array([True, True]))
+  with pytest.raises(AssertionError, match=r"tree\['bool'\]: bool values differ"):
+    testing.assert_trees_close(changed, _mixed_tree(), tol)
+  changed = dict(_mixed_tree(), bf16=jnp.full((3,), 1.5, jnp.bfloat16))
+  with pytest.raises(AssertionError, match=r"tree\['bf16'\]: max \|actual - expected\| = 0.5"):
+    testing.assert_trees_close(changed, _mixed_tree(), tol)
+  with pytest.raises(AssertionError, match='structure'):
+    testing.assert_trees_close(dict(_mixed_tree(), none=jnp.zeros(())), _mixed_tree(), tol)
+  other_impl = dict(_mixed_tree(), key=jax.random.key(0, impl='rbg'))
+  with pytest.raises(AssertionError, match="key implementation|shape"):
+    testing.assert_trees_close(other_impl, _mixed_tree(), tol)
+
+
+def test_assert_same_training_takes_a_flax_train_state_step():
+  from flax.training import train_state
+  import optax
+  model = purax.nn.MLP(num_classes=3, features=(8,))
+  x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+  y = np.arange(8, dtype=np.int32) % 3
+  params = model.init(jax.random.key(0), x, train=False)['params']
+  make = lambda: train_state.TrainState.create(apply_fn=model.apply, params=params,
+                                               tx=optax.adam(1e-2))
+
+  def step(state, batch):
+    def loss(p):
+      logits = state.apply_fn({'params': p}, batch['x'], train=False)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, batch['y']).mean()
+    value, grads = jax.value_and_grad(loss)(state.params)
+    return state.apply_gradients(grads=grads), {'loss': value}
+
+  batches = [{'x': x, 'y': y}] * 3
+  testing.assert_same_training(jax.jit(step), make(), step, make(), batches)
+
+  def wrong(state, batch):               # a different learning rate: caught, named
+    new, m = step(state, batch)
+    return new.replace(params=jax.tree.map(lambda p: p * 1.01, new.params)), m
+
+  with pytest.raises(AssertionError, match=r'step 1 state\.params\['):
+    testing.assert_same_training(step, make(), wrong, make(), batches)
+
+
+def test_a_changed_rng_is_reported_with_its_path():
+  task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(8,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=10))
+  batch = {'x': np.ones((8, 4), np.float32), 'y': np.zeros(8, np.int32)}
+  step = jax.jit(task.step)
+
+  def reseeding(state, b):
+    new, m = step(state, b)
+    return new.replace(rng=jax.random.fold_in(new.rng, 1)), m
+
+  state = task.init(jax.random.key(0), batch)
+  with pytest.raises(AssertionError, match=r'step 1 state\.rng: PRNG key data'):
+    testing.assert_same_training(step, state, reseeding, state, [batch])
+
+
+def test_learning_rate_widening_is_opt_in_and_gradients_stay_tight():
+  """With learning_rate='auto' the params tolerance grows by 2 lr per step; a
+  wrong gradient is still caught by the gradient comparison."""
+  task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(8,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=10))
+  state = task.init(jax.random.key(0), {'x': np.ones((8, 4), np.float32),
+                                        'y': np.zeros(8, np.int32)})
+  assert testing.learning_rate_of(state) == pytest.approx(1e-2)
