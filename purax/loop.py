@@ -179,6 +179,10 @@ class _Source:
     return self.positions.popleft() if self.positions else None
 
 
+def _iterator_position(value) -> dict:
+  return {} if value is None else {'iterator': value}
+
+
 def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         eval_data: Iterable | None = None, log_every: int = 50, eval_every: int = 0,
         writer: MetricWriter | None = None, progress: bool = True,
@@ -262,7 +266,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   if first is not None and acc is None:
     acc = zero_metrics(lambda st, b: task.step(st, b)[1], state, first)
   host_batches = _chain(first, host_batches) if first is not None else iter(())
-  position = {'next_step': start, 'iterator': data_state}
+  position = {'next_step': start, **_iterator_position(data_state)}
 
   def save(step, metrics=None):
     if checkpointer is not None:
@@ -290,7 +294,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   window_start = step = start
   for step, batch in enumerate(batches, start=start + 1):
     state, acc = run_step(state, acc, batch)
-    position = {'next_step': step, 'iterator': source.position()}
+    position = {'next_step': step, **_iterator_position(source.position())}
     bar.update(1)
     at_end = step == num_steps
     if step % log_every == 0 or at_end:

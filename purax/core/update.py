@@ -2,7 +2,7 @@
 microbatches, loss-scaled, summed across devices), then a guarded update.
 
 - Gradient accumulation: the batch (every leaf ``[k * m, ...]``) is split into
-  ``k`` microbatches ``[m, ...]``; ``lax.scan`` sums ``W_i * grad(loss_i)``,
+  ``k`` microbatches ``[m, ...]``; ``lax.scan`` sums ``grad(loss_i * W_i)``,
   where ``loss_i`` is microbatch ``i``'s weighted mean loss and ``W_i`` its
   total weight, in float32, and the sum is divided by ``sum_i W_i``. That is
   exactly the gradient of the weighted mean loss of the whole batch, so
@@ -22,10 +22,11 @@ microbatches, loss-scaled, summed across devices), then a guarded update.
 - Data parallelism (``axis_name`` inside ``pmap`` / ``shard_map``): the same
   weighted sums are ``psum``-ed across devices before the division, so the
   update is the one of the global batch.
-- Loss scaling (float16): each microbatch's *mean* loss is multiplied by
-  ``state.loss_scale`` before differentiation and the gradient divided by it
-  right after, in float32: the scale applied is the state's, whatever the
-  batch size.
+- Loss scaling (float16): the differentiated objective is the mean loss (or,
+  summing microbatches or devices, ``loss_i * W_i / n_i`` with ``n_i`` the
+  number of loss values: the mean weight, a constant <= 1 for 0/1 weights)
+  times ``state.loss_scale``; the gradient is divided by it right after, in
+  float32. The scale applied is the state's, whatever the batch size.
 - Non-finite guard: when the gradients' global norm (any NaN or inf in any
   gradient makes it non-finite) or the loss is not finite, the update is
   skipped — params, optimizer state (its counters, hence the schedule, too)
@@ -98,6 +99,27 @@ def gradients(task, state, batch, *, axis_name=None):
       grads = jax.tree.map(lambda g: g.astype(jnp.float32) / scale.scale, grads)
     return grads, aux
 
+  def grad_of_sum(params, model_state, microbatch, mb_key):
+    """float32 gradient of the weighted *sum* ``loss * W`` (unscaled).
+
+    The differentiated objective is ``loss * W / n`` (``n`` the number of
+    loss values, a constant; ``W / n`` the mean weight, <= 1 for 0/1 weights)
+    times the loss scale, so the scale applied is the state's whatever the
+    batch size. Differentiating a weighted sum (not ``W * grad(mean)``) keeps
+    the cross-device terms right when the forward pass couples devices
+    (BatchNorm with ``axis_name``): every device's objective enters the
+    transposed collectives with its own weight.
+    """
+    def objective(p):
+      loss, aux = task.compute_loss(p, model_state, microbatch, mb_key,
+                                    hparams=state.hparams, train=True)
+      total = loss * jax.lax.stop_gradient(aux['weight'] / aux['values'].size)
+      return (total if scale is None else scale.scale_loss(total)), aux
+    (_, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    n = aux['values'].size
+    multiplier = float(n) if scale is None else n / scale.scale
+    return jax.tree.map(lambda g: g.astype(jnp.float32) * multiplier, grads), aux
+
   if k == 1 and axis_name is None:
     grads, aux = grad_of_mean(state.params, state.model_state, batch, key)
     if scale is not None:
@@ -105,9 +127,8 @@ def gradients(task, state, batch, *, axis_name=None):
     return grads, aux['metrics'], aux['model_state']
 
   if k == 1:
-    grads, aux = grad_of_mean(state.params, state.model_state, batch, key)
+    grads, aux = grad_of_sum(state.params, state.model_state, batch, key)
     weight = aux['weight']
-    grads = jax.tree.map(lambda g: g.astype(jnp.float32) * weight, grads)
     metrics, model_state = aux['metrics'], aux['model_state']
   else:
     micro = _split(batch, k)
@@ -115,10 +136,10 @@ def gradients(task, state, batch, *, axis_name=None):
     def body(carry, xs):
       grads_sum, state_sum, metrics, weight = carry
       i, microbatch = xs
-      grads, aux = grad_of_mean(state.params, state.model_state, microbatch,
-                                jax.random.fold_in(key, i))
+      grads, aux = grad_of_sum(state.params, state.model_state, microbatch,
+                               jax.random.fold_in(key, i))
       w = aux['weight']
-      grads_sum = jax.tree.map(lambda s, g: s + g.astype(jnp.float32) * w, grads_sum, grads)
+      grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
       new_state = _weighted_state_sum(aux['model_state'], w)
       state_sum = jax.tree.map(lambda s, x: s + x if jnp.issubdtype(s.dtype, jnp.floating)
                                else x, state_sum, new_state)
@@ -126,8 +147,8 @@ def gradients(task, state, batch, *, axis_name=None):
       return (grads_sum, state_sum, metrics, weight + w), None
 
     first = jax.tree.map(lambda a: a[0], micro)
-    aux_shape = jax.eval_shape(lambda: grad_of_mean(state.params, state.model_state, first,
-                                                    key)[1])
+    aux_shape = jax.eval_shape(lambda: grad_of_sum(state.params, state.model_state, first,
+                                                   key)[1])
     zero_metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), aux_shape['metrics'])
     zero_state = jax.tree.map(
         lambda x: jnp.zeros(x.shape, jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating)
