@@ -11,7 +11,7 @@ ARGS   ?=
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[all,test]'
 	touch $@
 
 venv: $(BIN)/.installed

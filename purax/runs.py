@@ -30,6 +30,7 @@ from purax.config import TrainConfig, build_task, sample_batch
 from purax.core import flops
 from purax.core.errors import ConfigError, expect
 from purax.io import datasets, pipeline, text, writers
+from purax.io import progress as progress_lib
 from purax.io.checkpoint import Checkpointer
 from purax.loop import evaluate, fit, zero_metrics
 from purax.nn.transformer import count_params
@@ -199,7 +200,8 @@ def train(config: TrainConfig) -> dict:
     with StopOnSignal() as stop, jax.debug_nans(config.debug_nans):
       state, history = fit(task, state, train_data, eval_data=eval_data,
                            log_every=config.log_every, eval_every=config.eval_every,
-                           writer=writer, progress=config.progress and primary,
+                           writer=writer,
+                           progress=config.progress and primary and progress_lib.interactive(),
                            checkpointer=checkpointer,
                            checkpoint_every=config.checkpoint_every, train_metrics=acc,
                            should_stop=_agreed(stop, every=config.log_every), plan=plan,

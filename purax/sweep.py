@@ -78,7 +78,7 @@ def run_population(task, pop: pop_lib.Population, train_data, *, batch_index=Non
     ConfigError: an interval out of range, or PBT/early stopping without
       ``eval_data``.
   """
-  from tqdm.auto import tqdm
+  from purax.io import progress as progress_lib
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   for name, value in (('eval_every', eval_every), ('patience', patience),
                       ('pbt_every', pbt_every)):
@@ -91,8 +91,8 @@ def run_population(task, pop: pop_lib.Population, train_data, *, batch_index=Non
   history = []
   first = train_data[start] if start < num_steps else None
   acc = None if first is None else pop_lib.zero_train_metrics(task, pop, first, batch_index)
-  bar = tqdm(total=num_steps, initial=start, disable=not progress, unit='step',
-             dynamic_ncols=True, desc=f'{pop.num_members} members')
+  bar = progress_lib.bar(num_steps, start, enabled=progress,
+                         desc=f'{pop.num_members} members')
   for s in range(start + 1, num_steps + 1):
     pop, acc = pop_lib.train_step(task, pop, acc, train_data[s - 1], batch_index)
     bar.update(1)

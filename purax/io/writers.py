@@ -64,15 +64,16 @@ class TensorBoardWriter:
 
 
 class ConsoleWriter:
-  """One line per call: ``[step 200] train/loss=0.1234 ...`` (through tqdm.write)."""
+  """One line per call: ``[step 200] train/loss=0.1234 ...``, flushed (through
+  ``tqdm.write`` when tqdm is installed, so a live progress bar stays intact)."""
 
   def __init__(self, stream=None):
     self._stream = stream
 
   def write_scalars(self, step, scalars):
-    from tqdm import tqdm
+    from purax.io import progress
     text = ' '.join(f'{k}={v:.4g}' for k, v in scalars.items())
-    tqdm.write(f'[step {int(step)}] {text}', file=self._stream or sys.stdout)
+    progress.write(f'[step {int(step)}] {text}', self._stream or sys.stdout)
 
   def flush(self):
     pass
