@@ -100,7 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   # Import after parsing so that `purax --help` stays fast.
   from purax import runs
   try:
-    if isinstance(command, TrainConfig):
+    if isinstance(command, TrainConfig) and command.dry_run:
+      from purax.dry_run import dry_run
+      print(json.dumps({'dry_run': dry_run(command)}))
+    elif isinstance(command, TrainConfig):
       metrics = runs.train(command)
       print(json.dumps({'final': metrics}, indent=None))
     elif isinstance(command, SweepConfig):

@@ -75,6 +75,14 @@ class TrainConfig:
     d_model: width of transformer/lm (default: the model's, 64 / 128).
     num_layers: layers of transformer/lm (default: the model's, 2 / 4).
     num_heads: attention heads of transformer/lm (default: the model's, 4).
+    dry_run: validate, build and compile the step, print the model summary and
+      the step's FLOPs and memory, and exit without training or writing.
+    profile: 'START:STOP': a jax.profiler trace of those steps in the run
+      directory (tensorboard --logdir, xprof, or perfetto_trace.json.gz).
+    profile_memory: with --profile, also write a device memory profile
+      (memory.prof, pprof) when the trace stops.
+    wandb_project: also log to Weights & Biases under this project (offline
+      unless WANDB_MODE says otherwise; needs pip install 'purax[wandb]').
   """
 
   model: ModelName = 'cnn'
@@ -111,6 +119,10 @@ class TrainConfig:
   d_model: int | None = None
   num_layers: int | None = None
   num_heads: int | None = None
+  dry_run: bool = False
+  profile: str | None = None
+  profile_memory: bool = False
+  wandb_project: str | None = None
 
   def validate(self) -> 'TrainConfig':
     """Checks every field that can be checked without data.
@@ -157,6 +169,13 @@ class TrainConfig:
     if self.mesh is not None:
       from purax.parallel.mesh import parse_mesh
       parse_mesh(self.mesh)
+    if self.profile is not None:
+      from purax.io.profile import parse_range
+      parse_range(self.profile)
+    if self.wandb_project is not None:
+      import importlib.util
+      expect(importlib.util.find_spec('wandb') is not None, 'wandb_project',
+             "the wandb package installed (pip install 'purax[wandb]')", 'no wandb', ConfigError)
     return self
 
   def check_resumable(self, saved: 'TrainConfig') -> None:
@@ -233,7 +252,8 @@ MODEL_SIZES = ('d_model', 'num_layers', 'num_heads')
 RESUMABLE_CHANGES = frozenset({'workdir', 'progress', 'log_every', 'eval_every',
                                'eval_batch_size', 'checkpoint_every', 'keep_last', 'keep_best',
                                'mesh', 'coordinator', 'num_processes', 'process_id',
-                               'max_consecutive_skips', 'debug_nans'})
+                               'max_consecutive_skips', 'debug_nans', 'dry_run', 'profile',
+                               'profile_memory', 'wandb_project'})
 
 
 def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:

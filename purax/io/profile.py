@@ -182,3 +182,29 @@ def memory_profile_on_oom(logdir: str) -> Iterator[None]:
       path = save_memory_profile(os.path.join(logdir, MEMORY_PROFILE))
       print(f'purax: out of memory; device memory profile written to {path}', file=sys.stderr)
     raise
+
+
+@contextlib.contextmanager
+def run_profiler(logdir: str, spec: str | None, first_step: int, *,
+                 memory: bool = False) -> Iterator[Callable]:
+  """What ``purax train --profile START:STOP`` wraps its loop in.
+
+  Yields ``wrap(poll) -> poll``: the loop's per-step poll with a
+  :class:`Profiler` hooked in (:meth:`Profiler.hook`), or ``poll`` unchanged
+  when ``spec`` is None. On exit the trace is closed; an out-of-memory error
+  leaves ``logdir/memory.prof`` (:func:`memory_profile_on_oom`).
+  """
+  profiler = None
+  if spec is not None:
+    start, stop = parse_range(spec)
+    profiler = Profiler(logdir, start, stop, memory_profile=memory)
+
+  def wrap(poll):
+    return poll if profiler is None else profiler.hook(poll, first_step)
+
+  try:
+    with memory_profile_on_oom(logdir):
+      yield wrap
+  finally:
+    if profiler is not None:
+      profiler.close()
