@@ -12,6 +12,7 @@ Examples::
   purax sweep --lr loguniform:1e-5:1e-2 --members 16
   purax train --model lm --dataset pystdlib --workdir runs/lm   # byte-level LM
   purax generate --workdir runs/lm --prompt 'def '             # sample from it
+  purax plot --workdir runs/mine                # curves.png of a run or a sweep
 """
 
 from __future__ import annotations
@@ -74,6 +75,20 @@ class GenerateConfig:
   seed: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class PlotConfig:
+  """Draw a run's or a sweep's learning curves (loss, accuracy, learning rate,
+  grad norm; train and eval) to a PNG.
+
+  Attributes:
+    workdir: a run directory (metrics.jsonl) or a sweep directory (sweep.json).
+    out: the PNG's path (default: WORKDIR/curves.png).
+  """
+
+  workdir: str
+  out: str | None = None
+
+
 Command = Union[
     Annotated[TrainConfig, tyro.conf.subcommand('train', description='Train a model.')],
     Annotated[EvalConfig, tyro.conf.subcommand('eval', description='Evaluate a run.')],
@@ -83,6 +98,8 @@ Command = Union[
         'sweep', description='Train a population of runs over hyperparameters and seeds.')],
     Annotated[GenerateConfig, tyro.conf.subcommand(
         'generate', description='Sample text from a trained language model.')],
+    Annotated[PlotConfig, tyro.conf.subcommand(
+        'plot', description="Plot a run's or a sweep's learning curves to a PNG.")],
 ]
 
 
@@ -114,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(command.prompt + runs.generate_run(
           command.workdir, command.prompt, max_new_tokens=command.max_new_tokens,
           temperature=command.temperature, seed=command.seed))
+    elif isinstance(command, PlotConfig):
+      from purax.plot import plot
+      print(json.dumps({'plot': plot(command.workdir, command.out)}))
     elif isinstance(command, ExportConfig):
       path = runs.export_run(command.workdir, out=command.out)
       print(json.dumps({'exported': path}))
