@@ -36,7 +36,7 @@ class EvalConfig:
 
   Attributes:
     workdir: the run directory written by `purax train`.
-    batch_size: evaluation batch size (default: the run's).
+    batch_size: evaluation batch size; when unset the run's.
   """
 
   workdir: str
@@ -49,7 +49,7 @@ class ExportConfig:
 
   Attributes:
     workdir: the run directory written by `purax train`.
-    out: output directory (default: WORKDIR/export).
+    out: output directory; when unset WORKDIR/export.
   """
 
   workdir: str
@@ -82,7 +82,7 @@ class PlotConfig:
 
   Attributes:
     workdir: a run directory (metrics.jsonl) or a sweep directory (sweep.json).
-    out: the PNG's path (default: WORKDIR/curves.png).
+    out: the PNG's path; when unset WORKDIR/curves.png.
   """
 
   workdir: str

@@ -45,8 +45,8 @@ class TrainConfig:
     label_smoothing: label smoothing in [0, 1).
     dropout_rate: dropout rate of the model (mlp, cnn, transformer, lm).
     seed: seed of initialization, shuffling and dropout.
-    workdir: run directory (default: runs/DATASET-MODEL-TIME); an existing run
-      directory is resumed from its newest committed checkpoint.
+    workdir: run directory, runs/DATASET-MODEL-TIME when unset; an existing
+      run directory is resumed from its newest committed checkpoint.
     log_every: write training metrics every N steps (the loop's only host sync).
     eval_every: evaluate on the test split every N steps (0: at the end only).
     eval_batch_size: examples per evaluation batch (the last is padded).
@@ -72,9 +72,9 @@ class TrainConfig:
     num_processes: multi-host: number of processes.
     process_id: multi-host: this process's index; only process 0 writes logs.
     seq_len: tokens (bytes) per example of a text dataset (--model lm).
-    d_model: width of transformer/lm (default: the model's, 64 / 128).
-    num_layers: layers of transformer/lm (default: the model's, 2 / 4).
-    num_heads: attention heads of transformer/lm (default: the model's, 4).
+    d_model: width of transformer/lm; when unset the model's own (64 / 128).
+    num_layers: layers of transformer/lm; when unset the model's own (2 / 4).
+    num_heads: attention heads of transformer/lm; when unset the model's own (4).
     dry_run: validate, build and compile the step, print the model summary and
       the step's FLOPs and memory, and exit without training or writing.
     profile: 'START:STOP': a jax.profiler trace of those steps in the run

@@ -153,7 +153,7 @@ class SweepConfig:
     clip_norm: global-norm clipping threshold spec.
     label_smoothing: label smoothing spec, values in [0, 1).
     seeds: comma-separated seeds; crossed with every list spec.
-    members: population size when a spec is random (default: the grid size).
+    members: population size when a spec is random; when unset the grid size.
     sample_seed: seed of the random draws.
     model: model name (cnn, mlp, resnet).
     dataset: 'digits', 'mnist1d', or 'npz:PATH'.
@@ -165,7 +165,7 @@ class SweepConfig:
     patience: early-stop a member after N evaluations without improvement (0: off).
     pbt_every: population-based training every N steps, at evaluations (0: off).
     pbt_fraction: share of members replaced by PBT, in (0, 0.5].
-    workdir: sweep directory (default: runs/sweep-DATASET-MODEL-TIME); must not exist.
+    workdir: sweep directory, runs/sweep-DATASET-MODEL-TIME when unset; must not exist.
     log_every: fetch training metrics every N steps.
     eval_every: evaluate every N steps (0: at the end only).
     eval_batch_size: examples per evaluation batch (the last is padded).
