@@ -142,7 +142,11 @@ def compiled_cost(compiled: Any) -> dict[str, float]:
     ``flops`` (XLA's count for one call; absent if the backend gives none),
     and bytes: ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (outputs
     reusing donated inputs), ``temp_bytes`` (scratch), ``code_bytes``, and
-    ``peak_bytes`` = arguments + outputs - aliased + temporaries.
+    ``peak_bytes`` = arguments + outputs - aliased + temporaries;
+    ``loops``: 1.0 when the program has a while loop (``lax.scan``,
+    ``nn.scan`` layers, gradient accumulation), whose body XLA's cost
+    analysis counts once, not once per iteration, so ``flops`` is then a
+    lower bound.
   """
   out: dict[str, float] = {}
   cost = compiled.cost_analysis()
@@ -160,12 +164,15 @@ def compiled_cost(compiled: Any) -> dict[str, float]:
         out[key] = float(getattr(memory, attr))
     out['peak_bytes'] = (out.get('argument_bytes', 0) + out.get('output_bytes', 0)
                          - out.get('alias_bytes', 0) + out.get('temp_bytes', 0))
+  out['loops'] = float(' while(' in compiled.as_text())
   return out
 
 
 def format_cost(cost: Mapping[str, float]) -> str:
   """One line: ``compiled step: 1.23 GFLOP, memory 45.6 MiB peak (...)``."""
   flops = f"{cost['flops'] / 1e9:.3g} GFLOP" if 'flops' in cost else 'FLOPs unknown'
+  if cost.get('loops') and 'flops' in cost:
+    flops += ' (XLA counts each loop body once: more with scanned layers or microbatches)'
   if 'peak_bytes' not in cost:
     return f'compiled step: {flops}'
   return (f"compiled step: {flops}, memory {human_bytes(cost['peak_bytes'])} peak "

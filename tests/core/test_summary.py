@@ -52,7 +52,16 @@ def test_compiled_cost_reads_flops_and_memory():
   assert cost['flops'] == 2 * 64 * 32 * 16
   assert cost['argument_bytes'] == (64 * 32 + 32 * 16) * 4
   assert cost['output_bytes'] == 64 * 16 * 4
-  assert 'GFLOP' in summary.format_cost(cost)
+  assert 'GFLOP' in summary.format_cost(cost) and cost['loops'] == 0
+
+
+def test_a_loop_is_flagged_since_xla_counts_its_body_once():
+  def f(a):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c @ c), None), a, None, length=6)[0]
+  a = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+  cost = summary.compiled_cost(jax.jit(f).lower(a).compile())
+  assert cost['loops'] == 1
+  assert 'loop body once' in summary.format_cost(cost)
 
 
 def test_human_bytes():
