@@ -33,11 +33,11 @@ def test_api_reference_builds_without_warnings(tmp_path):
 
 
 def test_a_warning_fails_the_build(tmp_path, monkeypatch):
-  sys.path.insert(0, os.path.join(ROOT, 'docs'))
-  try:
-    import build
-  finally:
-    sys.path.pop(0)
+  import importlib.util
+  spec = importlib.util.spec_from_file_location('purax_docs_build',
+                                                os.path.join(ROOT, 'docs', 'build.py'))
+  build = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(build)
   import pdoc
 
   def warn_and_render(module, output_directory):
