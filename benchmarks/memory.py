@@ -79,6 +79,8 @@ def main():
   p.add_argument('--features', type=int, default=16)
   p.add_argument('--batch', type=int, default=64)
   p.add_argument('--time', action='store_true', help='also time fp32 vs bf16 steps')
+  p.add_argument('--remat', default='none,full,dots_saveable,dots_with_no_batch_dims_saveable',
+                 help='comma-separated remat policies to compare (default: %(default)s)')
   p.add_argument('--out', default='benchmarks/results/memory.json')
   args = p.parse_args()
   for name in ('d_model', 'layers', 'heads', 'seq', 'features', 'batch'):
@@ -90,8 +92,10 @@ def main():
   out = {'platform': device.platform, 'device_kind': device.device_kind, 'jax': jax.__version__,
          'model': {k: getattr(args, k) for k in ('d_model', 'layers', 'heads', 'seq', 'features',
                                                  'batch')}}
-  out['remat'] = {r: memory(args, remat=r) for r in
-                  ('none', 'full', 'dots_saveable', 'dots_with_no_batch_dims_saveable')}
+  policies = [r for r in args.remat.split(',') if r]
+  if 'none' not in policies:
+    policies.insert(0, 'none')   # the baseline of the reductions
+  out['remat'] = {r: memory(args, remat=r) for r in policies}
   base = out['remat']['none']['temp_bytes']
   for r, v in out['remat'].items():
     v['reduction'] = base / max(v['temp_bytes'], 1)

@@ -63,7 +63,7 @@ def test_checkpoint_benchmark_makes_the_100m_save_opt_in():
 @pytest.mark.slow
 def test_memory_benchmark_with_a_batch_that_16_does_not_divide(tmp_path):
   out = run_script('benchmarks/memory.py', '--batch', '8', '--d-model', '16', '--layers', '1',
-                   '--heads', '2', '--seq', '8', '--features', '4', '--out',
+                   '--heads', '2', '--seq', '8', '--features', '4', '--remat', 'none', '--out',
                    str(tmp_path / 'memory.json'))
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'microbatches [16]: skipped' in out.stdout
