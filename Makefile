@@ -1,17 +1,18 @@
 # Two commands do all the set-up on a fresh machine; each makes and uses .venv.
 #   make train   trains the default CNN on scikit-learn's digits (CPU, < 1 min)
 #   make test    runs the test suite (what CI runs)
+#   make docs    builds the API reference into docs/api (pdoc; fails on any warning)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: train test bench venv clean
+.PHONY: train test bench docs venv clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[all,test]'
 	touch $@
 
 venv: $(BIN)/.installed
@@ -22,8 +23,11 @@ train: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q $(ARGS)
 
+docs: $(BIN)/.installed
+	$(BIN)/python docs/build.py
+
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/step_overhead.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) runs .pytest_cache .hypothesis docs/api

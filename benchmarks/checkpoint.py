@@ -1,5 +1,5 @@
 """Checkpoint cost: training throughput with periodic async checkpoints vs none,
-and save / restore time of a ~100M-parameter state.
+and (with ``--big``) save / restore time of a ~100M-parameter state.
 
 1. Throughput: ``purax.fit`` on digits (CNN, batch 64) for ``--steps`` steps,
    checkpointing every N steps (orbax, asynchronous) for each N in ``--every``
@@ -7,12 +7,13 @@ and save / restore time of a ~100M-parameter state.
    slower. Each save has a fixed cost (orbax's synchronous phase plus the
    background commit sharing the CPU), so the slowdown is about that cost over
    the training time between saves; the JSON gives both.
-2. Size: an MLP with ~100M float32 params and its AdamW state (~1.2 GB in
+2. Size, only with ``--big`` (it needs ~4 GB of memory and ~1 minute): an
+   MLP with ~100M float32 params (``--width``) and its AdamW state (~1.2 GB in
    all): the time ``save`` blocks the loop (device-to-host copy), the time to
    commit, and the time to restore onto the device.
 
 Writes JSON (default ``benchmarks/results/checkpoint.json``); asserts nothing.
-Usage: ``python benchmarks/checkpoint.py [--steps 400] [--every 25,50,100,200] [--trials 3]``
+Usage: ``python benchmarks/checkpoint.py [--steps 400] [--every 25,50,100,200] [--trials 3] [--big]``
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def main():
   parser.add_argument('--steps', type=int, default=400)
   parser.add_argument('--every', default='25,50,100,200')
   parser.add_argument('--trials', type=int, default=3)
-  parser.add_argument('--width', type=int, default=9960, help='MLP width (9960: ~100M params)')
+  parser.add_argument('--big', action='store_true',
+                      help='also time save/restore of a ~100M-parameter state (~4 GB RAM)')
+  parser.add_argument('--width', type=int, default=9960,
+                      help='MLP width of --big (9960: ~100M params)')
   parser.add_argument('--dir', default=None, help='scratch directory (default: a temp dir)')
   parser.add_argument('--out', default='benchmarks/results/checkpoint.json')
   args = parser.parse_args()
@@ -94,7 +98,19 @@ def main():
           f"{med[f'every_{e}']:.1f} vs {med['none']:.1f} steps/s, slowdown "
           f"{100 * results['throughput']['slowdown'][f'every_{e}']:.1f}%")
 
-  big_task, batch, state = big_state(args.width)
+  if args.big:
+    results['size'] = big_checkpoint(args, scratch)
+  if not args.dir:
+    shutil.rmtree(scratch, ignore_errors=True)
+  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
+  with open(args.out, 'w') as f:
+    json.dump(results, f, indent=2)
+  print(f'wrote {args.out}')
+
+
+def big_checkpoint(args, scratch) -> dict:
+  """Save (blocking part, commit) and restore time of the --width MLP's state."""
+  _, _, state = big_state(args.width)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   n_bytes = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, 'nbytes'))
   directory = os.path.join(scratch, 'big')
@@ -112,17 +128,10 @@ def main():
   t_restore = time.perf_counter() - t0
   ckpt.close()
   disk = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(directory) for f in fs)
-  results['size'] = {'params': int(n_params), 'state_bytes': int(n_bytes), 'disk_bytes': disk,
-                     'save_blocking_s': t_block, 'save_commit_s': t_commit,
-                     'restore_s': t_restore}
   print(f'{n_params / 1e6:.1f}M params, {n_bytes / 2**30:.2f} GiB state: save blocks '
         f'{t_block:.2f} s, commits in {t_commit:.2f} s, restore {t_restore:.2f} s')
-  if not args.dir:
-    shutil.rmtree(scratch, ignore_errors=True)
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(results, f, indent=2)
-  print(f'wrote {args.out}')
+  return {'params': int(n_params), 'state_bytes': int(n_bytes), 'disk_bytes': disk,
+          'save_blocking_s': t_block, 'save_commit_s': t_commit, 'restore_s': t_restore}
 
 
 if __name__ == '__main__':

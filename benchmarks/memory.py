@@ -79,19 +79,34 @@ def main():
   p.add_argument('--features', type=int, default=16)
   p.add_argument('--batch', type=int, default=64)
   p.add_argument('--time', action='store_true', help='also time fp32 vs bf16 steps')
+  p.add_argument('--remat', default='none,full,dots_saveable,dots_with_no_batch_dims_saveable',
+                 help='comma-separated remat policies to compare (default: %(default)s)')
   p.add_argument('--out', default='benchmarks/results/memory.json')
   args = p.parse_args()
+  for name in ('d_model', 'layers', 'heads', 'seq', 'features', 'batch'):
+    if getattr(args, name) < 1:
+      p.error(f'--{name.replace("_", "-")}: expected >= 1, got {getattr(args, name)}')
+  if args.d_model % args.heads:
+    p.error(f'--d-model: expected a multiple of --heads={args.heads}, got {args.d_model}')
   device = jax.devices()[0]
   out = {'platform': device.platform, 'device_kind': device.device_kind, 'jax': jax.__version__,
          'model': {k: getattr(args, k) for k in ('d_model', 'layers', 'heads', 'seq', 'features',
                                                  'batch')}}
-  out['remat'] = {r: memory(args, remat=r) for r in
-                  ('none', 'full', 'dots_saveable', 'dots_with_no_batch_dims_saveable')}
+  policies = [r for r in args.remat.split(',') if r]
+  if 'none' not in policies:
+    policies.insert(0, 'none')   # the baseline of the reductions
+  out['remat'] = {r: memory(args, remat=r) for r in policies}
   base = out['remat']['none']['temp_bytes']
   for r, v in out['remat'].items():
     v['reduction'] = base / max(v['temp_bytes'], 1)
     print(f"remat={r:34s} temp {v['temp_bytes'] / 2**20:8.1f} MiB  ({v['reduction']:.2f}x less)")
-  out['accumulation'] = {str(k): memory(args, microbatches=k) for k in (1, 4, 16)}
+  # k microbatches need a batch that k divides; the others are recorded as skipped.
+  counts = [k for k in (1, 4, 16) if args.batch % k == 0]
+  skipped = [k for k in (1, 4, 16) if args.batch % k]
+  if skipped:
+    print(f'microbatches {skipped}: skipped (they do not divide --batch {args.batch})')
+    out['accumulation_skipped'] = skipped
+  out['accumulation'] = {str(k): memory(args, microbatches=k) for k in counts}
   base = out['accumulation']['1']['temp_bytes']
   for k, v in out['accumulation'].items():
     v['reduction'] = base / max(v['temp_bytes'], 1)

@@ -12,6 +12,7 @@ Examples::
   purax sweep --lr loguniform:1e-5:1e-2 --members 16
   purax train --model lm --dataset pystdlib --workdir runs/lm   # byte-level LM
   purax generate --workdir runs/lm --prompt 'def '             # sample from it
+  purax plot --workdir runs/mine                # curves.png of a run or a sweep
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class EvalConfig:
 
   Attributes:
     workdir: the run directory written by `purax train`.
-    batch_size: evaluation batch size (default: the run's).
+    batch_size: evaluation batch size; when unset the run's.
   """
 
   workdir: str
@@ -48,7 +49,7 @@ class ExportConfig:
 
   Attributes:
     workdir: the run directory written by `purax train`.
-    out: output directory (default: WORKDIR/export).
+    out: output directory; when unset WORKDIR/export.
   """
 
   workdir: str
@@ -74,6 +75,20 @@ class GenerateConfig:
   seed: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class PlotConfig:
+  """Draw a run's or a sweep's learning curves (loss, accuracy, learning rate,
+  grad norm; train and eval) to a PNG.
+
+  Attributes:
+    workdir: a run directory (metrics.jsonl) or a sweep directory (sweep.json).
+    out: the PNG's path; when unset WORKDIR/curves.png.
+  """
+
+  workdir: str
+  out: str | None = None
+
+
 Command = Union[
     Annotated[TrainConfig, tyro.conf.subcommand('train', description='Train a model.')],
     Annotated[EvalConfig, tyro.conf.subcommand('eval', description='Evaluate a run.')],
@@ -83,6 +98,8 @@ Command = Union[
         'sweep', description='Train a population of runs over hyperparameters and seeds.')],
     Annotated[GenerateConfig, tyro.conf.subcommand(
         'generate', description='Sample text from a trained language model.')],
+    Annotated[PlotConfig, tyro.conf.subcommand(
+        'plot', description="Plot a run's or a sweep's learning curves to a PNG.")],
 ]
 
 
@@ -100,7 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   # Import after parsing so that `purax --help` stays fast.
   from purax import runs
   try:
-    if isinstance(command, TrainConfig):
+    if isinstance(command, TrainConfig) and command.dry_run:
+      from purax.dry_run import dry_run
+      print(json.dumps({'dry_run': dry_run(command)}))
+    elif isinstance(command, TrainConfig):
       metrics = runs.train(command)
       print(json.dumps({'final': metrics}, indent=None))
     elif isinstance(command, SweepConfig):
@@ -111,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(command.prompt + runs.generate_run(
           command.workdir, command.prompt, max_new_tokens=command.max_new_tokens,
           temperature=command.temperature, seed=command.seed))
+    elif isinstance(command, PlotConfig):
+      from purax.plot import plot
+      print(json.dumps({'plot': plot(command.workdir, command.out)}))
     elif isinstance(command, ExportConfig):
       path = runs.export_run(command.workdir, out=command.out)
       print(json.dumps({'exported': path}))

@@ -46,8 +46,8 @@ class TrainConfig:
     label_smoothing: label smoothing in [0, 1).
     dropout_rate: dropout rate of the model (mlp, cnn, transformer, lm).
     seed: seed of initialization, shuffling and dropout.
-    workdir: run directory (default: runs/DATASET-MODEL-TIME); an existing run
-      directory is resumed from its newest committed checkpoint.
+    workdir: run directory, runs/DATASET-MODEL-TIME when unset; an existing
+      run directory is resumed from its newest committed checkpoint.
     log_every: write training metrics every N steps (the loop's only host sync).
     eval_every: evaluate on the test split every N steps (0: at the end only).
     eval_batch_size: examples per evaluation batch (the last is padded).
@@ -73,9 +73,17 @@ class TrainConfig:
     num_processes: multi-host: number of processes.
     process_id: multi-host: this process's index; only process 0 writes logs.
     seq_len: tokens (bytes) per example of a text dataset (--model lm).
-    d_model: width of transformer/lm (default: the model's, 64 / 128).
-    num_layers: layers of transformer/lm (default: the model's, 2 / 4).
-    num_heads: attention heads of transformer/lm (default: the model's, 4).
+    d_model: width of transformer/lm; when unset the model's own (64 / 128).
+    num_layers: layers of transformer/lm; when unset the model's own (2 / 4).
+    num_heads: attention heads of transformer/lm; when unset the model's own (4).
+    dry_run: validate, build and compile the step, print the model summary and
+      the step's FLOPs and memory, and exit without training or writing.
+    profile: 'START:STOP': a jax.profiler trace of those steps in the run
+      directory (tensorboard --logdir, xprof, or perfetto_trace.json.gz).
+    profile_memory: with --profile, also write a device memory profile
+      (memory.prof, pprof) when the trace stops.
+    wandb_project: also log to Weights & Biases under this project (offline
+      unless WANDB_MODE says otherwise; needs pip install 'purax[wandb]').
   """
 
   model: ModelName = 'cnn'
@@ -112,6 +120,10 @@ class TrainConfig:
   d_model: int | None = None
   num_layers: int | None = None
   num_heads: int | None = None
+  dry_run: bool = False
+  profile: str | None = None
+  profile_memory: bool = False
+  wandb_project: str | None = None
 
   def validate(self) -> 'TrainConfig':
     """Checks every field that can be checked without data.
@@ -158,6 +170,13 @@ class TrainConfig:
     if self.mesh is not None:
       from purax.parallel.mesh import parse_mesh
       parse_mesh(self.mesh)
+    if self.profile is not None:
+      from purax.io.profile import parse_range
+      parse_range(self.profile)
+    if self.wandb_project is not None:
+      import importlib.util
+      expect(importlib.util.find_spec('wandb') is not None, 'wandb_project',
+             "the wandb package installed (pip install 'purax[wandb]')", 'no wandb', ConfigError)
     return self
 
   def check_resumable(self, saved: 'TrainConfig') -> None:
@@ -234,7 +253,8 @@ MODEL_SIZES = ('d_model', 'num_layers', 'num_heads')
 RESUMABLE_CHANGES = frozenset({'workdir', 'progress', 'log_every', 'eval_every',
                                'eval_batch_size', 'checkpoint_every', 'keep_last', 'keep_best',
                                'mesh', 'coordinator', 'num_processes', 'process_id',
-                               'max_consecutive_skips', 'debug_nans'})
+                               'max_consecutive_skips', 'debug_nans', 'dry_run', 'profile',
+                               'profile_memory', 'wandb_project'})
 
 
 def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:

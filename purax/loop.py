@@ -36,6 +36,7 @@ from purax.core.errors import ConfigError, NonFiniteError, expect
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.io.checkpoint import Checkpointer
+from purax.io import progress as progress_lib
 from purax.io.pipeline import prefetch_to_device
 from purax.io.writers import MetricWriter
 
@@ -273,9 +274,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       checkpointer.save(step, {'state': state, 'train_metrics': acc}, metrics=metrics,
                         extra={'data': dict(position)})
 
-  from tqdm.auto import tqdm   # the progress bar is an optional dependency
-  bar = tqdm(total=num_steps, initial=start, disable=not progress, unit='step',
-             dynamic_ncols=True)
+  bar = progress_lib.bar(num_steps, start, enabled=progress)
   if plan is None:
     batches = prefetch_to_device(host_batches, prefetch)
     run_step = lambda state, acc, batch: train_step(task, state, acc, batch)

@@ -25,9 +25,12 @@ import numpy as np
 import purax
 from purax import parallel
 from purax.config import TrainConfig, build_task, sample_batch
+from purax.dry_run import print_summary
 from purax.core import flops, objectives
 from purax.core.errors import ConfigError, expect
 from purax.io import datasets, pipeline, text, writers
+from purax.io import progress as progress_lib
+from purax.io import profile
 from purax.io.checkpoint import Checkpointer
 from purax.loop import StopOnSignal, evaluate, fit, zero_metrics
 from purax.nn.transformer import count_params
@@ -140,6 +143,8 @@ def train(config: TrainConfig) -> dict:
     mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
     plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
     num_devices = mesh.devices.size
+  if primary:
+    print_summary(abstract['state'], shardings=plan and plan.state_sharding)
   os.makedirs(workdir, exist_ok=True)
   checkpointer = writer = None
   try:
@@ -165,16 +170,22 @@ def train(config: TrainConfig) -> dict:
       state = init(jax.random.key(config.seed))
     if primary:
       _truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'), step)
-      writer = _with_throughput(writers.create_default_writer(workdir, console=True),
-                                config, task, abstract, num_devices)
+      writer = writers.create_default_writer(workdir, console=True,
+                                             wandb_project=config.wandb_project)
+      writers.write_run_info(writer, dataclasses.asdict(config), config.to_json())
+      writer = _with_throughput(writer, config, task, abstract, num_devices)
     eval_data = pipeline.eval_batches(ds.x_test, ds.y_test, batch_size=config.eval_batch_size)
-    with StopOnSignal() as stop, jax.debug_nans(config.debug_nans):
+    with StopOnSignal() as stop, jax.debug_nans(config.debug_nans), \
+        profile.run_profiler(workdir, config.profile, step,
+                             memory=config.profile_memory) as profiler:
       state, history = fit(task, state, train_data, eval_data=eval_data,
                            log_every=config.log_every, eval_every=config.eval_every,
-                           writer=writer, progress=config.progress and primary,
+                           writer=writer,
+                           progress=config.progress and primary and progress_lib.interactive(),
                            checkpointer=checkpointer,
                            checkpoint_every=config.checkpoint_every, train_metrics=acc,
-                           should_stop=_agreed(stop, every=config.log_every), plan=plan,
+                           should_stop=profiler(_agreed(stop, every=config.log_every)),
+                           plan=plan,
                            max_consecutive_skips=config.max_consecutive_skips)
   except BaseException:
     if checkpointer is not None:

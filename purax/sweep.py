@@ -78,7 +78,7 @@ def run_population(task, pop: pop_lib.Population, train_data, *, batch_index=Non
     ConfigError: an interval out of range, or PBT/early stopping without
       ``eval_data``.
   """
-  from tqdm.auto import tqdm
+  from purax.io import progress as progress_lib
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   for name, value in (('eval_every', eval_every), ('patience', patience),
                       ('pbt_every', pbt_every)):
@@ -91,8 +91,8 @@ def run_population(task, pop: pop_lib.Population, train_data, *, batch_index=Non
   history = []
   first = train_data[start] if start < num_steps else None
   acc = None if first is None else pop_lib.zero_train_metrics(task, pop, first, batch_index)
-  bar = tqdm(total=num_steps, initial=start, disable=not progress, unit='step',
-             dynamic_ncols=True, desc=f'{pop.num_members} members')
+  bar = progress_lib.bar(num_steps, start, enabled=progress,
+                         desc=f'{pop.num_members} members')
   for s in range(start + 1, num_steps + 1):
     pop, acc = pop_lib.train_step(task, pop, acc, train_data[s - 1], batch_index)
     bar.update(1)
@@ -153,7 +153,7 @@ class SweepConfig:
     clip_norm: global-norm clipping threshold spec.
     label_smoothing: label smoothing spec, values in [0, 1).
     seeds: comma-separated seeds; crossed with every list spec.
-    members: population size when a spec is random (default: the grid size).
+    members: population size when a spec is random; when unset the grid size.
     sample_seed: seed of the random draws.
     model: model name (cnn, mlp, resnet).
     dataset: 'digits', 'mnist1d', or 'npz:PATH'.
@@ -165,7 +165,7 @@ class SweepConfig:
     patience: early-stop a member after N evaluations without improvement (0: off).
     pbt_every: population-based training every N steps, at evaluations (0: off).
     pbt_fraction: share of members replaced by PBT, in (0, 0.5].
-    workdir: sweep directory (default: runs/sweep-DATASET-MODEL-TIME); must not exist.
+    workdir: sweep directory, runs/sweep-DATASET-MODEL-TIME when unset; must not exist.
     log_every: fetch training metrics every N steps.
     eval_every: evaluate every N steps (0: at the end only).
     eval_batch_size: examples per evaluation batch (the last is padded).

@@ -1,4 +1,4 @@
-"""The end of a sweep: ranking table, ``sweep.json``, ``curves.png``, best run.
+"""The end of a sweep: ranking table, ``sweep.json``, ``curves.png`` (:mod:`purax.plot`), best run.
 
 Host-side only: one transfer of the final population, then files.
 """
@@ -54,34 +54,6 @@ def table(rows: list[dict], metric: str) -> str:
   line = lambda xs: '  '.join(x.rjust(w) for x, w in zip(xs, widths))  # noqa: E731
   return '\n'.join([f'members sorted by eval {metric}:', line(heads),
                     *(line(c) for c in cells)])
-
-
-def plot(history, path: str, metric: str) -> None:
-  """Per-member curves (train loss, eval metric) against steps, as a PNG (Agg)."""
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for ax, key in zip(axes, ('train/loss', f'eval/{metric}')):
-    recs = [r for r in history if key in r]
-    if not recs:
-      continue
-    steps = [r['step'] for r in recs]
-    values = np.stack([np.asarray(r[key], np.float64) for r in recs])   # [points, members]
-    members = values.shape[1]
-    for i in range(members):
-      ax.plot(steps, values[:, i], marker='.' if len(steps) < 3 else None,
-              label=f'member {i}' if members <= 10 else None, linewidth=1)
-    ax.set_xlabel('step')
-    ax.set_ylabel(key)
-    if key.endswith('loss') and np.all(values[np.isfinite(values)] > 0):
-      ax.set_yscale('log')
-    if members <= 10:
-      ax.legend(fontsize=7)
-  fig.suptitle(f'{values.shape[1]} members')
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
 
 
 def save_best(config, task, sample, pop, seeds, hparams, i: int, final: dict,
@@ -150,7 +122,8 @@ def write(config, task, sample, pop, seeds, history, *, console: bool = True) ->
   }
   with open(os.path.join(config.workdir, 'sweep.json'), 'w') as f:
     json.dump(summary, f, indent=1)
-  plot(history, os.path.join(config.workdir, 'curves.png'), config.metric)
+  from purax.plot import plot_sweep_summary
+  plot_sweep_summary(summary, os.path.join(config.workdir, 'curves.png'))
   if console:
     print(table(rows, config.metric))
     print(f'best member saved to {best_dir}' if best is not None

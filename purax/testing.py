@@ -37,8 +37,6 @@ and key data, ``None`` as structure; a difference names its path.
 Strategies touch devices only when drawn, never at import.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import math

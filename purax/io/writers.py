@@ -2,8 +2,24 @@
 
 ``write_scalars(step, scalars)`` takes Python numbers (already on the host);
 writers never touch the device. Use :func:`create_default_writer` for a run
-directory: TensorBoard event files (tensorboardX), ``metrics.jsonl`` and,
-optionally, the console.
+directory: TensorBoard event files (tensorboardX, with the run's
+hyperparameters for TensorBoard's HParams tab and its config as text),
+``metrics.jsonl``, optionally the console and Weights & Biases.
+
+Your own writer is any object with the three methods of :class:`MetricWriter`;
+``write_hparams`` and ``write_text`` are optional (called when present)::
+
+  class LossPrinter:
+    def write_scalars(self, step, scalars):
+      print(step, scalars.get('train/loss'))
+    def flush(self): pass
+    def close(self): pass
+
+  purax.fit(task, state, train, writer=LossPrinter())
+  # or next to the defaults:
+  writer = writers.MultiWriter([writers.create_default_writer(workdir), LossPrinter()])
+
+Only process 0 of a multi-host run writes (``fit`` calls the writer there only).
 """
 
 from __future__ import annotations
@@ -13,13 +29,43 @@ import math
 import os
 import sys
 import time
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 
 class MetricWriter(Protocol):
-  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None: ...
-  def flush(self) -> None: ...
-  def close(self) -> None: ...
+  """What ``fit`` writes to. Optional extras, called when a writer has them:
+  ``write_hparams(hparams: Mapping[str, Any])`` (once per run, before the first
+  step) and ``write_text(tag: str, text: str)``."""
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    """Records ``scalars`` (``{'train/loss': 0.12, ...}``, Python floats) at ``step``."""
+
+  def flush(self) -> None:
+    """Makes everything written so far durable/visible."""
+
+  def close(self) -> None:
+    """Flushes and releases files or connections; no call follows."""
+
+
+def hparam_values(config: Mapping[str, Any]) -> dict[str, Any]:
+  """``config`` as HParams values: bool, int, float, str kept, None dropped,
+  anything else (tuples, nested dicts) as its ``str``."""
+  out = {}
+  for key, value in config.items():
+    if value is None:
+      continue
+    out[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+  return out
+
+
+def write_run_info(writer: MetricWriter, hparams: Mapping[str, Any],
+                   config_text: str | None = None) -> None:
+  """Sends a run's hyperparameters (and its config as text, tag ``config``) to
+  the writers that take them; the others are left alone."""
+  if hasattr(writer, 'write_hparams'):
+    writer.write_hparams(hparam_values(hparams))
+  if config_text is not None and hasattr(writer, 'write_text'):
+    writer.write_text('config', config_text)
 
 
 def _number(value):
@@ -45,6 +91,10 @@ class JsonlWriter:
     self._file.close()
 
 
+#: Scalars the HParams tab shows per run (written by ``fit`` under these tags).
+HPARAM_METRICS = ('eval/accuracy', 'eval/loss', 'train/loss')
+
+
 class TensorBoardWriter:
   """TensorBoard event files in ``logdir`` through ``tensorboardX.SummaryWriter``."""
 
@@ -56,6 +106,21 @@ class TensorBoardWriter:
     for name, value in scalars.items():
       self._writer.add_scalar(name, float(value), global_step=int(step))
 
+  def write_hparams(self, hparams, metrics: Sequence[str] = HPARAM_METRICS):
+    """The HParams plugin's experiment and session records, in this run's own
+    event file (not a sub-run, as ``SummaryWriter.add_hparams`` would make),
+    so the HParams tab shows this run's ``metrics`` scalars next to ``hparams``."""
+    from tensorboardX.summary import hparams as hparams_summary
+    summaries = hparams_summary(hparam_values(hparams), {m: 0.0 for m in metrics})
+    file_writer = self._writer._get_file_writer()   # pylint: disable=protected-access
+    for summary in summaries:
+      file_writer.add_summary(summary)
+
+  def write_text(self, tag, text, step: int = 0):
+    """Text for TensorBoard's Text tab (markdown; indented, so JSON shows as code)."""
+    body = '\n'.join('    ' + line for line in text.splitlines())
+    self._writer.add_text(tag, body, global_step=step)
+
   def flush(self):
     self._writer.flush()
 
@@ -64,15 +129,16 @@ class TensorBoardWriter:
 
 
 class ConsoleWriter:
-  """One line per call: ``[step 200] train/loss=0.1234 ...`` (through tqdm.write)."""
+  """One line per call: ``[step 200] train/loss=0.1234 ...``, flushed (through
+  ``tqdm.write`` when tqdm is installed, so a live progress bar stays intact)."""
 
   def __init__(self, stream=None):
     self._stream = stream
 
   def write_scalars(self, step, scalars):
-    from tqdm import tqdm
+    from purax.io import progress
     text = ' '.join(f'{k}={v:.4g}' for k, v in scalars.items())
-    tqdm.write(f'[step {int(step)}] {text}', file=self._stream or sys.stdout)
+    progress.write(f'[step {int(step)}] {text}', self._stream or sys.stdout)
 
   def flush(self):
     pass
@@ -91,6 +157,16 @@ class MultiWriter:
     for w in self._writers:
       w.write_scalars(step, scalars)
 
+  def write_hparams(self, hparams):
+    for w in self._writers:
+      if hasattr(w, 'write_hparams'):
+        w.write_hparams(hparams)
+
+  def write_text(self, tag, text):
+    for w in self._writers:
+      if hasattr(w, 'write_text'):
+        w.write_text(tag, text)
+
   def flush(self):
     for w in self._writers:
       w.flush()
@@ -100,11 +176,18 @@ class MultiWriter:
       w.close()
 
 
-def create_default_writer(workdir: str, *, console: bool = True) -> MultiWriter:
-  """TensorBoard events and ``metrics.jsonl`` in ``workdir`` (+ console)."""
+def create_default_writer(workdir: str, *, console: bool = True,
+                          wandb_project: str | None = None) -> MultiWriter:
+  """TensorBoard events and ``metrics.jsonl`` in ``workdir`` (+ console, and a
+  :class:`purax.io.wandb_writer.WandbWriter` of ``wandb_project`` logging into
+  ``workdir/wandb`` when given)."""
   os.makedirs(workdir, exist_ok=True)
   writers = [JsonlWriter(os.path.join(workdir, 'metrics.jsonl')),
              TensorBoardWriter(workdir)]
   if console:
     writers.append(ConsoleWriter())
+  if wandb_project is not None:
+    from purax.io.wandb_writer import WandbWriter
+    writers.append(WandbWriter(wandb_project, directory=workdir,
+                               name=os.path.basename(os.path.normpath(workdir))))
   return MultiWriter(writers)

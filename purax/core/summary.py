@@ -1,0 +1,182 @@
+"""Model summaries from shapes alone: parameters per module, state bytes per device.
+
+Everything here reads shapes, dtypes and shardings, never values, so it works
+on an abstract state (``jax.eval_shape(task.init, key, batch)``, whose leaves
+are ``jax.ShapeDtypeStruct``, optionally with a ``sharding``) as well as on a
+real one, and costs nothing on the device::
+
+  abstract = jax.eval_shape(task.init, jax.random.key(0), batch)
+  print(summary.format_summary(summary.summarize(abstract)))
+
+:func:`compiled_cost` reads XLA's cost and memory analysis of a compiled step
+(``jax.jit(f).lower(*args).compile()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+  """What :func:`summarize` finds.
+
+  Attributes:
+    modules: ``(name, parameters, bytes)`` per top-level entry of the params
+      tree (a flax module such as ``Conv_0``; scanned layers count once with
+      their stacked ``[layers, ...]`` leaves), in the tree's order.
+    total_params: the sum of ``modules``' parameters.
+    bytes_per_device: for each part of the state (``params``, ``opt_state``,
+      ``model_state``, ..., and ``total``), the bytes the most loaded device
+      holds: a leaf with a sharding counts its shard, one without counts whole
+      (it lives on one device).
+  """
+
+  modules: tuple[tuple[str, int, int], ...]
+  total_params: int
+  bytes_per_device: Mapping[str, int]
+
+
+def _size(leaf) -> int:
+  return math.prod(np.shape(leaf))
+
+
+def _nbytes(leaf) -> int:
+  dtype = getattr(leaf, 'dtype', None)
+  if dtype is None or jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    # a typed key: its key data, e.g. 2 x uint32 for threefry
+    data = jax.eval_shape(jax.random.key_data, leaf) if dtype is not None else None
+    return 0 if data is None else _size(data) * np.dtype(data.dtype).itemsize
+  return _size(leaf) * np.dtype(dtype).itemsize
+
+
+def _shard_bytes(leaf) -> int:
+  """Bytes of ``leaf`` on the device holding the largest piece of it."""
+  sharding = getattr(leaf, 'sharding', None)
+  total = _nbytes(leaf)
+  if sharding is None or not np.shape(leaf):
+    return total
+  shard = sharding.shard_shape(np.shape(leaf))
+  return total * math.prod(shard) // max(_size(leaf), 1)
+
+
+def param_counts(params: Any) -> list[tuple[str, int, int]]:
+  """``(name, parameters, bytes)`` per top-level entry of ``params``.
+
+  Args:
+    params: any pytree of arrays or ``ShapeDtypeStruct``; a mapping (flax's
+      ``{'Dense_0': {...}, ...}``) is split by key, any other tree by its
+      first path element (one row named ``params`` for a single array).
+  """
+  rows: dict[str, list[int]] = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    name = jax.tree_util.keystr(path[:1], simple=True, separator='/') if path else 'params'
+    row = rows.setdefault(name or 'params', [0, 0])
+    row[0] += _size(leaf)
+    row[1] += _nbytes(leaf)
+  return [(name, count, nbytes) for name, (count, nbytes) in rows.items()]
+
+
+def tree_bytes_per_device(tree: Any) -> int:
+  """Bytes of ``tree`` on its most loaded device (shards for sharded leaves)."""
+  return sum(_shard_bytes(leaf) for leaf in jax.tree.leaves(tree))
+
+
+def summarize(state: Any) -> Summary:
+  """The :class:`Summary` of a TrainState (abstract or real), or of a params tree.
+
+  Args:
+    state: a :class:`purax.TrainState` (``params``, ``opt_state``,
+      ``model_state``, ...), or any pytree taken as the parameters.
+  """
+  params = getattr(state, 'params', state)
+  modules = tuple(param_counts(params))
+  parts: dict[str, int] = {}
+  if params is state:
+    parts['params'] = tree_bytes_per_device(params)
+  else:
+    for field in dataclasses.fields(state):
+      parts[field.name] = tree_bytes_per_device(getattr(state, field.name))
+  parts['total'] = sum(parts.values())
+  return Summary(modules=modules, total_params=sum(m[1] for m in modules),
+                 bytes_per_device=parts)
+
+
+def human_bytes(n: float) -> str:
+  """``1536`` -> ``'1.50 KiB'`` (binary units, as XLA and ``nvidia-smi`` count)."""
+  for unit in ('B', 'KiB', 'MiB', 'GiB'):
+    if abs(n) < 1024 or unit == 'GiB':
+      return f'{n:.0f} {unit}' if unit == 'B' else f'{n:.2f} {unit}'
+    n /= 1024
+  raise AssertionError('unreachable')
+
+
+def format_summary(summary: Summary, *, max_rows: int = 30) -> str:
+  """A table: one row per module, the total, and the state bytes per device."""
+  width = max([len('module'), *(len(m[0]) for m in summary.modules[:max_rows])])
+  lines = [f"{'module':<{width}}  {'parameters':>12}  {'bytes':>10}"]
+  for name, count, nbytes in summary.modules[:max_rows]:
+    lines.append(f'{name:<{width}}  {count:>12,}  {human_bytes(nbytes):>10}')
+  if len(summary.modules) > max_rows:
+    rest = summary.modules[max_rows:]
+    lines.append(f"{f'... {len(rest)} more':<{width}}  {sum(m[1] for m in rest):>12,}")
+  lines.append(f"{'total':<{width}}  {summary.total_params:>12,}")
+  parts = ', '.join(f'{k} {human_bytes(v)}' for k, v in summary.bytes_per_device.items()
+                    if k != 'total' and v)
+  lines.append(f"state per device: {human_bytes(summary.bytes_per_device['total'])} ({parts})")
+  return '\n'.join(lines)
+
+
+def compiled_cost(compiled: Any) -> dict[str, float]:
+  """FLOPs and memory of a compiled function, from XLA's own analyses.
+
+  Args:
+    compiled: ``jax.jit(f).lower(*args).compile()``.
+
+  Returns:
+    ``flops`` (XLA's count for one call; absent if the backend gives none),
+    and bytes: ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (outputs
+    reusing donated inputs), ``temp_bytes`` (scratch), ``code_bytes``, and
+    ``peak_bytes`` = arguments + outputs - aliased + temporaries;
+    ``loops``: 1.0 when the program has a while loop (``lax.scan``,
+    ``nn.scan`` layers, gradient accumulation), whose body XLA's cost
+    analysis counts once, not once per iteration, so ``flops`` is then a
+    lower bound.
+  """
+  out: dict[str, float] = {}
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):   # older jax: one dict per computation
+    cost = cost[0] if cost else None
+  if cost and 'flops' in cost:
+    out['flops'] = float(cost['flops'])
+  memory = compiled.memory_analysis()
+  if memory is not None:
+    fields = {'argument_bytes': 'argument_size_in_bytes',
+              'output_bytes': 'output_size_in_bytes', 'alias_bytes': 'alias_size_in_bytes',
+              'temp_bytes': 'temp_size_in_bytes', 'code_bytes': 'generated_code_size_in_bytes'}
+    for key, attr in fields.items():
+      if hasattr(memory, attr):
+        out[key] = float(getattr(memory, attr))
+    out['peak_bytes'] = (out.get('argument_bytes', 0) + out.get('output_bytes', 0)
+                         - out.get('alias_bytes', 0) + out.get('temp_bytes', 0))
+  out['loops'] = float(' while(' in compiled.as_text())
+  return out
+
+
+def format_cost(cost: Mapping[str, float]) -> str:
+  """One line: ``compiled step: 1.23 GFLOP, memory 45.6 MiB peak (...)``."""
+  flops = f"{cost['flops'] / 1e9:.3g} GFLOP" if 'flops' in cost else 'FLOPs unknown'
+  if cost.get('loops') and 'flops' in cost:
+    flops += ' (XLA counts each loop body once: more with scanned layers or microbatches)'
+  if 'peak_bytes' not in cost:
+    return f'compiled step: {flops}'
+  return (f"compiled step: {flops}, memory {human_bytes(cost['peak_bytes'])} peak "
+          f"(arguments {human_bytes(cost.get('argument_bytes', 0))}, outputs "
+          f"{human_bytes(cost.get('output_bytes', 0))}, aliased "
+          f"{human_bytes(cost.get('alias_bytes', 0))}, temporaries "
+          f"{human_bytes(cost.get('temp_bytes', 0))})")

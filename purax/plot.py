@@ -1,0 +1,211 @@
+"""``purax plot --workdir DIR``: learning curves of a run or a sweep, as a PNG.
+
+Four panels against the step: loss and accuracy (train solid, eval dashed),
+the learning-rate schedule (recomputed from the saved config: it is not
+logged) and the gradient norm. A run directory is read from its
+``metrics.jsonl`` and ``config.json``; a sweep directory from its
+``sweep.json``, with one colour per member and a legend naming each member
+by the hyperparameters that differ across the sweep (and its seed).
+
+matplotlib is in the ``cli`` extra and imported on use, with the Agg backend
+(no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from purax.core.errors import ConfigError, expect
+
+#: (panel title, train key, eval key) of the panels besides the learning rate.
+PANELS = (('loss', 'train/loss', 'eval/loss'),
+          ('accuracy', 'train/accuracy', 'eval/accuracy'),
+          ('grad norm', 'train/grad_norm', None))
+#: Hyperparameters a sweep legend may name, with their short labels.
+LEGEND_NAMES = {'peak_learning_rate': 'lr', 'weight_decay': 'wd', 'b1': 'b1', 'b2': 'b2',
+                'clip_norm': 'clip', 'label_smoothing': 'ls', 'seed': 'seed'}
+
+
+def _pyplot():
+  try:
+    import matplotlib
+  except ImportError as e:
+    raise ConfigError("plot: expected matplotlib (pip install 'purax[cli]'), "
+                      f'got {e}') from e
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _number(v) -> float:
+  """JSON values as floats: null and 'nan'/'inf' strings (non-finite) as NaN."""
+  try:
+    return float(v)
+  except (TypeError, ValueError):
+    return math.nan
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """The records of a ``metrics.jsonl`` (a line torn by a kill is skipped)."""
+  records = []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        continue   # the last line of a killed run may be cut short
+  return records
+
+
+def learning_rates(config: Mapping[str, Any], peak: float | None = None,
+                   points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+  """``(steps, lr)`` of the run's warmup-cosine schedule (:func:`purax.core.optim.warmup_cosine`)."""
+  from purax.core.optim import warmup_cosine
+  total = int(config['steps'])
+  schedule = warmup_cosine(config['learning_rate'] if peak is None else peak,
+                           warmup_steps=min(int(config['warmup_steps']), total),
+                           total_steps=total)
+  steps = np.unique(np.linspace(0, total, min(points, total + 1)).astype(np.int64))
+  return steps, np.asarray([float(schedule(int(s))) for s in steps])
+
+
+def _series(records: Sequence[Mapping], key: str, member: int | None = None):
+  steps, values = [], []
+  for r in records:
+    if key in r:
+      v = r[key] if member is None else r[key][member]
+      steps.append(r['step'])
+      values.append(_number(v))
+  return np.asarray(steps), np.asarray(values, np.float64)
+
+
+def _finish(fig, axes, path: str, title: str, legend: bool) -> str:
+  for ax in axes.flat:
+    ax.set_xlabel('step')
+    ax.grid(alpha=0.3)
+  loss_ax = axes.flat[0]
+  lines = loss_ax.get_lines()
+  ys = np.concatenate([l.get_ydata() for l in lines]) if lines else np.array([])
+  if ys.size and np.all(ys[np.isfinite(ys)] > 0):
+    loss_ax.set_yscale('log')
+  if legend:
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if handles:
+      fig.legend(handles, labels, loc='lower center', ncol=min(4, len(handles)), fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout(rect=(0, 0.1 if legend else 0, 1, 1))
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path + '.tmp.png', dpi=100)
+  os.replace(path + '.tmp.png', path)
+  return path
+
+
+def plot_run(workdir: str, out: str | None = None) -> str:
+  """Curves of one run (``metrics.jsonl`` + ``config.json``) into ``out``
+  (default ``WORKDIR/curves.png``); returns the path.
+
+  Raises:
+    ConfigError: ``workdir`` has no ``metrics.jsonl``, or it has no records.
+  """
+  path = os.path.join(workdir, 'metrics.jsonl')
+  expect(os.path.isfile(path), 'workdir', 'a run directory with metrics.jsonl',
+         repr(workdir), ConfigError)
+  records = read_jsonl(path)
+  expect(bool(records), 'metrics.jsonl', 'at least one record', 'none', ConfigError)
+  config = {}
+  if os.path.isfile(os.path.join(workdir, 'config.json')):
+    with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+      config = json.load(f)
+  plt = _pyplot()
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+  for ax, (title, train_key, eval_key) in zip(axes.flat[[0, 1, 3]], PANELS):
+    for key, style, label in ((train_key, '-', 'train'), (eval_key, '--', 'eval')):
+      if key is None:
+        continue
+      steps, values = _series(records, key)
+      if steps.size:
+        ax.plot(steps, values, style, marker='.' if steps.size < 3 else None, label=label)
+    ax.set_title(title)
+    if ax.get_lines():
+      ax.legend(fontsize=8)
+  lr_ax = axes.flat[2]
+  if {'steps', 'learning_rate', 'warmup_steps'} <= set(config):
+    lr_ax.plot(*learning_rates(config))
+  lr_ax.set_title('learning rate')
+  name = f"{config.get('model', '?')} on {config.get('dataset', '?')}" if config else workdir
+  return _finish(fig, axes, out or os.path.join(workdir, 'curves.png'), name, legend=False)
+
+
+def member_labels(rows: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+  """``{member: 'lr=0.001 wd=0.0001 seed=1'}`` naming what differs across members."""
+  varying = [k for k in LEGEND_NAMES
+             if any(k in r for r in rows) and len({r.get(k) for r in rows}) > 1]
+  if not varying and rows and 'peak_learning_rate' in rows[0]:
+    varying = ['peak_learning_rate']
+  fmt = lambda v: f'{v:.3g}' if isinstance(v, float) else str(v)  # noqa: E731
+  return {int(r['member']): ' '.join(f'{LEGEND_NAMES[k]}={fmt(r.get(k))}' for k in varying)
+          for r in rows}
+
+
+def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int = 12) -> str:
+  """Per-member curves of a sweep's summary (what ``sweep.json`` holds) into ``path``."""
+  history = summary['history']
+  rows = summary['members']
+  config = summary.get('config', {})
+  labels = member_labels(rows)
+  members = len(rows)
+  plt = _pyplot()
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+  colors = plt.get_cmap('tab10' if members <= 10 else 'viridis')
+  color = lambda i: colors(i if members <= 10 else i / max(members - 1, 1))  # noqa: E731
+  for ax, (title, train_key, eval_key) in zip(axes.flat[[0, 1, 3]], PANELS):
+    for i in range(members):
+      for key, style in ((train_key, '-'), (eval_key, '--')):
+        if key is None:
+          continue
+        steps, values = _series(history, key, member=i)
+        if steps.size:
+          ax.plot(steps, values, style, color=color(i), linewidth=1,
+                  marker='.' if steps.size < 3 else None,
+                  label=labels.get(i, f'member {i}') if key == train_key else None)
+    ax.set_title(f'{title} (train solid, eval dashed)' if eval_key else title)
+  lr_ax = axes.flat[2]
+  sched = {'steps': config.get('steps'), 'warmup_steps': config.get('warmup_steps'),
+           'learning_rate': 0.0}
+  if None not in sched.values() and not config.get('pbt_every'):
+    for r in rows:
+      if 'peak_learning_rate' in r:
+        lr_ax.plot(*learning_rates(sched, peak=r['peak_learning_rate']),
+                   color=color(int(r['member'])), linewidth=1)
+    lr_ax.set_title('learning rate')
+  else:
+    lr_ax.set_title('learning rate (changed by PBT: see sweep.json)')
+  title = f"{members} members, {config.get('model', '?')} on {config.get('dataset', '?')}"
+  return _finish(fig, axes, path, title, legend=members <= max_legend)
+
+
+def plot_sweep(workdir: str, out: str | None = None) -> str:
+  """Curves of a sweep directory (``sweep.json``) into ``out`` (default
+  ``WORKDIR/curves.png``); returns the path."""
+  with open(os.path.join(workdir, 'sweep.json'), encoding='utf-8') as f:
+    summary = json.load(f)
+  return plot_sweep_summary(summary, out or os.path.join(workdir, 'curves.png'))
+
+
+def plot(workdir: str, out: str | None = None) -> str:
+  """A sweep's or a run's curves, whichever ``workdir`` holds; returns the PNG's path.
+
+  Raises:
+    ConfigError: ``workdir`` is neither (no ``sweep.json``, no ``metrics.jsonl``).
+  """
+  if os.path.isfile(os.path.join(workdir, 'sweep.json')):
+    return plot_sweep(workdir, out)
+  expect(os.path.isfile(os.path.join(workdir, 'metrics.jsonl')), 'workdir',
+         'a run directory (metrics.jsonl) or a sweep directory (sweep.json)',
+         repr(workdir), ConfigError)
+  return plot_run(workdir, out)

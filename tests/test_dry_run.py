@@ -1,0 +1,39 @@
+"""`purax train --dry-run`: summary, compiled FLOPs and memory, exit 0, nothing written."""
+
+import json
+import os
+
+import pytest
+
+from purax import cli
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_summary_and_cost_and_writes_nothing(tmp_path, capsys):
+  workdir = tmp_path / 'never'
+  assert cli.main(['train', '--dry-run', '--model', 'mlp', '--workdir', str(workdir)]) == 0
+  out = capsys.readouterr().out
+  assert not workdir.exists() and os.listdir(tmp_path) == []
+  assert 'Dense_0' in out and 'total' in out and 'state per device' in out
+  assert 'GFLOP' in out and 'temporaries' in out and 'nothing written' in out
+  result = json.loads(out.strip().splitlines()[-1])['dry_run']
+  assert result['params'] == 85_002 and result['flops'] > 0 and result['temp_bytes'] > 0
+
+
+@pytest.mark.slow
+def test_dry_run_on_a_mesh_counts_bytes_per_device(capsys, tmp_path):
+  assert cli.main(['train', '--dry-run', '--model', 'mlp', '--mesh', 'fsdp=8',
+                   '--workdir', str(tmp_path / 'x')]) == 0
+  sharded = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['dry_run']
+  assert cli.main(['train', '--dry-run', '--model', 'mlp', '--workdir', str(tmp_path / 'y')]) == 0
+  single = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['dry_run']
+  assert sharded['params'] == single['params']
+  assert sharded['state_bytes_per_device'] < single['state_bytes_per_device'] / 2
+  assert os.listdir(tmp_path) == []
+
+
+def test_dry_run_refuses_bad_input_like_train(capsys):
+  assert cli.main(['train', '--dry-run', '--batch-size', '5000']) == 2
+  assert 'batch_size: expected in [1, 1437]' in capsys.readouterr().err
+  assert cli.main(['train', '--dry-run', '--profile', '8:5']) == 2
+  assert "profile: expected START < STOP" in capsys.readouterr().err

@@ -1,0 +1,72 @@
+"""README commands and snippets that drifted once: each is run here (tiny settings)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from purax import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+
+
+def python_blocks():
+  return re.findall(r'```python\n(.*?)```', README, re.S)
+
+
+def run_script(*args, timeout=600):
+  env = {k: v for k, v in os.environ.items() if not k.startswith('PURAX_')}
+  env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+  return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def test_load_predict_snippet_runs_as_written(tmp_path, monkeypatch):
+  from purax.io.export import export_predict
+  (snippet,) = [b for b in python_blocks() if 'load_predict' in b]
+  export_predict(lambda x: jnp.tile(x.reshape(x.shape[0], -1)[:, :10], 1), (8, 8, 1),
+                 str(tmp_path / 'runs' / 'mine' / 'export'))
+  monkeypatch.chdir(tmp_path)
+  scope = {}
+  exec(compile(snippet, 'README.md', 'exec'), scope)   # x is defined by the snippet itself
+  assert np.asarray(scope['logits']).shape == (5, 10)
+
+
+@pytest.mark.parametrize('command', ['train', 'sweep', 'eval', 'export', 'plot', 'generate'])
+def test_help_states_each_default_once(command, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main([command, '--help'])
+  assert e.value.code == 0
+  text = re.sub(r'[│╭╰─╮╯]', ' ', capsys.readouterr().out)
+  options = re.split(r'\n\s*(?=--)', text)     # one chunk per option
+  for option in options:
+    assert len(re.findall(r'\(default', option)) <= 1, option
+
+
+def test_collectives_benchmark_help():
+  out = run_script('benchmarks/collectives.py', '--help')
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert '--out' in out.stdout
+
+
+def test_checkpoint_benchmark_makes_the_100m_save_opt_in():
+  out = run_script('benchmarks/checkpoint.py', '--help')
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert '--big' in out.stdout
+
+
+@pytest.mark.slow
+def test_memory_benchmark_with_a_batch_that_16_does_not_divide(tmp_path):
+  out = run_script('benchmarks/memory.py', '--batch', '8', '--d-model', '16', '--layers', '1',
+                   '--heads', '2', '--seq', '8', '--features', '4', '--remat', 'none', '--out',
+                   str(tmp_path / 'memory.json'))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'microbatches [16]: skipped' in out.stdout
+  import json
+  result = json.loads((tmp_path / 'memory.json').read_text())
+  assert sorted(result['accumulation']) == ['1', '4'] and result['accumulation_skipped'] == [16]
