@@ -6,8 +6,6 @@ population of them) never recompiles, and bfloat16 params never round
 ``b2=0.999`` to 1.0.
 """
 
-from __future__ import annotations
-
 from typing import Any, Callable, NamedTuple
 
 import jax
