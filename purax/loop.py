@@ -30,6 +30,7 @@ import warnings
 from typing import Any, Callable, Iterable, Literal
 
 import jax
+import numpy as np
 
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, NonFiniteError, expect
@@ -81,9 +82,19 @@ def _eval_step(task: Task, state: TrainState, acc, batch):
   return metrics_lib.merge(acc, task.evaluate(state, batch))
 
 
+def _multi_train_step(task: Task, state: TrainState, acc, batches):
+  """``k`` steps in one call: ``lax.scan`` of the step over stacked batches
+  (every leaf ``[k, batch, ...]``), the metrics merged inside."""
+  def body(carry, batch):
+    return _train_step(task, *carry, batch), None
+  (state, acc), _ = jax.lax.scan(body, (state, acc), batches)
+  return state, acc
+
+
 # Built once per process: the cache key is (task, shapes), so a second fit with
 # the same task — e.g. another learning rate in the state — does not recompile.
 train_step = jax.jit(_train_step, static_argnums=0, donate_argnums=(1, 2))
+multi_train_step = jax.jit(_multi_train_step, static_argnums=0, donate_argnums=(1, 2))
 eval_step = jax.jit(_eval_step, static_argnums=0, donate_argnums=2)
 
 
@@ -180,6 +191,19 @@ class _Source:
     return self.positions.popleft() if self.positions else None
 
 
+def _stacked(batches, start: int, num_steps: int | None, k: int):
+  """Groups batches into stacks (every leaf ``[n, ...]``) that end at multiples of ``k``."""
+  step, group = start, []
+  for batch in batches:
+    group.append(batch)
+    step += 1
+    if step % k == 0 or step == num_steps:
+      yield jax.tree.map(lambda *xs: np.stack(xs), *group)
+      group = []
+  if group:
+    yield jax.tree.map(lambda *xs: np.stack(xs), *group)
+
+
 def _iterator_position(value) -> dict:
   return {} if value is None else {'iterator': value}
 
@@ -192,6 +216,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         should_stop: Callable[[], bool] | None = None, plan=None,
         max_consecutive_skips: int | None = 10, data_state: Any = None,
         iterator_resume: Literal['error', 'warn', 'skip'] = 'error',
+        steps_per_call: int = 1,
         ) -> tuple[TrainState, list[dict[str, float]]]:
   """Trains from ``state.step`` to ``steps``.
 
@@ -236,6 +261,13 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       says in one line that the data position is not restored and continues
       on what the iterator yields, ``'skip'`` draws and drops ``state.step``
       batches first (exact for a deterministic iterable).
+    steps_per_call: ``k`` steps per dispatch (``lax.scan`` of the step over
+      ``k`` stacked batches: one host-to-device transfer and one Python
+      iteration per ``k`` steps), with exactly the result of ``k`` single
+      steps. Calls end at multiples of ``k`` (a resumed run realigns with one
+      shorter call), so ``log_every``, ``eval_every`` and ``checkpoint_every``
+      must be multiples of ``k``; ``should_stop`` is polled per call. Single
+      device only (no ``plan``).
 
   Returns:
     ``(state, history)``: the final state and every record written.
@@ -249,6 +281,13 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   expect(eval_every >= 0, 'eval_every', '>= 0', eval_every, ConfigError)
   expect(checkpoint_every >= 0, 'checkpoint_every', '>= 0', checkpoint_every, ConfigError)
+  k = steps_per_call
+  expect(isinstance(k, int) and k >= 1, 'steps_per_call', 'an integer >= 1', k, ConfigError)
+  for name, every in (('log_every', log_every), ('eval_every', eval_every),
+                      ('checkpoint_every', checkpoint_every)):
+    expect(every % k == 0, name, f'a multiple of steps_per_call={k}', every, ConfigError)
+  expect(k == 1 or plan is None, 'steps_per_call', '1 with a plan (multi-step calls run '
+         'on one device)', k, ConfigError)
   start = int(jax.device_get(state.step))      # host read before the loop only
   source = _Source(train_data, start, steps, data_state, iterator_resume)
   num_steps = source.num_steps
@@ -275,7 +314,10 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
                         extra={'data': dict(position)})
 
   bar = progress_lib.bar(num_steps, start, enabled=progress)
-  if plan is None:
+  if plan is None and k > 1:
+    batches = prefetch_to_device(_stacked(host_batches, start, num_steps, k), prefetch)
+    run_step = lambda state, acc, batch: multi_train_step(task, state, acc, batch)
+  elif plan is None:
     batches = prefetch_to_device(host_batches, prefetch)
     run_step = lambda state, acc, batch: train_step(task, state, acc, batch)
   else:
@@ -291,10 +333,14 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     run_step = plan.train_step
   last_time, last_step = time.perf_counter(), start
   window_start = step = start
-  for step, batch in enumerate(batches, start=start + 1):
+  for batch in batches:
     state, acc = run_step(state, acc, batch)
-    position = {'next_step': step, **_iterator_position(source.position())}
-    bar.update(1)
+    taken = 1 if k == 1 else len(jax.tree.leaves(batch)[0])
+    step += taken
+    for _ in range(taken):
+      iterator_position = source.position()
+    position = {'next_step': step, **_iterator_position(iterator_position)}
+    bar.update(taken)
     at_end = step == num_steps
     if step % log_every == 0 or at_end:
       # The one host sync of the loop: fetch the merged metrics of the window.
