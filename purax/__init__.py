@@ -26,6 +26,8 @@ from purax.core import loss_function as loss_function
 from purax.core import metrics as metrics
 from purax.core import objectives as objectives
 from purax.io.resume import restore_or_init as restore_or_init
+from purax import hooks as hooks
+from purax import plan as plan
 from purax.loop import StopOnSignal as StopOnSignal
 from purax.loop import evaluate as evaluate
 from purax.loop import fit as fit

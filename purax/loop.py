@@ -36,10 +36,14 @@ from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, NonFiniteError, expect
 from purax.core.state import TrainState
 from purax.core.task import Task
-from purax.io.checkpoint import Checkpointer
+from purax import plan as plan_lib
 from purax.io import progress as progress_lib
-from purax.io.pipeline import prefetch_to_device
+from purax.io.checkpoint import Checkpointer
 from purax.io.writers import MetricWriter
+from purax.plan import eval_step as eval_step
+from purax.plan import multi_train_step as multi_train_step
+from purax.plan import train_step as train_step
+from purax.plan import zero_metrics as zero_metrics
 
 
 class StopOnSignal(contextlib.AbstractContextManager):
@@ -73,63 +77,19 @@ class StopOnSignal(contextlib.AbstractContextManager):
     return False
 
 
-def _train_step(task: Task, state: TrainState, acc, batch):
-  state, metrics = task.step(state, batch)
-  return state, metrics_lib.merge(acc, metrics)
-
-
-def _eval_step(task: Task, state: TrainState, acc, batch):
-  return metrics_lib.merge(acc, task.evaluate(state, batch))
-
-
-def _multi_train_step(task: Task, state: TrainState, acc, batches):
-  """``k`` steps in one call: ``lax.scan`` of the step over stacked batches
-  (every leaf ``[k, batch, ...]``), the metrics merged inside."""
-  def body(carry, batch):
-    return _train_step(task, *carry, batch), None
-  (state, acc), _ = jax.lax.scan(body, (state, acc), batches)
-  return state, acc
-
-
-# Built once per process: the cache key is (task, shapes), so a second fit with
-# the same task — e.g. another learning rate in the state — does not recompile.
-train_step = jax.jit(_train_step, static_argnums=0, donate_argnums=(1, 2))
-multi_train_step = jax.jit(_multi_train_step, static_argnums=0, donate_argnums=(1, 2))
-eval_step = jax.jit(_eval_step, static_argnums=0, donate_argnums=2)
-
-
-def zero_metrics(fn: Callable, *args):
-  """Zeroed metrics tree of the structure ``fn(*args)`` returns (no compute)."""
-  return metrics_lib.zeros_like(jax.eval_shape(fn, *args))
-
-
 def evaluate(task: Task, state: TrainState, batches: Iterable, *, plan=None
              ) -> dict[str, float]:
   """Metrics over all ``batches`` (padded batches carry ``weight``), as numbers.
 
   One compiled evaluation step for fixed-size batches; one host transfer at
-  the end. With a ``plan`` (:func:`purax.parallel.sharded`) the batches are
-  placed on its mesh and evaluated by its ``evaluate``.
+  the end. With a ``plan`` (:mod:`purax.plan`, or a
+  :func:`purax.parallel.sharded` plan) the batches are evaluated by it:
+  placed on its mesh, or for every population member (``[members]`` arrays).
 
   Raises:
     ConfigError: no batches.
   """
-  batches = iter(batches)
-  first = next(batches, None)
-  expect(first is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
-  acc = zero_metrics(task.evaluate, state, first)
-  if plan is None:
-    for batch in prefetch_to_device(_chain(first, batches)):
-      acc = eval_step(task, state, acc, batch)
-  else:
-    for batch in prefetch_to_device(_chain(first, batches), 2, plan.batch_sharding):
-      acc = metrics_lib.merge(acc, plan.evaluate(state, batch))
-  return metrics_lib.compute(acc)
-
-
-def _chain(first, rest):
-  yield first
-  yield from rest
+  return metrics_lib.compute(plan_lib.as_plan(plan, task).evaluate(state, batches))
 
 
 def is_random_access(data) -> bool:
@@ -191,17 +151,9 @@ class _Source:
     return self.positions.popleft() if self.positions else None
 
 
-def _stacked(batches, start: int, num_steps: int | None, k: int):
-  """Groups batches into stacks (every leaf ``[n, ...]``) that end at multiples of ``k``."""
-  step, group = start, []
-  for batch in batches:
-    group.append(batch)
-    step += 1
-    if step % k == 0 or step == num_steps:
-      yield jax.tree.map(lambda *xs: np.stack(xs), *group)
-      group = []
-  if group:
-    yield jax.tree.map(lambda *xs: np.stack(xs), *group)
+def _chain(first, rest):
+  yield first
+  yield from rest
 
 
 def _iterator_position(value) -> dict:
@@ -216,13 +168,15 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         should_stop: Callable[[], bool] | None = None, plan=None,
         max_consecutive_skips: int | None = 10, data_state: Any = None,
         iterator_resume: Literal['error', 'warn', 'skip'] = 'error',
-        steps_per_call: int = 1,
-        ) -> tuple[TrainState, list[dict[str, float]]]:
+        steps_per_call: int = 1, hooks=(), hook_state: dict | None = None,
+        ) -> tuple[Any, list[dict[str, Any]]]:
   """Trains from ``state.step`` to ``steps``.
 
   Args:
     task: the static model/optimizer/loss.
-    state: the initial (or restored) state; consumed (donated).
+    state: the initial (or restored) state — a :class:`TrainState`, or what the
+      plan steps (a :class:`purax.core.population.Population`); consumed
+      (donated).
     train_data: random access by step (``train_data[s]`` is the batch of step
       ``s``) or any iterable of batches; see the module docstring.
     steps: the step to train to; default ``len(train_data)`` (random access)
@@ -247,10 +201,12 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     should_stop: polled after every step (a cheap host flag, e.g. set by a
       SIGTERM handler, :class:`StopOnSignal`); when true the loop checkpoints
       and returns early.
-    plan: a :class:`purax.parallel.Sharded` (``parallel.sharded(task, mesh,
-      rules, batch)``): the step runs on its mesh, the state is placed in its
-      sharding, and with several processes each feeds only its rows of every
-      global batch. Only process 0 writes.
+    plan: how the state is placed and stepped (:mod:`purax.plan`): None (one
+      device), a :func:`purax.parallel.sharded` plan (the step on its mesh,
+      the state in its sharding, each process feeding only its rows of every
+      global batch), or ``purax.plan.Population(task)`` (every member of a
+      population at once; metrics ``[members]``; training ends early when
+      every member is frozen). Only process 0 writes.
     max_consecutive_skips: stop with :class:`NonFiniteError` when this many
       consecutive steps had non-finite gradients (skipped updates; seen at the
       next log point, naming the step window); ``None``: never.
@@ -268,6 +224,11 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       shorter call), so ``log_every``, ``eval_every`` and ``checkpoint_every``
       must be multiples of ``k``; ``should_stop`` is polled per call. Single
       device only (no ``plan``).
+    hooks: :mod:`purax.hooks` run at log/eval points on their own cadence
+      (early stopping, PBT, your callbacks); their ``state_dict()`` is saved
+      in every checkpoint (``extra['hooks']``).
+    hook_state: the hooks' saved state to continue from
+      (``restore_or_init(...).extra.get('hooks')``).
 
   Returns:
     ``(state, history)``: the final state and every record written.
@@ -281,19 +242,24 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   expect(eval_every >= 0, 'eval_every', '>= 0', eval_every, ConfigError)
   expect(checkpoint_every >= 0, 'checkpoint_every', '>= 0', checkpoint_every, ConfigError)
+  plan = plan_lib.as_plan(plan, task, steps_per_call)
   k = steps_per_call
-  expect(isinstance(k, int) and k >= 1, 'steps_per_call', 'an integer >= 1', k, ConfigError)
   for name, every in (('log_every', log_every), ('eval_every', eval_every),
                       ('checkpoint_every', checkpoint_every)):
     expect(every % k == 0, name, f'a multiple of steps_per_call={k}', every, ConfigError)
-  expect(k == 1 or plan is None, 'steps_per_call', '1 with a plan (multi-step calls run '
-         'on one device)', k, ConfigError)
-  start = int(jax.device_get(state.step))      # host read before the loop only
+  hooks = list(hooks)
+  for hook in hooks:
+    expect(hook.every >= 0 and hook.every % k == 0, f'{type(hook).__name__}.every',
+           f'>= 0 and a multiple of steps_per_call={k}', hook.every, ConfigError)
+    saved = (hook_state or {}).get(getattr(hook, 'name', type(hook).__name__))
+    if saved is not None and hasattr(hook, 'load_state_dict'):
+      hook.load_state_dict(saved)
+  start = plan.start_step(state)      # host read before the loop only
   source = _Source(train_data, start, steps, data_state, iterator_resume)
   num_steps = source.num_steps
   expect(num_steps is None or 0 <= start <= num_steps, 'state.step',
          f'in [0, {num_steps}]', start, ConfigError)
-  history: list[dict[str, float]] = []
+  history: list[dict[str, Any]] = []
 
   def write(step, scalars):
     history.append({'step': step, **scalars})
@@ -303,86 +269,96 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   host_batches = source.batches
   first = next(host_batches, None)
   acc = train_metrics
+  state = plan.place(state)
   if first is not None and acc is None:
-    acc = zero_metrics(lambda st, b: task.step(st, b)[1], state, first)
+    acc = plan.zero_metrics(state, first)
   host_batches = _chain(first, host_batches) if first is not None else iter(())
   position = {'next_step': start, **_iterator_position(data_state)}
 
   def save(step, metrics=None):
     if checkpointer is not None:
+      extra = {'data': dict(position)}
+      states = {getattr(h, 'name', type(h).__name__): h.state_dict() for h in hooks
+                if hasattr(h, 'state_dict')}
+      if states:
+        extra['hooks'] = states
       checkpointer.save(step, {'state': state, 'train_metrics': acc}, metrics=metrics,
-                        extra={'data': dict(position)})
+                        extra=extra)
+
+  def log(step, window_start):
+    """The loop's one host sync: fetch the merged metrics of the window."""
+    nonlocal acc, last_time, last_step
+    scalars = {f'train/{name}': v for name, v in metrics_lib.compute(acc).items()}
+    now = time.perf_counter()
+    scalars['steps_per_sec'] = (step - last_step) / max(now - last_time, 1e-9)
+    last_time, last_step = now, step
+    acc = metrics_lib.zeros_like(acc)
+    if np.ndim(scalars.get('train/loss', ())) == 0 and 'train/loss' in scalars:
+      bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", refresh=False)
+    write(step, scalars)
+    streak = float(np.max(scalars.get('train/skip_streak', 0)))
+    if max_consecutive_skips is not None and streak >= max_consecutive_skips:
+      bar.close()
+      raise NonFiniteError(
+          f'train/skip_streak: expected fewer than {max_consecutive_skips} consecutive '
+          f'steps with non-finite gradients, got {int(streak)} ending in steps '
+          f'({window_start}, {step}]; the state is that of the last finite update '
+          f'(try a lower learning rate, clipping, or --debug-nans to find the source)')
+    return scalars
+
+  def run_hooks(step, at_end, evaluated, record):
+    nonlocal state
+    stop = False
+    for hook in hooks:
+      due = (evaluated if hook.every == 0 else step % hook.every == 0)
+      if due and (not at_end or hook.at_end):
+        state, info = hook(step, state, record)
+        info = dict(info or {})
+        stop = bool(info.pop('stop', False)) or stop
+        if info:
+          write(step, info)
+    return stop
 
   bar = progress_lib.bar(num_steps, start, enabled=progress)
-  if plan is None and k > 1:
-    batches = prefetch_to_device(_stacked(host_batches, start, num_steps, k), prefetch)
-    run_step = lambda state, acc, batch: multi_train_step(task, state, acc, batch)
-  elif plan is None:
-    batches = prefetch_to_device(host_batches, prefetch)
-    run_step = lambda state, acc, batch: train_step(task, state, acc, batch)
-  else:
-    from purax.parallel import distributed   # the loop drives parallel, not the reverse
-    state = jax.device_put(state, plan.state_sharding)   # no-op when already placed
-    if jax.process_count() > 1:
-      rows = distributed.process_rows(plan.mesh, plan.rules,
-                                      len(jax.tree.leaves(plan.sample_batch)[0]))
-      batches = (distributed.global_batch(jax.tree.map(lambda v: v[rows], b), plan.mesh,
-                                          plan.rules) for b in host_batches)
-    else:
-      batches = prefetch_to_device(host_batches, prefetch, plan.batch_sharding)
-    run_step = plan.train_step
   last_time, last_step = time.perf_counter(), start
   window_start = step = start
-  for batch in batches:
-    state, acc = run_step(state, acc, batch)
-    taken = 1 if k == 1 else len(jax.tree.leaves(batch)[0])
+  for batch, taken in plan.device_batches(host_batches, start=start, num_steps=num_steps,
+                                          prefetch=prefetch):
+    state, acc = plan.train_step(state, acc, batch)
     step += taken
     for _ in range(taken):
       iterator_position = source.position()
     position = {'next_step': step, **_iterator_position(iterator_position)}
     bar.update(taken)
     at_end = step == num_steps
+    record = {}
     if step % log_every == 0 or at_end:
-      # The one host sync of the loop: fetch the merged metrics of the window.
-      scalars = {f'train/{k}': v for k, v in metrics_lib.compute(acc).items()}
-      now = time.perf_counter()
-      scalars['steps_per_sec'] = (step - last_step) / max(now - last_time, 1e-9)
-      last_time, last_step = now, step
-      acc = metrics_lib.zeros_like(acc)
-      if 'train/loss' in scalars:
-        bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", refresh=False)
-      write(step, scalars)
-      streak = scalars.get('train/skip_streak', 0)
-      if max_consecutive_skips is not None and streak >= max_consecutive_skips:
-        bar.close()
-        raise NonFiniteError(
-            f'train/skip_streak: expected fewer than {max_consecutive_skips} consecutive '
-            f'steps with non-finite gradients, got {int(streak)} ending in steps '
-            f'({window_start}, {step}]; the state is that of the last finite update '
-            f'(try a lower learning rate, clipping, or --debug-nans to find the source)')
+      record.update(log(step, window_start))
       window_start = step
+      at_end = at_end or plan.finished(state)
     eval_scalars = None
     if eval_data is not None and ((eval_every and step % eval_every == 0) or at_end):
-      eval_scalars = {f'eval/{k}': v for k, v in
-                      evaluate(task, state, eval_data, plan=plan).items()}
+      eval_scalars = {f'eval/{name}': v for name, v in
+                      metrics_lib.compute(plan.evaluate(state, eval_data)).items()}
       write(step, eval_scalars)
+      record.update(eval_scalars)
       last_time = time.perf_counter()   # evaluation time is not training time
-    stop = should_stop is not None and should_stop()
+    hook_stop = run_hooks(step, at_end, eval_scalars is not None, record)
+    stop = hook_stop or (should_stop is not None and should_stop())
     if (checkpoint_every and step % checkpoint_every == 0) or at_end or stop:
-      save(step, eval_scalars)
-    if stop:
+      save(step, eval_scalars if eval_scalars and np.ndim(
+          next(iter(eval_scalars.values()))) == 0 else None)
+    if stop or at_end:
       break
   else:
     if step > start and step != num_steps:
       # An iterable ran out: that is the end of training (logged, evaluated, saved).
       if step % log_every:
-        scalars = {f'train/{k}': v for k, v in metrics_lib.compute(acc).items()}
-        write(step, scalars)
-        acc = metrics_lib.zeros_like(acc)
+        log(step, window_start)
       eval_scalars = None
       if eval_data is not None:
-        eval_scalars = {f'eval/{k}': v for k, v in
-                        evaluate(task, state, eval_data, plan=plan).items()}
+        eval_scalars = {f'eval/{name}': v for name, v in
+                        metrics_lib.compute(plan.evaluate(state, eval_data)).items()}
         write(step, eval_scalars)
       save(step, eval_scalars)
   bar.close()

@@ -25,8 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.core import metrics as metrics_lib
-from purax.core import pbt
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 from purax.search import FLAGS as FLAGS
@@ -50,7 +48,8 @@ def run_population(task, pop: pop_lib.Population, train_data, *, batch_index=Non
                    metric: str = 'loss', mode: Literal['min', 'max'] = 'min',
                    patience: int = 0, pbt_every: int = 0, pbt_fraction: float = 0.25,
                    pbt_key: jax.Array | None = None, progress: bool = True):
-  """Trains a population from its step to ``len(train_data)``, like :func:`purax.fit`.
+  """Trains a population from its step to ``len(train_data)``: :func:`purax.fit`
+  with the :class:`purax.plan.Population` plan and the population hooks.
 
   Args:
     task: the :class:`Task` every member runs.
@@ -63,79 +62,43 @@ def run_population(task, pop: pop_lib.Population, train_data, *, batch_index=Non
     log_every: fetch training metrics every N steps (the only host sync).
     metric, mode: the eval metric ranking members (early stopping, PBT).
     patience: early-stop a member after this many evaluations without
-      improvement (0: off).
-    pbt_every: after an evaluation at a multiple of N steps, run
-      :func:`pbt.exploit_explore` (0: off).
+      improvement (0: off; :class:`purax.hooks.PopulationEarlyStopping`).
+    pbt_every: every N steps (a multiple of ``eval_every``), after that
+      step's evaluation, run :func:`pbt.exploit_explore` (0: off;
+      :class:`purax.hooks.PBT`).
     pbt_fraction: PBT's truncation fraction.
     pbt_key: typed key of PBT, folded with the step.
     progress: show a progress bar for the population.
 
   Returns:
     ``(pop, history)``: records ``{'step', 'train/NAME' | 'eval/NAME': [members]}``
-    of numpy arrays, plus ``'pbt/source'`` when PBT ran.
+    of numpy arrays, plus ``'pbt/source'`` records when PBT ran.
 
   Raises:
-    ConfigError: an interval out of range, or PBT/early stopping without
-      ``eval_data``.
+    ConfigError: an interval out of range, PBT or early stopping without
+      ``eval_data``, or ``pbt_every`` not a multiple of ``eval_every``.
   """
-  from purax.io import progress as progress_lib
+  from purax import hooks as hooks_lib
+  from purax import plan as plan_lib
+  from purax.loop import fit
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   for name, value in (('eval_every', eval_every), ('patience', patience),
                       ('pbt_every', pbt_every)):
     expect(value >= 0, name, '>= 0', value, ConfigError)
     expect(value == 0 or name == 'eval_every' or eval_data is not None, name,
            '0 when there is no eval data', value, ConfigError)
-  pbt_key = jax.random.key(0) if pbt_key is None else pbt_key
-  num_steps = len(train_data)
-  start = int(np.max(jax.device_get(pop.state.step)))
-  history = []
-  first = train_data[start] if start < num_steps else None
-  acc = None if first is None else pop_lib.zero_train_metrics(task, pop, first, batch_index)
-  bar = progress_lib.bar(num_steps, start, enabled=progress,
-                         desc=f'{pop.num_members} members')
-  for s in range(start + 1, num_steps + 1):
-    pop, acc = pop_lib.train_step(task, pop, acc, train_data[s - 1], batch_index)
-    bar.update(1)
-    last = s == num_steps
-    if s % log_every == 0 or last:
-      # The loop's host sync: the merged [members] metrics of the window.
-      train = metrics_lib.compute(acc)
-      acc = metrics_lib.zeros_like(acc)
-      history.append({'step': s, **{f'train/{k}': v for k, v in train.items()}})
-      live = train['diverged'] < 1
-      best = np.min(train['loss'][live], initial=np.inf)
-      bar.set_postfix(best_loss=f'{best:.4f}', live=int(live.sum()), refresh=False)
-      # Stop when no member can change any more (all diverged or stopped).
-      last = last or bool(np.all(jax.device_get(pop.frozen)))
-    if eval_data is not None and ((eval_every and s % eval_every == 0) or last):
-      pop, record = _evaluate(task, pop, eval_data, metric, mode, patience,
-                              pbt_every and s % pbt_every == 0 and not last,
-                              pbt_fraction, jax.random.fold_in(pbt_key, s))
-      history.append({'step': s, **record})
-    if last:
-      break
-  bar.close()
-  return pop, history
-
-
-def _evaluate(task, pop, eval_data, metric, mode, patience, do_pbt, fraction, key):
-  acc = None
-  for batch in eval_data:
-    if acc is None:
-      acc = pop_lib.zero_eval_metrics(task, pop, batch)
-    acc = pop_lib.eval_step(task, pop, acc, batch, None)
-  scores = _score(acc, metric, mode)
-  record = {f'eval/{k}': v for k, v in metrics_lib.compute(acc).items()}
+  hooks = []
   if patience:
-    pop = _early_stopping(pop, scores, patience=patience)
-  if do_pbt:
-    pop, info = pbt.exploit_explore(pop, scores, key=key, fraction=fraction)
-    record['pbt/source'] = np.asarray(info['source'])
-  return pop, record
-
-
-_score = jax.jit(pop_lib.score, static_argnums=(1, 2))
-_early_stopping = jax.jit(pop_lib.early_stopping, static_argnames=('patience', 'min_delta'))
+    hooks.append(hooks_lib.PopulationEarlyStopping(metric=metric, mode=mode,
+                                                   patience=patience))
+  if pbt_every:
+    pbt_hook = hooks_lib.PBT(every=pbt_every, metric=metric, mode=mode,
+                             fraction=pbt_fraction, key=pbt_key)
+    pbt_hook.check(eval_every)
+    hooks.append(pbt_hook)
+  return fit(task, pop, train_data, plan=plan_lib.Population(task, batch_index),
+             eval_data=eval_data, eval_every=eval_every, log_every=log_every,
+             progress=progress, hooks=hooks, max_consecutive_skips=None)
 
 
 # -- the command -------------------------------------------------------------
@@ -211,6 +174,9 @@ class SweepConfig:
       expect(getattr(self, name) >= 0, name, '>= 0', getattr(self, name), ConfigError)
     expect(0 < self.pbt_fraction <= 0.5, 'pbt_fraction', 'in (0, 0.5]', self.pbt_fraction,
            ConfigError)
+    expect(not self.pbt_every or (self.eval_every and self.pbt_every % self.eval_every == 0),
+           'pbt_every', f'0 or a multiple of eval_every={self.eval_every} (PBT ranks members '
+           'by the evaluation at its step)', self.pbt_every, ConfigError)
     specs = {flag: parse_spec(flag, getattr(self, flag)) for flag in FLAGS}
     seeds, hparams = members_from_specs(specs, parse_seeds(self.seeds), self.members,
                                         key=jax.random.key(self.sample_seed))

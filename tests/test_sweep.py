@@ -177,3 +177,12 @@ def test_failure_midway_removes_the_sweep_directory(tmp_path, monkeypatch):
     sweep.run(sweep.SweepConfig(lr='1e-3,2e-3', steps=2, batch_size=16, eval_every=0,
                                 workdir=str(workdir), progress=False))
   assert not workdir.exists()
+
+
+def test_pbt_off_the_evaluation_cadence_is_a_clear_error():
+  with pytest.raises(ConfigError, match=r'pbt_every: expected 0 or a multiple of eval_every=100'):
+    sweep.SweepConfig(lr='1e-3,2e-3', pbt_every=50, eval_every=100).validate()
+  pop = tp.pinit(tp.TASK, tp.keys([0, 1]), {}, tp.batch())
+  with pytest.raises(ConfigError, match=r'pbt_every: expected a multiple of eval_every=2'):
+    sweep.run_population(tp.TASK, pop, [tp.batch(s) for s in range(4)],
+                         eval_data=[tp.batch(9)], eval_every=2, pbt_every=3)
