@@ -98,6 +98,9 @@ def set_hyperparams(opt_state, **values):
 
   Example: ``set_hyperparams(state.opt_state, peak_learning_rate=3e-4)``.
 
+  Each value is copied into a new float32 array: a caller's array never
+  becomes a state leaf, so a step that donates the state cannot delete it.
+
   Raises:
     ConfigError: a name that is not an injected hyperparameter.
   """
@@ -105,5 +108,5 @@ def set_hyperparams(opt_state, **values):
   for name, value in values.items():
     expect(name in hyperparams, 'hyperparameter name',
            f'one of {sorted(hyperparams)}', repr(name), ConfigError)
-    hyperparams[name] = jnp.asarray(value, jnp.float32)
+    hyperparams[name] = jnp.array(value, jnp.float32, copy=True)
   return opt_state._replace(hyperparams=hyperparams)

@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Literal, Mapping
 
 import flax.linen as nn
@@ -192,8 +193,11 @@ class Task:
     variables = {'params': params, **model_state}
     mutable = list(model_state) if (train and model_state) else False
     rngs = {'dropout': key} if (train and key is not None) else {}
+    # Padding (weight 0) stays out of batch statistics of models that take a mask.
+    extra = ({'mask': batch['weight'] > 0} if 'weight' in batch
+             and 'mask' in inspect.signature(type(self.model).__call__).parameters else {})
     out = self.model.apply(variables, batch['x'], train=train, rngs=rngs,
-                           mutable=mutable)
+                           mutable=mutable, **extra)
     outputs, new_model_state = out if mutable else (out, model_state)
     if self.objective == 'language_model':
       return _language_model_loss(outputs, batch, hparams, new_model_state)
