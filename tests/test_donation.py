@@ -76,3 +76,12 @@ def test_population_init_copies_the_callers_array():
                      {'peak_learning_rate': lrs}, BATCH)
   consume(pop)
   _usable(lrs)
+
+
+def test_replicate_and_unreplicate_make_new_arrays():
+  state = TASK.init(jax.random.key(0), BATCH)
+  consume(parallel.replicate(state, 2))
+  _usable(state)
+  stacked = parallel.replicate(state, 2)
+  consume(parallel.unreplicate(stacked))
+  _usable(stacked)
