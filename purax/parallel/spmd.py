@@ -106,7 +106,7 @@ def pmap_step(task: Task, axis_name: str = 'batch', *,
 
   Args:
     task: the task.
-    axis_name: the pmapped axis name (BatchNorm averages over it).
+    axis_name: the pmapped axis name (BatchNorm reduces its statistics over it).
     devices: the devices (default: all local devices).
 
   Returns:
