@@ -77,6 +77,8 @@ def token_cross_entropy_and_nll(logits: jax.Array, labels: jax.Array,
   log-likelihood ``lse - z[label]`` (no smoothing: what bits per byte and
   perplexity measure), both float32 ``[batch, seq]``, from one ``logsumexp``."""
   logits = at_least_float32(logits)
+  # Shifted by the (constant) max: lse - z[label] then cancels no large offset.
+  logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
   lse = jax.nn.logsumexp(logits, axis=-1)
   picked = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
   s = jnp.asarray(label_smoothing, logits.dtype)

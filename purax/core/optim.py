@@ -28,18 +28,42 @@ def warmup_cosine(peak_learning_rate, *, warmup_steps: int, total_steps: int):
   return lambda count: peak_learning_rate * unit(count)
 
 
+def global_norm(tree) -> jax.Array:
+  """The L2 norm of all leaves together, float32 ``[]``, without overflow or underflow.
+
+  ``optax.global_norm`` squares the values: gradients of ~1e20 give ``inf``
+  (the square overflows float32) and values below ~1e-23 give 0 (it
+  underflows). Here the values are divided by the largest magnitude first,
+  so the norm is right (to float32 rounding) whenever it is itself a finite
+  float32; it is ``inf`` / NaN when a value is.
+
+  Args:
+    tree: a pytree of float arrays, any float dtype (computed in float32).
+  """
+  leaves = [jnp.asarray(x).astype(jnp.float32) for x in jax.tree.leaves(tree)]
+  if not leaves:
+    return jnp.zeros((), jnp.float32)
+  biggest = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in leaves]))
+  scale = jnp.where(jnp.isfinite(biggest) & (biggest > 0), biggest, 1.0)
+  total = sum(jnp.sum(jnp.square(x / scale)) for x in leaves)
+  # A non-finite value: x / 1.0 keeps it, and the norm is inf or NaN as it should be.
+  return scale * jnp.sqrt(total)
+
+
 def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
   """Rescales gradients to global L2 norm at most ``max_norm``, in float32.
 
   Unlike ``optax.clip_by_global_norm`` this accepts a float32 (injected)
-  ``max_norm`` with bfloat16 gradients, computes the norm in float32, and maps
-  zero gradients with ``max_norm == 0`` to zero updates rather than NaN.
+  ``max_norm`` with bfloat16 gradients, computes the norm in float32 without
+  overflow (:func:`global_norm`: gradients of 1e20 are clipped to
+  ``max_norm``, not zeroed by an infinite norm), and maps zero gradients with
+  ``max_norm == 0`` to zero updates rather than NaN.
   (Pascanu et al. 2013, "On the difficulty of training RNNs".)
   """
 
   def update_fn(updates, state, params=None):
     del params
-    norm = optax.global_norm(jax.tree.map(lambda g: g.astype(jnp.float32), updates))
+    norm = global_norm(updates)
     scale = jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
     return jax.tree.map(lambda g: (g.astype(jnp.float32) * scale).astype(g.dtype),
                         updates), state
@@ -143,6 +167,9 @@ def set_hyperparams(opt_state, **values):
 
   Example: ``set_hyperparams(state.opt_state, peak_learning_rate=3e-4)``.
 
+  Each value is copied into a new float32 array: a caller's array never
+  becomes a state leaf, so a step that donates the state cannot delete it.
+
   Raises:
     ConfigError: a name that is not an injected hyperparameter.
   """
@@ -150,5 +177,5 @@ def set_hyperparams(opt_state, **values):
   for name, value in values.items():
     expect(name in hyperparams, 'hyperparameter name',
            f'one of {sorted(hyperparams)}', repr(name), ConfigError)
-    hyperparams[name] = jnp.asarray(value, jnp.float32)
+    hyperparams[name] = jnp.array(value, jnp.float32, copy=True)
   return opt_state._replace(hyperparams=hyperparams)

@@ -111,7 +111,7 @@ def set_hparams(state: TrainState, hparams: HParams) -> TrainState:
   for name, value in hparams.items():
     expect(name in opt_hp or name in loss_hp, 'hyperparameter name',
            f'one of {list(hparam_names(state))}', repr(name), ConfigError)
-    value = jnp.asarray(value, jnp.float32)
+    value = jnp.array(value, jnp.float32, copy=True)   # a copy: a donated step deletes its input
     if name in opt_hp:
       opt_hp[name] = value
     else:
@@ -135,7 +135,7 @@ def check_hparams(hparams: HParams, members: int) -> dict[str, jax.Array]:
            list(value.shape), ConfigError)
     expect(jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer),
            f'hparams[{name!r}].dtype', 'a real dtype', value.dtype, ConfigError)
-    out[name] = value.astype(jnp.float32)
+    out[name] = jnp.array(value, jnp.float32, copy=True)
   return out
 
 

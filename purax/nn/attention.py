@@ -130,6 +130,11 @@ def rope_angles(positions: jax.Array, head_dim: int, base: float = 10000.0):
     positions: int ``[batch, seq]`` (or ``[seq]``) absolute token positions.
     head_dim: the (even) size of one head.
     base: the wavelength base (10,000 in Su et al. 2021).
+
+  Precision: the angles ``position * theta_i`` are float32, so they carry an
+  absolute error of about ``position * 6e-8`` radians (measured against
+  float64: 3e-5 at position 1024, 3e-4 at 8192, 4e-3 at 100,000) — as in the
+  reference implementations; no range reduction is attempted.
   """
   inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
   positions = positions if positions.ndim == 2 else positions[None]

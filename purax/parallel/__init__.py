@@ -24,6 +24,7 @@ from purax.parallel.rules import data_parallel as data_parallel
 from purax.parallel.rules import for_mesh as for_mesh
 from purax.parallel.rules import fsdp as fsdp
 from purax.parallel.rules import tensor_parallel as tensor_parallel
+from purax.parallel.shard import batch_sharding as batch_sharding
 from purax.parallel.shard import batch_shardings as batch_shardings
 from purax.parallel.shard import bytes_per_device as bytes_per_device
 from purax.parallel.shard import logical_axes as logical_axes

@@ -140,6 +140,24 @@ def batch_shardings(batch: Mapping[str, Any], mesh: Mesh, rules: Rules) -> dict:
       batch)
 
 
+def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
+  """One sharding for every array of any batch: the leading axis split over the
+  batch axes, the rest replicated.
+
+  A pytree prefix: ``jax.jit(f, in_shardings=(..., batch_sharding(mesh, rules)))``
+  and ``jax.device_put(batch, batch_sharding(mesh, rules))`` accept every batch
+  pytree whose leaves have a leading batch axis (``{'x', 'y'}``, with
+  ``'weight'``, or any other structure). Sizes are checked where the batch is
+  placed (:func:`batch_shardings`, :meth:`purax.parallel.Sharded.shard_batch`).
+
+  Raises:
+    ConfigError: ``rules.batch_axes`` names an axis the mesh lacks.
+  """
+  rules.check(mesh)
+  axes = tuple(a for a in rules.batch_axes if mesh.shape[a] > 1)
+  return NamedSharding(mesh, P(axes if len(axes) > 1 else axes[0]) if axes else P())
+
+
 def _is_batch(tree) -> bool:
   return isinstance(tree, Mapping) and 'x' in tree
 
@@ -172,14 +190,20 @@ def shard(tree: PyTree, mesh: Mesh, rules: Rules, *, logical: PyTree | None = No
       matching tree of logical ``PartitionSpec`` (for params).
 
   Returns:
-    The same tree, every array a global ``jax.Array`` on ``mesh``.
+    The same tree, every array a global ``jax.Array`` on ``mesh``; a state or
+    parameter tree in new buffers (never the caller's, which a donated step
+    would delete).
 
   Raises:
     DataError: the batch size does not divide over the batch axes.
     ConfigError: rules naming an unknown mesh axis; a tensor-parallel dimension
       not divisible by its mesh axes; tensor-parallel rules without ``logical``.
   """
-  return jax.device_put(tree, shardings(tree, mesh, rules, logical=logical))
+  # A state or parameter tree is copied even where it already has its sharding
+  # (device_put would alias it): a step that donates the result must not delete
+  # the caller's arrays. Batches are never donated, so they may alias.
+  return jax.device_put(tree, shardings(tree, mesh, rules, logical=logical),
+                        may_alias=None if _is_batch(tree) else False)
 
 
 def bytes_per_device(tree: PyTree) -> dict[Any, int]:

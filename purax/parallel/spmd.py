@@ -4,7 +4,9 @@ Both run :meth:`purax.Task.step` on each device's part of the global batch
 with ``axis_name`` set, so gradients are combined explicitly (a weighted
 ``psum``; ``pmean`` when every device holds as many examples), metrics are
 summed, and models with an ``axis_name`` field (``purax.nn.ResNet``'s
-BatchNorm) average their batch statistics across devices. Each device draws
+BatchNorm) sum their batch statistics' sums and counts across devices (the
+global batch's moments, also when devices hold different numbers of real
+rows). Each device draws
 its dropout mask from ``fold_in(step_key, device_index)``: distinct per
 device, and the state's ``rng`` is left replicated.
 
@@ -38,7 +40,7 @@ from purax.parallel.rules import Rules, data_parallel
 def with_axis_name(task: Task, axis_name) -> Task:
   """``task`` whose model's ``axis_name`` field (if it has one) is ``axis_name``.
 
-  ``purax.nn.ResNet`` passes it to its BatchNorm layers, which then average
+  ``purax.nn.ResNet`` passes it to its BatchNorm layers, which then reduce
   their statistics across the named axis, as on the global batch.
   """
   model = task.model
@@ -104,7 +106,7 @@ def pmap_step(task: Task, axis_name: str = 'batch', *,
 
   Args:
     task: the task.
-    axis_name: the pmapped axis name (BatchNorm averages over it).
+    axis_name: the pmapped axis name (BatchNorm reduces its statistics over it).
     devices: the devices (default: all local devices).
 
   Returns:

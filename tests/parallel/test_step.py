@@ -100,3 +100,25 @@ def test_sharded_rejects_bad_batch_before_compiling():
   with pytest.raises(purax.DataError, match=r"batch\['y'\].dtype"):
     parallel.sharded(MLP, parallel.make_mesh(), parallel.data_parallel(),
                      {'x': np.ones((8, 8), np.float32), 'y': np.zeros((8,), np.float32)})
+
+
+def test_sharded_plan_evaluates_padded_eval_batches_as_one_device():
+  """One batch sharding for any batch pytree: purax's padded eval batches (with
+  'weight') run on the plan; 997 examples on data=4 count 997 exactly."""
+  from purax import loop
+  from purax.io import pipeline
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(997, 8)).astype(np.float32)
+  y = rng.integers(0, 4, 997).astype(np.int32)
+  batches = pipeline.eval_batches(x, y, batch_size=100)     # the last: 97 real, 3 padding
+  mesh = parallel.make_mesh(data=4, devices=jax.devices()[:4])
+  plan = parallel.sharded(MLP, mesh, parallel.data_parallel(), {'x': x[:8], 'y': y[:8]})
+  state = plan.init(jax.random.key(0))
+  with jax.default_matmul_precision('highest'):
+    got = plan.evaluate_batches(state, batches)
+    one = plan.evaluate(state, plan.shard_batch(batches[9]))   # the jitted function itself
+    want = loop.evaluate(MLP, jax.device_get(state), batches)
+  assert got['examples'] == 997
+  assert purax.metrics.compute(one)['examples'] == 97
+  for k in want:
+    assert got[k] == pytest.approx(want[k], rel=1e-6), k

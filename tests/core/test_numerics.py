@@ -1,0 +1,114 @@
+"""Statistics against a float64 reference on adversarial inputs (issue 14, item 9).
+
+Each computes from float32 (or bfloat16) inputs; the reference computes from
+the same values cast to float64, so only the method's own error is measured.
+Tolerances: the variance to 1e-3 relative (a two-pass float32 variance of
+1e4 + N(0, 0.1) is good to ~1e-5; the one-pass E[x^2] - E[x]^2 is off by
+100% or more); normalized outputs to 0.05 absolute (the float32 spacing at
+1e4 is 1e-3, a 0.01 error after dividing by the spread of 0.1); norms and
+losses to 1e-5 relative.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from purax.core import losses, metrics, optim
+from purax.nn import transformer
+from purax.nn.norm import BatchNorm, masked_moments
+
+RNG = np.random.default_rng(0)
+OFFSET = (1e4 + 0.1 * RNG.normal(size=(256, 8))).astype(np.float32)
+
+
+def _normalized64(x, axis):
+  x = np.asarray(x, np.float64)
+  return (x - x.mean(axis, keepdims=True)) / np.sqrt(x.var(axis, keepdims=True) + 1e-5)
+
+
+def test_batchnorm_variance_survives_a_large_offset():
+  mean, var, _ = masked_moments(jnp.asarray(OFFSET))
+  ref = OFFSET.astype(np.float64)
+  np.testing.assert_allclose(var, ref.var(0), rtol=1e-3)
+  np.testing.assert_allclose(mean, ref.mean(0), rtol=2.5e-7)   # two float32 ulps
+  bn = BatchNorm()
+  y, _ = bn.apply(bn.init(jax.random.key(0), OFFSET), OFFSET, mutable=['batch_stats'])
+  np.testing.assert_allclose(y, _normalized64(OFFSET, 0), atol=0.05)
+
+
+def test_batchnorm_moments_of_long_bfloat16_batches_are_float32():
+  x = jnp.asarray(RNG.normal(size=(8192, 4)) * 2 + 3, jnp.bfloat16)
+  mean, var, _ = masked_moments(x)
+  ref = np.asarray(x, np.float64)
+  np.testing.assert_allclose(mean, ref.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(var, ref.var(0), rtol=1e-5)
+
+
+def test_transformer_layer_norm_survives_a_large_offset():
+  ln = transformer.layer_norm(jnp.float32, jnp.float32)
+  x = OFFSET.T                                       # [8, 256]: 256 features per row
+  y = ln.apply(nn.unbox(ln.init(jax.random.key(0), x)), x)
+  np.testing.assert_allclose(y, _normalized64(x, -1), atol=0.05)
+
+
+@pytest.mark.parametrize('magnitude', [1e20, 1e-25, 1.0])
+def test_global_norm_neither_overflows_nor_underflows(magnitude):
+  tree = {'a': jnp.asarray(RNG.normal(size=(64,)) * magnitude, jnp.float32),
+          'b': jnp.asarray(RNG.normal(size=(3, 5)) * magnitude, jnp.float32)}
+  ref = np.sqrt(sum(np.sum(np.asarray(v, np.float64) ** 2) for v in tree.values()))
+  np.testing.assert_allclose(optim.global_norm(tree), ref, rtol=1e-5)
+  assert not np.isfinite(optim.global_norm({'a': jnp.float32([1.0, np.inf])}))
+  assert np.isnan(optim.global_norm({'a': jnp.float32([1.0, np.nan])}))
+
+
+def test_clipping_a_huge_gradient_gives_max_norm_not_zero():
+  g = {'w': jnp.asarray(RNG.normal(size=(16,)) * 1e20, jnp.float32)}
+  clip = optim.clip_by_global_norm(jnp.float32(1.0))
+  out, _ = clip.update(g, clip.init(g))
+  np.testing.assert_allclose(optim.global_norm(out), 1.0, rtol=1e-5)
+  direction = np.asarray(g['w'], np.float64) / np.linalg.norm(np.asarray(g['w'], np.float64))
+  np.testing.assert_allclose(out['w'], direction, rtol=1e-5, atol=1e-7)
+
+
+LOGITS = (1e4 + RNG.normal(size=(32, 4, 50))).astype(np.float32)
+LABELS = RNG.integers(0, 50, size=(32, 4))
+
+
+def _cross_entropy64(z, labels, s):
+  z = np.asarray(z, np.float64)
+  m = z.max(-1, keepdims=True)
+  lse = (np.log(np.exp(z - m).sum(-1, keepdims=True)) + m)[..., 0]
+  nll = lse - np.take_along_axis(z, labels[..., None], -1)[..., 0]
+  return (1 - s) * nll + s * (lse - z.mean(-1)), nll
+
+
+def test_softmax_cross_entropy_with_large_logit_offsets():
+  got = losses.softmax_cross_entropy(jnp.asarray(LOGITS[:, 0]), jnp.asarray(LABELS[:, 0]), 0.1)
+  want, _ = _cross_entropy64(LOGITS[:, 0], LABELS[:, 0], 0.1)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_token_cross_entropy_with_large_logit_offsets():
+  loss, nll = losses.token_cross_entropy_and_nll(jnp.asarray(LOGITS), jnp.asarray(LABELS), 0.1)
+  want_loss, want_nll = _cross_entropy64(LOGITS, LABELS, 0.1)
+  np.testing.assert_allclose(nll, want_nll, rtol=1e-5)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+
+
+def test_metric_sums_of_long_bfloat16_values_are_float32():
+  values = jnp.asarray(RNG.random(1 << 16) + 5.0, jnp.bfloat16)
+  got = metrics.Average.of(values)
+  ref = np.asarray(values, np.float64)
+  np.testing.assert_allclose(got.total, ref.sum(), rtol=1e-6)
+  assert float(got.count) == 1 << 16
+  got = losses.softmax_cross_entropy(jnp.asarray(LOGITS[:, 0], jnp.bfloat16),
+                                     jnp.asarray(LABELS[:, 0]))
+  assert got.dtype == jnp.float32
+
+
+def test_optax_global_norm_overflows_which_is_why_optim_has_its_own():
+  """Documents the reference failure the fix is for (not purax code)."""
+  assert not np.isfinite(optax.global_norm({'a': jnp.full((4,), 1e20, jnp.float32)}))
