@@ -20,6 +20,7 @@ removes; :func:`logical_axes` recovers them abstractly (nothing is computed).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -27,6 +28,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from purax.core.errors import ConfigError, expect
+from purax.core.model import Linen, select_inputs
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.parallel.rules import Rules, array_spec, batch_spec
@@ -56,17 +58,32 @@ def logical_axes(task: Task, batch: Mapping[str, Any]) -> TrainState:
   """
   key = jax.random.key(0)
   abstract = jax.eval_shape(task.init, key, batch)
+  model = task.pure_model
+  expect(isinstance(model, Linen), 'model',
+         'a flax.linen module for logical axes (nn.with_logical_partitioning); other '
+         'models shard by data_parallel() or fsdp() rules', type(model).__name__, ConfigError)
 
   def boxed_params(k):
-    return task.model.init({'params': k, 'dropout': k}, batch['x'], train=False)['params']
+    return model.module.init({'params': k, 'dropout': k}, select_inputs(batch, model.inputs),
+                             **model._kwargs(train=False, batch=batch, hparams=None))['params']
 
   boxed = jax.eval_shape(boxed_params, key)
   boxed_opt = jax.eval_shape(task.tx.init, boxed)
-  none = lambda tree: jax.tree.map(lambda _: P(), tree)
-  return TrainState(step=P(), params=nn.get_partition_spec(boxed),
-                    model_state=none(abstract.model_state),
-                    opt_state=nn.get_partition_spec(boxed_opt), rng=P(),
-                    hparams=none(abstract.hparams))
+  logical = {f: jax.tree.map(lambda _: P(), tree) for f, tree in _fields(abstract).items()}
+  logical.update(params=nn.get_partition_spec(boxed),
+                 opt_state=nn.get_partition_spec(boxed_opt))
+  return abstract.replace(**logical)
+
+
+#: The state fields split by the rules; every other field is replicated, so a
+#: new field of TrainState needs no edit here.
+PARTITIONED = ('params', 'opt_state')
+
+
+def _fields(state) -> dict:
+  """The pytree fields of a (flax struct) state, by name."""
+  return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)
+          if f.metadata.get('pytree_node', True)}
 
 
 def tree_shardings(tree: PyTree, mesh: Mesh, rules: Rules, *,
@@ -97,8 +114,9 @@ def state_shardings(state: TrainState, mesh: Mesh, rules: Rules, *,
                     logical: TrainState | None = None) -> TrainState:
   """The :class:`NamedSharding` of every array of a state.
 
-  ``params`` and ``opt_state`` follow the rules; ``step``, ``rng``,
-  ``hparams`` and ``model_state`` (batch statistics) are replicated.
+  ``params`` and ``opt_state`` (:data:`PARTITIONED`) follow the rules; every
+  other field — ``step``, ``rng``, ``hparams``, ``model_state`` (batch
+  statistics), ``loss_scale``, any field added later — is replicated.
 
   Args:
     state: a concrete or abstract (``jax.eval_shape``) state.
@@ -112,17 +130,15 @@ def state_shardings(state: TrainState, mesh: Mesh, rules: Rules, *,
          'tensor-parallel rules', None, ConfigError)
   repl = replicated(mesh)
   rules.check(mesh)
-  lg = logical if logical is not None else TrainState(
-      step=None, params=None, model_state=None, opt_state=None, rng=None, hparams=None)
-  return TrainState(
-      step=repl,
-      params=tree_shardings(state.params, mesh, rules, logical=lg.params,
-                            prefix='state.params'),
-      model_state=jax.tree.map(lambda _: repl, state.model_state),
-      opt_state=tree_shardings(state.opt_state, mesh, rules, logical=lg.opt_state,
-                               prefix='state.opt_state'),
-      rng=repl,
-      hparams=jax.tree.map(lambda _: repl, state.hparams))
+  out = {}
+  for name, tree in _fields(state).items():
+    if name in PARTITIONED:
+      out[name] = tree_shardings(tree, mesh, rules,
+                                 logical=None if logical is None else getattr(logical, name),
+                                 prefix=f'state.{name}')
+    else:
+      out[name] = jax.tree.map(lambda _: repl, tree)
+  return state.replace(**out)
 
 
 def batch_shardings(batch: Mapping[str, Any], mesh: Mesh, rules: Rules) -> dict:

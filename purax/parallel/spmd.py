@@ -28,11 +28,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from purax.core.errors import DataError, expect
+from purax.core.model import Linen
 from purax.core.task import Task
 from purax.parallel.rules import Rules, data_parallel
 
@@ -44,8 +46,11 @@ def with_axis_name(task: Task, axis_name) -> Task:
   their statistics across the named axis, as on the global batch.
   """
   model = task.model
-  if any(f.name == 'axis_name' for f in dataclasses.fields(model)):
-    model = model.clone(axis_name=axis_name)
+  module = model.module if isinstance(model, Linen) else model
+  if isinstance(module, nn.Module) and any(f.name == 'axis_name'
+                                           for f in dataclasses.fields(module)):
+    module = module.clone(axis_name=axis_name)
+    model = dataclasses.replace(model, module=module) if isinstance(model, Linen) else module
   return dataclasses.replace(task, model=model)
 
 
