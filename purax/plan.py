@@ -34,6 +34,7 @@ from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 from purax.io.pipeline import prefetch_to_device
+from purax.parallel import distributed
 
 
 def _train_step(task, state, acc, batch):
@@ -163,7 +164,6 @@ class Sharded:
     return zero_metrics(lambda st, b: self.task.step(st, b)[1], state, batch)
 
   def device_batches(self, host_batches, *, start, num_steps, prefetch):
-    from purax.parallel import distributed   # the loop drives parallel, not the reverse
     plan = self.compiled
     if jax.process_count() > 1:
       rows = distributed.process_rows(plan.mesh, plan.rules,

@@ -25,8 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purax import hooks as hooks_lib
+from purax import plan as plan_lib
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
+from purax.loop import fit
 from purax.search import FLAGS as FLAGS
 from purax.search import Uniform as Uniform
 from purax.search import grid as grid
@@ -78,9 +81,6 @@ def run_population(task, pop: pop_lib.Population, train_data, *, batch_index=Non
     ConfigError: an interval out of range, PBT or early stopping without
       ``eval_data``, or ``pbt_every`` not a multiple of ``eval_every``.
   """
-  from purax import hooks as hooks_lib
-  from purax import plan as plan_lib
-  from purax.loop import fit
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   for name, value in (('eval_every', eval_every), ('patience', patience),
                       ('pbt_every', pbt_every)):
