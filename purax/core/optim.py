@@ -43,11 +43,19 @@ def global_norm(tree) -> jax.Array:
   leaves = [jnp.asarray(x).astype(jnp.float32) for x in jax.tree.leaves(tree)]
   if not leaves:
     return jnp.zeros((), jnp.float32)
-  biggest = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in leaves]))
-  scale = jnp.where(jnp.isfinite(biggest) & (biggest > 0), biggest, 1.0)
-  total = sum(jnp.sum(jnp.square(x / scale)) for x in leaves)
-  # A non-finite value: x / 1.0 keeps it, and the norm is inf or NaN as it should be.
-  return scale * jnp.sqrt(total)
+
+  def rescaled():
+    biggest = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in leaves]))
+    scale = jnp.where(jnp.isfinite(biggest) & (biggest > 0), biggest, 1.0)
+    total = sum(jnp.sum(jnp.square(x / scale)) for x in leaves)
+    # A non-finite value: x / 1.0 keeps it, and the norm is inf or NaN as it should be.
+    return scale * jnp.sqrt(total)
+
+  # The plain sum of squares is exact enough unless it overflowed or
+  # underflowed; only then (a branch taken at run time) is the second pass paid.
+  plain = sum(jnp.sum(jnp.square(x)) for x in leaves)
+  usable = jnp.isfinite(plain) & (plain > 1e-30)
+  return jax.lax.cond(usable, lambda: jnp.sqrt(plain), rescaled)
 
 
 def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
