@@ -136,3 +136,15 @@ def test_plain_array_metrics_are_averaged_by_weight_and_metric_objects_kept():
   assert m['count'] == 8 and m['examples'] == 8
   z = t.predict(state, batch()['x'])
   assert m['loss'] == pytest.approx(float(jnp.mean(jnp.sum(z[:8] ** 2, axis=1))), rel=1e-5)
+
+
+def test_a_per_example_metric_of_a_per_token_loss_counts_rows_with_weight():
+  """values [batch, seq] with a [batch] metric: averaged over rows that carry weight."""
+  def loss(z, b, h):
+    values = jnp.broadcast_to(jnp.sum(z ** 2, axis=1)[:, None], (16, 3))
+    weight = jnp.where(jnp.arange(16)[:, None] < 4, 1.0, 0.0) * jnp.ones((1, 3))
+    return values, weight, {'row_id': jnp.arange(16.0)}
+  t = _contract_task(loss)
+  m = purax.metrics.compute(t.evaluate(t.init(jax.random.key(0), batch()), batch()))
+  assert m['row_id'] == pytest.approx(1.5)          # rows 0..3 only
+  assert m['examples'] == 4
