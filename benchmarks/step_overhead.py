@@ -12,6 +12,8 @@ is warmed up first). Nothing is asserted: the numbers go to the README.
 - ``purax_fit_noguard``: the same with ``Task(skip_nonfinite=False)``: what
   the guard (a fused select over the state, zeroed metrics of a skipped step,
   two more counters) costs.
+- ``purax_fit_k16``: ``purax.fit(..., steps_per_call=16)``: 16 steps per
+  dispatch (``lax.scan`` over stacked batches), bitwise the same training.
 - ``handwritten``: ``jax.jit(train_step, donate_argnums=0)`` over pre-built numpy
   batches, ``jax.device_put`` per step, the loss read once at the end — the
   loop an experienced JAX engineer writes.
@@ -72,13 +74,18 @@ def run_handwritten(task, state, batches, *, sync_every_step):
   return len(batches) / (time.perf_counter() - start)
 
 
-def run_purax(task, data, *, log_every):
+def run_purax(task, data, *, log_every, steps_per_call=1):
+  k = steps_per_call
+  log_every = max(k, log_every // k * k)
   state = task.init(jax.random.key(0), data[0])
-  warm = pipeline.train_dataset(DS.x_train, DS.y_train, batch_size=BATCH, seed=0, num_steps=2)
-  purax.fit(task, state, warm, log_every=log_every, progress=False)   # compile
+  warm = pipeline.train_dataset(DS.x_train, DS.y_train, batch_size=BATCH, seed=0,
+                                num_steps=2 * k)
+  purax.fit(task, state, warm, log_every=log_every, progress=False,
+            steps_per_call=k)   # compile
   state = task.init(jax.random.key(0), data[0])
   start = time.perf_counter()
-  state, _ = purax.fit(task, state, data, log_every=log_every, progress=False)
+  state, _ = purax.fit(task, state, data, log_every=log_every, progress=False,
+                       steps_per_call=k)
   jax.block_until_ready(state.params)
   return len(data) / (time.perf_counter() - start)
 
@@ -110,21 +117,26 @@ def main():
     batches = [data[s] for s in range(args.steps)]
     state = task.init(jax.random.key(0), batches[0])
     noguard = dataclasses.replace(task, skip_nonfinite=False)
-    runs = {'purax_fit': [], 'purax_fit_noguard': [], 'handwritten': [], 'tutorial': []}
+    runs = {'purax_fit': [], 'purax_fit_noguard': [], 'purax_fit_k16': [], 'handwritten': [],
+            'tutorial': []}
     for _ in range(args.trials):   # interleaved, so drift hits all alike
       runs['purax_fit'].append(run_purax(task, data, log_every=args.log_every))
       runs['purax_fit_noguard'].append(run_purax(noguard, data, log_every=args.log_every))
+      runs['purax_fit_k16'].append(run_purax(task, data, log_every=args.log_every,
+                                             steps_per_call=16))
       runs['handwritten'].append(run_handwritten(task, state, batches, sync_every_step=False))
       runs['tutorial'].append(run_handwritten(task, state, batches, sync_every_step=True))
     med = {k: statistics.median(v) for k, v in runs.items()}
     results['models'][name] = {
         'steps_per_sec_median': med, 'steps_per_sec_all': runs,
         'purax_vs_handwritten': med['purax_fit'] / med['handwritten'],
+        'purax_steps1_vs_handwritten': med['purax_fit'] / med['handwritten'],
+        'purax_multistep_vs_handwritten': med['purax_fit_k16'] / med['handwritten'],
         'purax_noguard_vs_handwritten': med['purax_fit_noguard'] / med['handwritten'],
         'purax_vs_tutorial': med['purax_fit'] / med['tutorial'],
     }
     print(f"{name}: purax {med['purax_fit']:.1f} steps/s (no guard "
-          f"{med['purax_fit_noguard']:.1f}), handwritten "
+          f"{med['purax_fit_noguard']:.1f}, k=16 {med['purax_fit_k16']:.1f}), handwritten "
           f"{med['handwritten']:.1f}, tutorial {med['tutorial']:.1f} -> "
           f"{results['models'][name]['purax_vs_handwritten']:.3f}x handwritten, "
           f"{results['models'][name]['purax_vs_tutorial']:.3f}x tutorial")
