@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from purax import testing
 from own_model_contrastive import Embed, supcon
 
-EXAMPLES, LR = (2 if os.environ.get('PURAX_EXAMPLE_TINY') else 12), 1e-3
+EXAMPLES, LR = (2 if os.environ.get('PURAX_EXAMPLE_TINY') else 8), 1e-3
 
 def loss_fn(params, state, batch):
   values, weight, _ = supcon(state.apply_fn({'params': params}, batch['x']), batch,

@@ -34,14 +34,20 @@ RESULTS = {
 
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
+def runs(request, tmp_path_factory):
+  # Start only the scripts whose tests were selected (``-k``), all at once.
+  selected = set()
+  for item in request.session.items:
+    callspec = getattr(item, 'callspec', None)
+    if item.module is request.module and callspec is not None and 'name' in callspec.params:
+      selected.add(callspec.params['name'])
   env = {**os.environ, 'PURAX_EXAMPLE_TINY': '1', 'JAX_PLATFORMS': 'cpu',
          'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
          'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')])}
   cwd = tmp_path_factory.mktemp('examples')   # nothing a script writes lands in the checkout
   procs = {name: subprocess.Popen([sys.executable, str(EXAMPLES / name)], cwd=cwd, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for name in RESULTS}
+           for name in sorted(selected)}
   yield procs
   for proc in procs.values():   # a failed test may leave its siblings running
     if proc.poll() is None:
