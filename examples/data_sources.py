@@ -15,7 +15,7 @@ from purax.io.checkpoint import Checkpointer
 STEPS = 6 if os.environ.get('PURAX_EXAMPLE_TINY') else 200
 data = purax.io.datasets.load('digits')
 task = purax.Task(model=purax.nn.MLP(num_classes=10, features=(128,), dropout_rate=0.1),
-                  tx=purax.adamw(learning_rate=3e-3, total_steps=STEPS))   # provided loss: classification
+                  tx=purax.adamw(learning_rate=3e-3, total_steps=STEPS))   # loss: classification
 
 def grain_batches():
   """Shuffled every epoch, 64 examples a batch: {'x': float32 [64, 8, 8, 1], 'y': int32 [64]}."""

@@ -1,7 +1,6 @@
-"""An own flax.linen embedding net with an own supervised-contrastive loss on digits:
-a loss hyperparameter (`temperature`, in `state.hparams`), an own metric (in-batch
-nearest-neighbour accuracy), `purax.fit` over a list of batches, then a 1-NN probe.
-`PURAX_EXAMPLE_TINY=1`: a few steps (for the test suite)."""
+"""An own flax.linen embedding net and supervised-contrastive loss on digits: a loss
+hyperparameter (`temperature`, in `state.hparams`), an own metric (in-batch nearest-neighbour
+accuracy), `purax.fit` over a list of batches, a 1-NN probe. `PURAX_EXAMPLE_TINY=1`: few steps."""
 import os
 import flax.linen as nn
 import jax
@@ -37,14 +36,15 @@ def supcon(z, batch, hparams):
 def digit_batches(x, y, steps, batch_size=128, seed=0):
   """``steps`` batches ``{'x': float32 [b, 8, 8, 1], 'y': int32 [b]}`` drawn at random."""
   rng = np.random.default_rng(seed)
-  return [{'x': x[i], 'y': y[i]} for i in (rng.permutation(len(x))[:batch_size] for _ in range(steps))]
+  rows = [rng.permutation(len(x))[:batch_size] for _ in range(steps)]
+  return [{'x': x[i], 'y': y[i]} for i in rows]
 
 def probe_accuracy(task, state, data):
   """Test accuracy of the label of the nearest train embedding (cosine)."""
-  embed = jax.jit(task.predict)
   unit = lambda z: z / jnp.linalg.norm(z, axis=-1, keepdims=True)
-  z_train, z_test = unit(embed(state, data.x_train)), unit(embed(state, data.x_test))
-  return float(np.mean(data.y_train[np.asarray(jnp.argmax(z_test @ z_train.T, axis=1))] == data.y_test))
+  z_train, z_test = (unit(jax.jit(task.predict)(state, x)) for x in (data.x_train, data.x_test))
+  nearest = np.asarray(jnp.argmax(z_test @ z_train.T, axis=1))
+  return float(np.mean(data.y_train[nearest] == data.y_test))
 
 if __name__ == '__main__':
   data = purax.io.datasets.load('digits')

@@ -33,7 +33,8 @@ if __name__ == '__main__':
     print(f'  temperature {t:<5} lr {lr:<6} test nn_accuracy {a:.3f} ({status})')
   best = int(jnp.argmin(population.score(scores, 'nn_accuracy', mode='max')))
   state = population.member(pop, best)
-  print(f'best member {best}:', {k: float(f'{v:.4g}') for k, v in purax.hyperparams(state, task.tx).items()})
+  hparams = purax.hyperparams(state, task.tx)   # the current learning rate included
+  print(f'best member {best}:', {k: float(f'{v:.4g}') for k, v in hparams.items()})
   state, _ = purax.fit(task, state, batches, progress=False, log_every=MORE)
   final = purax.evaluate(task, state, [test])
   print(f'sweep_population: best temperature {GRID[best][0]}, lr {GRID[best][1]}, '

@@ -19,10 +19,11 @@ TIMEOUT_S = 600   # a hang fails the test instead of the suite; not a speed asse
 
 # script -> what its result lines say (one regex per line it must print)
 RESULTS = {
-    'own_model_contrastive.py': [r'own_model_contrastive: steps \d+, train loss [\d.]+, test in-batch '
-                                 r'nn_accuracy [\d.]+, test 1-NN probe accuracy [\d.]+'],
-    'nnx_and_functions.py': [r'nnx_and_functions: steps \d+, NNX loss [\d.]+, functions loss [\d.]+, '
-                             r'max \|params difference\| 0, agree True'],
+    'own_model_contrastive.py': [r'own_model_contrastive: steps \d+, train loss [\d.]+, '
+                                 r'test in-batch nn_accuracy [\d.]+, '
+                                 r'test 1-NN probe accuracy [\d.]+'],
+    'nnx_and_functions.py': [r'nnx_and_functions: steps \d+, NNX loss [\d.]+, '
+                             r'functions loss [\d.]+, max \|params difference\| 0, agree True'],
     'sweep_population.py': [r'temperature 0\.3 +lr 0\.01 +test nn_accuracy [\d.]+ \(ok\)',
                             r'sweep_population: best temperature [\d.]+, lr [\d.]+, continued to '
                             r'step \d+: test nn_accuracy [\d.]+'],
@@ -71,6 +72,8 @@ def test_example_runs_and_prints_its_result(runs, name):
     output, _ = runs[name].communicate()
     pytest.fail(f'examples/{name}: expected to finish within {TIMEOUT_S}s, got a timeout:\n'
                 f'{output[-3000:]}')
-  assert runs[name].returncode == 0, f'examples/{name} exited {runs[name].returncode}:\n{output[-3000:]}'
+  code = runs[name].returncode
+  assert code == 0, f'examples/{name}: expected exit status 0, got {code}:\n{output[-3000:]}'
   for pattern in RESULTS[name]:
-    assert re.search(pattern, output), f'examples/{name}: expected a line matching {pattern!r}, got:\n{output[-3000:]}'
+    assert re.search(pattern, output), (
+        f'examples/{name}: expected a line matching {pattern!r}, got:\n{output[-3000:]}')
