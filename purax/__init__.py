@@ -25,6 +25,7 @@ from purax.core import hyperparams as hyperparams
 from purax.core import loss_function as loss_function
 from purax.core import metrics as metrics
 from purax.core import objectives as objectives
+from purax.io.checkpoint import Checkpointer as Checkpointer
 from purax.io.resume import restore_or_init as restore_or_init
 from purax import hooks as hooks
 from purax import plan as plan

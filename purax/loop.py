@@ -39,6 +39,7 @@ from purax.core.task import Task
 from purax import plan as plan_lib
 from purax.io import progress as progress_lib
 from purax.io.checkpoint import Checkpointer
+from purax.io.resume import Restored
 from purax.io.writers import MetricWriter
 from purax.plan import eval_step as eval_step
 from purax.plan import multi_train_step as multi_train_step
@@ -176,7 +177,9 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     task: the static model/optimizer/loss.
     state: the initial (or restored) state — a :class:`TrainState`, or what the
       plan steps (a :class:`purax.core.population.Population`); consumed
-      (donated).
+      (donated). A :class:`purax.io.resume.Restored` (what
+      :func:`purax.restore_or_init` returns) brings its metrics window, data
+      position and hook state along.
     train_data: random access by step (``train_data[s]`` is the batch of step
       ``s``) or any iterable of batches; see the module docstring.
     steps: the step to train to; default ``len(train_data)`` (random access)
@@ -239,6 +242,17 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     DataError, ContractError: a malformed batch or loss (at the first trace).
     NonFiniteError: ``max_consecutive_skips`` consecutive skipped updates.
   """
+  if isinstance(state, Restored):      # fit(task, restore_or_init(...), data, ...)
+    train_metrics = state.train_metrics if train_metrics is None else train_metrics
+    data_state = state.data_state if data_state is None else data_state
+    hook_state = state.extra.get('hooks') if hook_state is None else hook_state
+    state = state.state
+  deleted = [jax.tree_util.keystr(path) for path, x in
+             jax.tree_util.tree_flatten_with_path(state)[0]
+             if isinstance(x, jax.Array) and x.is_deleted()]
+  expect(not deleted, 'state', 'live arrays (fit donates its state: pass a copy, '
+         'jax.tree.map(jnp.copy, state), to keep one)',
+         f'deleted arrays at {deleted[:3]}', ConfigError)
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   expect(eval_every >= 0, 'eval_every', '>= 0', eval_every, ConfigError)
   expect(checkpoint_every >= 0, 'checkpoint_every', '>= 0', checkpoint_every, ConfigError)

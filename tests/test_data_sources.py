@@ -135,3 +135,18 @@ def test_an_iterable_that_ends_early_ends_training_with_a_final_log_and_save(tmp
   assert [r['step'] for r in history if 'train/loss' in r] == [2, 4, 5]
   assert any('eval/loss' in r for r in history)
   assert Checkpointer(str(tmp_path / 'ckpt')).steps() == [5]
+
+
+def test_fit_takes_what_restore_or_init_returns(tmp_path):
+  t, restored = _half_run(tmp_path)
+  final, _ = purax.fit(t, restored, generator(), steps=STEPS, log_every=2, progress=False,
+                       iterator_resume='skip')
+  assert_bitwise(final, straight(generator()))
+
+
+def test_fit_refuses_a_state_whose_arrays_a_donation_deleted():
+  t = task()
+  state = t.init(jax.random.key(0), make_batch(0))
+  purax.fit(t, state, [make_batch(0)], progress=False)          # donates state
+  with pytest.raises(purax.ConfigError, match=r'state: expected live arrays \(fit donates'):
+    purax.fit(t, state, [make_batch(0)], progress=False)

@@ -173,3 +173,21 @@ def test_learning_rate_widening_is_opt_in_and_gradients_stay_tight():
   state = task.init(jax.random.key(0), {'x': np.ones((8, 4), np.float32),
                                         'y': np.zeros(8, np.int32)})
   assert testing.learning_rate_of(state) == pytest.approx(1e-2)
+
+
+def test_resync_compares_each_step_from_the_same_state():
+  """Two runs that drift apart slowly: resync compares every step on its own."""
+  task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(8,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=10))
+  batch = {'x': np.ones((8, 4), np.float32), 'y': np.zeros(8, np.int32)}
+  step = jax.jit(task.step)
+
+  def drifting(state, b):       # a tiny error each step, compounding over steps
+    new, m = step(state, b)
+    return new.replace(params=jax.tree.map(lambda p: p + 4e-6, new.params)), m
+
+  state = task.init(jax.random.key(0), batch)
+  copy = lambda: jax.tree.map(jnp.copy, state)
+  with pytest.raises(AssertionError, match=r'step [2-9] '):
+    testing.assert_same_training(step, copy(), drifting, copy(), [batch] * 6)
+  testing.assert_same_training(step, copy(), drifting, copy(), [batch] * 6, resync=True)

@@ -296,12 +296,12 @@ def stack(states: list[TrainState]) -> TrainState:
 # -- jitted entry points for host loops -------------------------------------
 
 
-def _train_step(task, pop, acc, batch, batch_index):
+def _train_step(task, pop, acc, batch, batch_index=None):
   pop, metrics = step(task, pop, batch, batch_index)
   return pop, metrics_lib.merge(acc, metrics)
 
 
-def _eval_step(task, pop, acc, batch, batch_index):
+def _eval_step(task, pop, acc, batch, batch_index=None):
   return metrics_lib.merge(acc, evaluate(task, pop, batch, batch_index))
 
 

@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from purax.core import loss_scale as loss_scale_lib
@@ -208,6 +209,8 @@ class Task:
     """
     if hparams is None:
       hparams = self.default_hparams()
+    # numpy leaves (outside jit) as jax arrays, so a loss may index them with traced values
+    batch = jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, batch)
     outputs, new_model_state = self.pure_model.apply(
         params, model_state, batch, train=train, rng=key if train else None, hparams=hparams)
     loss, metrics, values, weight = objectives.reduce(self.loss, outputs, batch, hparams)
