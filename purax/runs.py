@@ -6,19 +6,26 @@ directory that exists is resumed from its newest committed checkpoint, with
 the same data order and randomness (batches are random access by step and the
 step key is ``fold_in(rng, step)``). SIGTERM and SIGINT finish the current
 step, save, wait for the commit and return normally.
+
+One run at a time per directory: a run holds ``WORKDIR/.purax.lock`` (an
+``flock``, released by the kernel when the process dies, so a stale lock is
+taken over safely); a second run is refused at once, naming the holder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import itertools
 import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +37,7 @@ from purax.config import TrainConfig, build_task, sample_batch
 from purax.core import flops
 from purax.core.errors import ConfigError, expect
 from purax.io import datasets, pipeline, text, writers
-from purax.io.checkpoint import Checkpointer
+from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from purax.loop import evaluate, fit, zero_metrics
 from purax.nn.transformer import count_params
 
@@ -104,6 +111,46 @@ def _truncate_jsonl(path: str, last_step: int) -> None:
   os.replace(path + '.tmp', path)
 
 
+LOCK_NAME = '.purax.lock'
+
+
+class WorkdirLock:
+  """An exclusive ``flock`` on ``WORKDIR/.purax.lock`` holding ``{pid, host, since}``.
+
+  The kernel releases it when the holder exits or dies (even by SIGKILL), so
+  a lock file left by a dead run is simply taken over; the file is never
+  deleted (deleting a lock file races with a process about to lock it).
+
+  Raises:
+    ConfigError: another live process holds it (named: pid, host, since).
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_NAME)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b'{}')
+      except ValueError:
+        holder = {}
+      os.close(fd)
+      raise ConfigError(
+          f'workdir: expected no other run using {workdir}, got one: process '
+          f'{holder.get("pid", "?")} on host {holder.get("host", "?")} holds {self.path} '
+          f'(since {holder.get("since", "?")}); wait for it to end or stop it') from e
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(),
+                              'since': time.strftime('%Y-%m-%dT%H:%M:%S%z')}).encode(), 0)
+    self._fd = fd
+
+  def release(self) -> None:
+    if self._fd is not None:
+      os.close(self._fd)   # releases the flock
+      self._fd = None
+
+
 class StopOnSignal(contextlib.AbstractContextManager):
   """Turns SIGTERM/SIGINT into a flag polled by the loop; a second signal acts as usual."""
 
@@ -151,15 +198,23 @@ def train(config: TrainConfig) -> dict:
          'set for a multi-host run (every process must use the same directory)',
          config.workdir, ConfigError)
   config = config.resolved()
+  held = {}    # process 0's WorkdirLock, released when the run ends however it ends
+  try:
+    return _train(config, held)
+  finally:
+    if 'lock' in held:
+      held['lock'].release()
+
+
+def _train(config: TrainConfig, held: dict) -> dict:
   workdir = config.workdir
   # Multi-host: process 0 checks the workdir and every process learns its
   # answer before anything is written; then only process 0 writes files, and
   # all take part in checkpoints.
   primary = jax.process_index() == 0
   created = not os.path.exists(workdir)
-  resuming = _check_workdir(config)
-  if primary:
-    print(f'purax: run directory {workdir}', file=sys.stderr)
+  # An existing directory is locked now: a second run on it stops here.
+  resuming = bool(_decide_on_primary(lambda: _check_workdir(config, held, create=False)))
   config, ds, task, train_data = _prepare(config)
   sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
@@ -168,7 +223,10 @@ def train(config: TrainConfig) -> dict:
     mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
     plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
     num_devices = mesh.devices.size
-  os.makedirs(workdir, exist_ok=True)
+  if not resuming:   # everything is checked: create (if new), lock, check again
+    _decide_on_primary(lambda: _check_workdir(config, held, create=True))
+  if primary:
+    print(f'purax: run directory {workdir}', file=sys.stderr)
   checkpointer = writer = None
   try:
     if not resuming and primary:
@@ -178,9 +236,19 @@ def train(config: TrainConfig) -> dict:
     checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
                                 keep_last=config.keep_last, keep_best=config.keep_best,
                                 metadata=_metadata(config))
-    acc = None
+    acc = restored = None
     if resuming and checkpointer.steps():
-      tree, extra, step = checkpointer.restore(abstract)
+      # An unreadable newest checkpoint is moved aside (kept for inspection),
+      # so the run can save that step again.
+      try:
+        restored = checkpointer.restore(abstract, move_aside=True)
+      except CheckpointError as e:
+        if isinstance(e, CheckpointMismatchError) or checkpointer.steps():
+          raise    # a mismatch or a failure that is not the files': stop, with its reason
+        print(f'purax: no readable checkpoint in {checkpointer.directory} (all moved '
+              'aside); starting again from step 0', file=sys.stderr)
+    if restored is not None:
+      tree, extra, step = restored
       state, acc = tree['state'], tree['train_metrics']
       expect(extra['data']['next_step'] == int(jax.device_get(state.step)),
              'checkpoint data position',
@@ -193,7 +261,8 @@ def train(config: TrainConfig) -> dict:
       state = init(jax.random.key(config.seed))
     if primary:
       _truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'), step)
-      writer = _with_throughput(writers.create_default_writer(workdir, console=True),
+      writer = _with_throughput(writers.create_default_writer(workdir, console=True,
+                                                              resume_step=step),
                                 config, task, abstract, num_devices)
     eval_data = pipeline.eval_batches(ds.x_test, ds.y_test, batch_size=config.eval_batch_size)
     with StopOnSignal() as stop, jax.debug_nans(config.debug_nans):
@@ -262,42 +331,70 @@ def _agreed(poll, *, every: int):
   return agreed
 
 
-def _check_workdir(config: TrainConfig) -> bool:
-  """Whether ``config.workdir`` holds a run to resume (checked against it).
+def _decide_on_primary(decide) -> int:
+  """``decide()`` on process 0, its int answer given to every process.
 
-  Multi-host: process 0 (the one that writes there) decides, and every process
-  learns its answer, so that all go on, or all fail, together.
-
-  Raises:
-    FileExistsError: the directory is neither new, empty, nor a purax run;
-    ConfigError: the saved run's config differs in a field that changes the
-      computation (on every process: the others name process 0's refusal).
+  So that all go on, or all fail, together: an exception on process 0 is
+  raised there, and on the others as a ConfigError that points to its log.
   """
-  error, resuming = None, False
+  error, answer = None, 0
   if jax.process_index() == 0:
     try:
-      expect(not os.path.exists(config.workdir) or os.path.isdir(config.workdir), 'workdir',
-             'a directory (new, empty, or a purax run to resume)',
-             f'{config.workdir!r}, an existing file', FileExistsError)
-      resuming = os.path.isfile(os.path.join(config.workdir, 'config.json'))
-      if resuming:
-        config.check_resumable(_read_config(config.workdir))
-      else:
-        expect(not os.path.exists(config.workdir) or not os.listdir(config.workdir),
-               'workdir', 'a new or empty directory, or a purax run directory to resume',
-               repr(config.workdir), FileExistsError)
-    except Exception as e:   # told to the other processes, then raised
+      answer = int(decide())
+    except Exception as e:   # any refusal: told to the other processes, then raised
       error = e
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
-    answer = int(multihost_utils.broadcast_one_to_all(
-        np.int32(2 if error is not None else int(resuming))))
-    expect(error is not None or answer != 2, 'workdir',
-           'a directory process 0 accepts (its log names what it refused)',
-           repr(config.workdir), ConfigError)
-    resuming = answer == 1
+    got = int(multihost_utils.broadcast_one_to_all(
+        np.int32(-1 if error is not None else answer)))
+    expect(error is not None or got != -1, 'workdir',
+           'a directory process 0 accepts (its log names what it refused)', 'a refusal',
+           ConfigError)
+    answer = got
   if error is not None:
     raise error
+  return answer
+
+
+def _check_workdir(config: TrainConfig, held: dict, *, create: bool) -> bool:
+  """Whether ``config.workdir`` holds a run to resume (checked against it).
+
+  Locks the directory (``held['lock']``) once it exists and is a purax run or
+  empty; with ``create``, creates it first. Only process 0 calls this.
+
+  Raises:
+    FileExistsError: the directory is neither new, empty, nor a purax run;
+    ConfigError: another run holds the directory; or the saved run's config
+      differs in a field that changes the computation.
+  """
+  workdir = config.workdir
+  expect(not os.path.exists(workdir) or os.path.isdir(workdir), 'workdir',
+         'a directory (new, empty, or a purax run to resume)',
+         f'{workdir!r}, an existing file', FileExistsError)
+  if create:
+    try:
+      os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+      raise ConfigError(f'workdir: expected a directory that can be created, got '
+                        f'{workdir!r} ({e.strerror})') from e
+
+  def check() -> bool:
+    resuming = os.path.isfile(os.path.join(workdir, 'config.json'))
+    if not resuming:
+      expect(not os.path.exists(workdir) or not set(os.listdir(workdir)) - {LOCK_NAME},
+             'workdir', 'a new or empty directory, or a purax run directory to resume',
+             repr(workdir), FileExistsError)
+    return resuming
+
+  check()                        # refuse a foreign directory before writing a lock into it
+  if 'lock' not in held and os.path.isdir(workdir):
+    held['lock'] = WorkdirLock(workdir)
+  resuming = check()             # again under the lock: another run may have written
+  expect(not (create and resuming), 'workdir',
+         'still new or empty when this run was ready to start',
+         f'{workdir!r}, where another run wrote meanwhile (run again to resume it)', ConfigError)
+  if resuming:
+    config.check_resumable(_read_config(workdir))
   return resuming
 
 

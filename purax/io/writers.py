@@ -4,6 +4,11 @@
 writers never touch the device. Use :func:`create_default_writer` for a run
 directory: TensorBoard event files (tensorboardX), ``metrics.jsonl`` and,
 optionally, the console.
+
+Durability: the file writers flush at every ``write_scalars`` call (the loop
+calls them at log and eval points only, before the checkpoint of that step is
+started), so a killed process loses no record written before its last
+committed checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ def _number(value):
 
 
 class JsonlWriter:
-  """Appends one JSON object per call to ``path``: ``{"step", "time", ...scalars}``."""
+  """Appends one JSON object per call to ``path``: ``{"step", "time", ...scalars}``.
+
+  Each record is written in one ``write`` and flushed before the call returns.
+  Non-finite values are written as strings (``"nan"``): the file stays JSON.
+  """
 
   def __init__(self, path: str):
     self._file = open(path, 'a', encoding='utf-8')
@@ -36,7 +45,8 @@ class JsonlWriter:
   def write_scalars(self, step, scalars):
     record = {'step': int(step), 'time': time.time()}
     record.update({k: _number(v) for k, v in scalars.items()})
-    self._file.write(json.dumps(record) + '\n')
+    self._file.write(json.dumps(record, allow_nan=False) + '\n')
+    self._file.flush()
 
   def flush(self):
     self._file.flush()
@@ -46,21 +56,40 @@ class JsonlWriter:
 
 
 class TensorBoardWriter:
-  """TensorBoard event files in ``logdir`` through ``tensorboardX.SummaryWriter``."""
+  """TensorBoard event files in ``logdir``, written synchronously.
 
-  def __init__(self, logdir: str):
-    from tensorboardX import SummaryWriter
-    self._writer = SummaryWriter(logdir=logdir)
+  tensorboardX's ``SummaryWriter`` queues events for a thread and its
+  ``flush`` does not wait for the queue; this writer uses tensorboardX's
+  ``EventsWriter`` directly, so every event is in the file (flushed and
+  fsynced) when ``write_scalars`` returns. ``purge_step``: a resumed run's
+  first step; events of a killed run at or after it are hidden by TensorBoard
+  (the resumed run writes them again), as with ``SummaryWriter(purge_step=)``.
+  """
+
+  def __init__(self, logdir: str, *, purge_step: int | None = None):
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+    self._event = Event
+    # The pid keeps a resumed run, started within the same second, off the
+    # killed run's file name (the file is opened for writing, not appending).
+    self._events = EventsWriter(os.path.join(logdir, 'events'), f'.{os.getpid()}')
+    if purge_step is not None:
+      self._events.write_event(Event(step=purge_step, wall_time=time.time(),
+                                     session_log=SessionLog(status=SessionLog.START)))
+    self._events.flush()
 
   def write_scalars(self, step, scalars):
+    from tensorboardX.summary import scalar
     for name, value in scalars.items():
-      self._writer.add_scalar(name, float(value), global_step=int(step))
+      self._events.write_event(self._event(wall_time=time.time(), step=int(step),
+                                           summary=scalar(name, float(value))))
+    self._events.flush()
 
   def flush(self):
-    self._writer.flush()
+    self._events.flush()
 
   def close(self):
-    self._writer.close()
+    self._events.close()
 
 
 class ConsoleWriter:
@@ -100,11 +129,16 @@ class MultiWriter:
       w.close()
 
 
-def create_default_writer(workdir: str, *, console: bool = True) -> MultiWriter:
-  """TensorBoard events and ``metrics.jsonl`` in ``workdir`` (+ console)."""
+def create_default_writer(workdir: str, *, console: bool = True,
+                          resume_step: int = 0) -> MultiWriter:
+  """TensorBoard events and ``metrics.jsonl`` in ``workdir`` (+ console).
+
+  ``resume_step``: the step a resumed run continues from (TensorBoard hides
+  the killed run's events after it).
+  """
   os.makedirs(workdir, exist_ok=True)
   writers = [JsonlWriter(os.path.join(workdir, 'metrics.jsonl')),
-             TensorBoardWriter(workdir)]
+             TensorBoardWriter(workdir, purge_step=resume_step + 1 if resume_step else None)]
   if console:
     writers.append(ConsoleWriter())
   return MultiWriter(writers)
