@@ -151,6 +151,15 @@ class WorkdirLock:
       self._fd = None
 
 
+class StoppedBeforeStart(Exception):
+  """A SIGTERM/SIGINT arrived during start-up (loading, tracing), before anything
+  was written; ``status`` is the documented exit status (128 + signal number)."""
+
+  def __init__(self, signame: str, phase: str):
+    self.signame, self.status = signame, 128 + int(signal.Signals[signame])
+    super().__init__(f'stopped by {signame} during start-up ({phase}); nothing written')
+
+
 class StopOnSignal(contextlib.AbstractContextManager):
   """Turns SIGTERM/SIGINT into a flag polled by the loop; a second signal acts as usual."""
 
@@ -200,14 +209,24 @@ def train(config: TrainConfig) -> dict:
   config = config.resolved()
   held = {}    # process 0's WorkdirLock, released when the run ends however it ends
   try:
-    return _train(config, held)
+    # From here a first SIGTERM/SIGINT only sets a flag: start-up stops at
+    # its next phase boundary (nothing written), training at the next step
+    # (a checkpoint committed).
+    with StopOnSignal() as stop:
+      return _train(config, held, stop)
   finally:
     if 'lock' in held:
       held['lock'].release()
 
 
-def _train(config: TrainConfig, held: dict) -> dict:
+def _train(config: TrainConfig, held: dict, stop: StopOnSignal) -> dict:
   workdir = config.workdir
+
+  def starting(phase: str) -> None:
+    # One process only: several must agree first, which the training loop does.
+    if stop() and jax.process_count() == 1:
+      raise StoppedBeforeStart(stop.received, phase)
+
   # Multi-host: process 0 checks the workdir and every process learns its
   # answer before anything is written; then only process 0 writes files, and
   # all take part in checkpoints.
@@ -215,14 +234,18 @@ def _train(config: TrainConfig, held: dict) -> dict:
   created = not os.path.exists(workdir)
   # An existing directory is locked now: a second run on it stops here.
   resuming = bool(_decide_on_primary(lambda: _check_workdir(config, held, create=False)))
+  starting('checking the run directory')
   config, ds, task, train_data = _prepare(config)
+  starting('loading the data')
   sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
+  starting('tracing the model')
   plan, num_devices = None, 1          # without a mesh the step runs on one device
   if config.mesh is not None:
     mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
     plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
     num_devices = mesh.devices.size
+  starting('building the plan')
   if not resuming:   # everything is checked: create (if new), lock, check again
     _decide_on_primary(lambda: _check_workdir(config, held, create=True))
   if primary:
@@ -265,7 +288,7 @@ def _train(config: TrainConfig, held: dict) -> dict:
                                                               resume_step=step),
                                 config, task, abstract, num_devices)
     eval_data = pipeline.eval_batches(ds.x_test, ds.y_test, batch_size=config.eval_batch_size)
-    with StopOnSignal() as stop, jax.debug_nans(config.debug_nans):
+    with jax.debug_nans(config.debug_nans):
       state, history = fit(task, state, train_data, eval_data=eval_data,
                            log_every=config.log_every, eval_every=config.eval_every,
                            writer=writer, progress=config.progress and primary,

@@ -100,3 +100,54 @@ def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
   done = purax('train', *ARGS, '--steps', '10', '--workdir', str(workdir))
   assert done.returncode == 0, done.stderr
   assert json.loads((workdir / '.purax.lock').read_text())['pid'] != holder.pid
+
+
+# `purax` that says "ready" once main() has installed its signal handlers (the
+# interpreter's start and imports come before: there a signal acts as usual).
+CLI_WHEN_READY = """
+import signal, sys
+from purax import cli
+install = signal.signal
+def spy(signum, handler):
+  previous = install(signum, handler)
+  if signum == signal.SIGINT and handler is cli._exit_on_signal:
+    print('ready', file=sys.stderr, flush=True)
+  return previous
+signal.signal = spy
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize('signum,delay', [(signal.SIGTERM, 0.0), (signal.SIGINT, 0.3),
+                                          (signal.SIGTERM, 1.0), (signal.SIGINT, 2.5)])
+def test_a_signal_during_start_up_exits_with_a_message_and_nothing_half_written(
+    tmp_path, signum, delay):
+  """Issue 13.6: once the command line runs, a signal at any moment exits with
+  a message: 128+N with nothing written during start-up, 0 with a committed
+  checkpoint once training runs; never a traceback."""
+  workdir = tmp_path / 'run'
+  proc = subprocess.Popen(
+      [sys.executable, '-c', CLI_WHEN_READY, 'train', '--model', 'cnn', '--steps', '100000',
+       '--checkpoint-every', '0', '--eval-every', '0', '--no-progress',
+       '--workdir', str(workdir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    assert proc.stderr.readline().strip() == 'ready'
+    time.sleep(delay)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=180)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  name = signal.Signals(signum).name
+  assert 'Traceback' not in err, err[-3000:]
+  assert f'stopped by {name}' in err, err[-3000:]
+  if proc.returncode == 0:      # training had started: a checkpoint is committed
+    reached = json.loads(out.strip().splitlines()[-1])['final']['step']
+    assert sorted(os.listdir(workdir / 'checkpoints')) == [str(reached)]
+  else:
+    assert proc.returncode == 128 + signum, err[-3000:]
+    # Nothing written: no directory, or (if the signal came after it was
+    # created) nothing in it but the lock.
+    assert not workdir.exists() or set(os.listdir(workdir)) <= {'.purax.lock'}, \
+        os.listdir(workdir)
