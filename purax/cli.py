@@ -149,6 +149,10 @@ def _main(argv: list[str]) -> int:
   except (PuraxError, FileExistsError, FileNotFoundError) as e:
     print(f'purax: error: {e}', file=sys.stderr)
     return 2
+  except OSError as e:   # an unwritable or vanished path met while running: named
+    print(f'purax: error: {e.filename or "a file"}: expected writable and present, got '
+          f'{e.strerror or e}', file=sys.stderr)
+    return 2
   except runs.StoppedBeforeStart as e:
     print(f'purax: {e} (exit status {e.status})', file=sys.stderr)
     return e.status

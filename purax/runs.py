@@ -79,10 +79,17 @@ def abstract_checkpoint(task, batch) -> dict:
   return {'state': state, 'train_metrics': acc}
 
 
-def _metadata(config: TrainConfig) -> dict:
-  return {'config': dataclasses.asdict(config), 'purax_version': purax.__version__,
+def _metadata(config: TrainConfig, sample: dict | None = None, num_classes=None) -> dict:
+  """What every checkpoint records beside the arrays; with the per-example
+  shapes of the data, so that export and generate need no data file."""
+  meta = {'config': dataclasses.asdict(config), 'purax_version': purax.__version__,
           'jax_version': jax.__version__, 'device_count': jax.device_count(),
           'process_count': jax.process_count(), 'mesh': None}
+  if sample is not None:
+    meta['data_shapes'] = {'x': list(sample['x'].shape[1:]), 'x_dtype': str(sample['x'].dtype),
+                           'y': list(sample['y'].shape[1:]), 'y_dtype': str(sample['y'].dtype),
+                           'num_classes': int(num_classes)}
+  return meta
 
 
 def _read_config(workdir: str) -> TrainConfig:
@@ -258,7 +265,7 @@ def _train(config: TrainConfig, held: dict, stop: StopOnSignal) -> dict:
       os.replace(os.path.join(workdir, 'config.json.tmp'), os.path.join(workdir, 'config.json'))
     checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
                                 keep_last=config.keep_last, keep_best=config.keep_best,
-                                metadata=_metadata(config))
+                                metadata=_metadata(config, sample, ds.num_classes))
     acc = restored = None
     if resuming and checkpointer.steps():
       # An unreadable newest checkpoint is moved aside (kept for inspection),
@@ -327,9 +334,18 @@ def _train(config: TrainConfig, held: dict, stop: StopOnSignal) -> dict:
            if k.startswith('eval/')}
   if not final:   # resumed a run that had already finished
     final = evaluate(task, state, eval_data)
+  finite = jax.jit(lambda p: jnp.all(jnp.stack(
+      [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(p)] or [jnp.bool_(True)])))
+  if not bool(jax.device_get(finite(state.params))):
+    from purax.core.errors import NonFiniteError
+    raise NonFiniteError(
+        f'params: expected finite values after step {reached}, got NaN or inf (the run '
+        'diverged; try a lower learning rate, clipping, or --debug-nans to find the source)')
+  # JSON has no NaN/inf: such values are written as strings, as in metrics.jsonl.
+  final = {k: writers._number(v) for k, v in final.items()}
   if primary:
     with open(os.path.join(workdir, 'final_metrics.json.tmp'), 'w') as f:
-      json.dump({'step': config.steps, **final}, f, indent=2)
+      json.dump({'step': config.steps, **final}, f, indent=2, allow_nan=False)
     os.replace(os.path.join(workdir, 'final_metrics.json.tmp'),
                os.path.join(workdir, 'final_metrics.json'))
   return final
@@ -394,6 +410,14 @@ def _check_workdir(config: TrainConfig, held: dict, *, create: bool) -> bool:
   expect(not os.path.exists(workdir) or os.path.isdir(workdir), 'workdir',
          'a directory (new, empty, or a purax run to resume)',
          f'{workdir!r}, an existing file', FileExistsError)
+  # Unwritable paths are refused here, before data is loaded or anything compiled.
+  ancestor = os.path.abspath(workdir)
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  expect(os.path.isdir(ancestor) and os.access(ancestor, os.W_OK | os.X_OK), 'workdir',
+         'a directory this process can write (or create)',
+         f'{workdir!r} ({ancestor!r} is not writable)' if ancestor != os.path.abspath(workdir)
+         else f'{workdir!r}, not writable', ConfigError)
   if create:
     try:
       os.makedirs(workdir, exist_ok=True)
@@ -429,15 +453,54 @@ def restore_run(workdir: str):
     CheckpointError: it has no readable checkpoint;
     CheckpointMismatchError: the code's model differs from the checkpoint's.
   """
-  config, ds, task, _ = _prepare(_read_config(workdir))
-  abstract = abstract_checkpoint(task, sample_batch(ds.x_train, ds.y_train, config.batch_size))
-  with Checkpointer(os.path.join(workdir, 'checkpoints'), metadata=_metadata(config)) as ckpt:
-    tree, _, _ = ckpt.restore(abstract)
-  return config, ds, task, tree['state']
+  config, ds, task, state, _, _ = _restore(workdir, need_data=True)
+  return config, ds, task, state
+
+
+def _data_file(dataset: str) -> str | None:
+  for prefix in ('npz:', 'text:'):
+    if dataset.startswith(prefix):
+      return dataset[len(prefix):]
+  return dataset if dataset.endswith('.npz') else None
+
+
+def _restore(workdir: str, *, need_data: bool):
+  """``(config, dataset or None, task, state, sample batch, num_classes)`` of the
+  newest checkpoint.
+
+  Without ``need_data``, a run whose data file is gone is rebuilt from the
+  shapes its checkpoint records (export and generate need no data).
+  """
+  config = _read_config(workdir)
+  path = _data_file(config.dataset)
+  with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+    shapes = None
+    if not need_data and path is not None and not os.path.exists(path):
+      shapes = ckpt.read_extra().get('data_shapes')
+    if shapes is None:
+      config, ds, task, _ = _prepare(config)
+      sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
+      num_classes = ds.num_classes
+    else:
+      ds, num_classes = None, shapes['num_classes']
+      config = config.validate()
+      task = build_task(config, num_classes=shapes['num_classes'],
+                        input_shape=tuple(shapes['x']))
+      sample = {'x': np.zeros((config.batch_size, *shapes['x']), shapes['x_dtype']),
+                'y': np.zeros((config.batch_size, *shapes['y']), shapes['y_dtype'])}
+    tree, _, _ = ckpt.restore(abstract_checkpoint(task, sample))
+  return config, ds, task, tree['state'], sample, num_classes
 
 
 def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
-  """Restores the newest checkpoint of a run and evaluates it on the test split."""
+  """Restores the newest checkpoint of a run and evaluates it on the test split.
+
+  Raises:
+    ConfigError: ``batch_size`` < 1; DataError: the data file (which holds the
+      test split) is gone.
+  """
+  expect(batch_size is None or 1 <= batch_size < 2 ** 31, 'batch_size', '>= 1 or unset',
+         batch_size, ConfigError)
   config, ds, task, state = restore_run(workdir)
   batches = pipeline.eval_batches(ds.x_test, ds.y_test,
                                   batch_size=batch_size or config.eval_batch_size)
@@ -454,15 +517,19 @@ def export_run(workdir: str, *, out: str | None = None) -> str:
     The artifact's path (default ``WORKDIR/export/predict.jaxexport``).
   """
   from purax.io.export import export_predict
-  config, ds, task, state = restore_run(workdir)
+  config, _, task, state, sample, num_classes = _restore(workdir, need_data=False)
   # A language model takes int32 token ids [batch, seq_len] and gives logits
   # [batch, seq_len, vocab]; the other models take float32 features.
   dtype = jnp.int32 if config.model == 'lm' else jnp.float32
-  return export_predict(lambda x: task.predict(state, x), ds.input_shape,
+  return export_predict(lambda x: task.predict(state, x), sample['x'].shape[1:],
                         out or os.path.join(workdir, 'export'), dtype=dtype,
                         metadata={'model': config.model, 'dataset': config.dataset,
-                                  'num_classes': ds.num_classes,
+                                  'num_classes': num_classes,
                                   'step': int(jax.device_get(state.step))})
+
+
+#: Longest continuation ``generate`` makes (its KV cache grows with it).
+MAX_NEW_TOKENS = 2 ** 16
 
 
 def generate_run(workdir: str, prompt: str, *, max_new_tokens: int = 200,
@@ -482,13 +549,14 @@ def generate_run(workdir: str, prompt: str, *, max_new_tokens: int = 200,
   from purax.core.errors import DataError
   from purax.nn.generate import generate
   expect(len(prompt) > 0, 'prompt', 'a non-empty string', repr(prompt), DataError)
-  expect(max_new_tokens >= 1, 'max_new_tokens', '>= 1', max_new_tokens, ConfigError)
+  expect(1 <= max_new_tokens <= MAX_NEW_TOKENS, 'max_new_tokens',
+         f'in [1, {MAX_NEW_TOKENS}]', max_new_tokens, ConfigError)
   expect(temperature >= 0, 'temperature', '>= 0 (0: greedy)', temperature, ConfigError)
   expect(0 <= seed < 2 ** 32, 'seed', 'in [0, 2**32)', seed, ConfigError)
   config = _read_config(workdir)
   expect(config.model == 'lm', 'workdir', 'a run of --model lm', f'--model {config.model}',
          ConfigError)
-  _, _, task, state = restore_run(workdir)
+  _, _, task, state, _, _ = _restore(workdir, need_data=False)
   tokens = generate(task.model, state.params, text.encode(prompt)[None],
                     key=jax.random.key(seed), max_new_tokens=max_new_tokens,
                     temperature=temperature)

@@ -451,6 +451,22 @@ class Checkpointer:
     raise CheckpointError(f'checkpoint directory {self.directory}: expected a readable '
                           f'checkpoint, got none ({"; ".join(errors)})')
 
+  def read_extra(self, step: int | None = None) -> dict[str, Any]:
+    """The JSON of checkpoint ``step`` (default: the newest whose JSON is intact).
+
+    Raises:
+      CheckpointError: no such checkpoint, or none with an intact JSON.
+    """
+    for s in ([step] if step is not None else list(reversed(self.steps()))):
+      try:
+        return self._read_extra(s)
+      except _Unreadable as e:
+        if step is not None:
+          raise CheckpointError(f'checkpoint {s} in {self.directory} is unreadable: {e}'
+                                ) from e
+    raise CheckpointError(f'checkpoint directory {self.directory}: expected a checkpoint '
+                          'with an intact JSON, got none')
+
   def _move_aside(self, step: int) -> str | None:
     """Renames an unreadable step directory out of orbax's step names."""
     if jax.process_index() != 0:
