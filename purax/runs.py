@@ -207,9 +207,14 @@ def train(config: TrainConfig) -> dict:
     FileExistsError: ``workdir`` exists but is not a purax run directory;
     CheckpointError: a checkpoint cannot be written or read.
   """
-  config = config.validate()
+  # Connect first (a no-op for one process), so that every process's
+  # validation is told to all before any collective can wait for a process
+  # that refused to start.
   parallel.distributed.initialize(config.coordinator, config.num_processes,
-                                  config.process_id)   # no-op for one process
+                                  config.process_id, timeout_s=120)
+  if jax.process_count() > 1:
+    _agree_to_start(config)
+  config = config.validate()
   expect(jax.process_count() == 1 or bool(config.workdir), 'workdir',
          'set for a multi-host run (every process must use the same directory)',
          config.workdir, ConfigError)
@@ -368,6 +373,37 @@ def _agreed(poll, *, every: int):
       return False
     return bool(np.any(multihost_utils.process_allgather(np.int32(poll()))))
   return agreed
+
+
+def _agree_to_start(config: TrainConfig) -> None:
+  """Multi-host: every process validates its config and loads its data, and all
+  learn every answer (bounded in time) before any collective or file write.
+
+  Raises:
+    ConfigError: on every process, naming the process that cannot start and
+      why, or the first field whose value differs between processes.
+  """
+  error = ''
+  try:
+    checked = config.validate()
+    expect(bool(checked.workdir), 'workdir', 'set for a multi-host run (every process '
+           'must use the same directory)', checked.workdir, ConfigError)
+    _prepare(checked.resolved())        # the data and the model, checked
+  except Exception as e:   # any refusal: every process is told, then all stop
+    error = str(e) or type(e).__name__
+  per_process = ('process_id',)
+  mine = {k: v for k, v in dataclasses.asdict(config).items() if k not in per_process}
+  answers = [json.loads(a) for a in parallel.distributed.agree(
+      'start', json.dumps({'error': error, 'config': mine}, sort_keys=True))]
+  for i, answer in enumerate(answers):
+    if answer['error']:
+      raise ConfigError(f'process {i} cannot start: {answer["error"]}')
+  first = answers[0]['config']
+  for i, answer in enumerate(answers[1:], start=1):
+    for field in sorted(first):
+      expect(answer['config'].get(field) == first[field], field,
+             f'the same value on every process ({first[field]!r} on process 0)',
+             f'{answer["config"].get(field)!r} on process {i}', ConfigError)
 
 
 def _decide_on_primary(decide) -> int:
