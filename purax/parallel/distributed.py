@@ -72,7 +72,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   Idempotent: calling it again with the same values does nothing.
 
   Args:
-    coordinator: ``'HOST:PORT'`` of process 0's coordination service.
+    coordinator: ``'HOST:PORT'`` of process 0's coordination service, or
+      ``'auto'``: jax's cluster detection (SLURM, Open MPI, Kubernetes/GKE)
+      supplies it and the count and id (``purax train --coordinator auto``).
     num_processes: number of processes (>= 1).
     process_id: this process's index in ``[0, num_processes)``.
     local_device_ids: restrict this process to these local devices.
@@ -99,6 +101,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
       sources[name] = 'argument'
   if values['num_processes'] is None and values['coordinator'] is None:
     return False
+  if values['coordinator'] == 'auto':
+    return _initialize_from_cluster(local_device_ids, timeout_s, heartbeat_timeout_s)
   field = lambda name: f'{name} (from {sources[name] or "nowhere: not set"})'
   n = _as_int(values['num_processes'], field('num_processes'))
   expect(n >= 1, field('num_processes'), '>= 1', n, ConfigError)
@@ -122,6 +126,29 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                              initialization_timeout=timeout_s,
                              heartbeat_timeout_seconds=heartbeat_timeout_s)
   _started = key
+  return True
+
+
+def _initialize_from_cluster(local_device_ids, timeout_s: int, heartbeat_timeout_s: int
+                             ) -> bool:
+  """``coordinator='auto'``: jax's own cluster detection (SLURM, Open MPI,
+  Kubernetes/GKE, Cloud TPU) supplies the address, the count and the id."""
+  global _started
+  if _started is not None or jax.distributed.is_initialized():
+    expect(_started in (None, 'auto'), 'distributed.initialize',
+           f'the values it was first called with {_started}', 'auto', ConfigError)
+    return False
+  from jax._src import clusters   # the registry jax.distributed.initialize() consults
+  detected = [c.__name__ for c in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
+              if not c.opt_in_only_method and c.is_env_present()]
+  expect(bool(detected), 'coordinator', "'auto' inside a cluster jax detects (SLURM, Open "
+         'MPI, Kubernetes/GKE, Cloud TPU: their environment variables)',
+         "'auto' with none detected", ConfigError)
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(local_device_ids=local_device_ids,
+                             initialization_timeout=timeout_s,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s)
+  _started = 'auto'
   return True
 
 
