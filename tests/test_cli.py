@@ -111,7 +111,10 @@ def test_a_run_failing_in_an_empty_workdir_leaves_it_empty(tmp_path, capsys):
   # before any checkpoint: the directory is left as it was found.
   workdir = tmp_path / 'empty'
   workdir.mkdir()
-  assert run('train', '--model', 'mlp', '--learning-rate', '1e30', '--steps', '40',
+  # Finite inputs near float32's limit: the logits overflow, every gradient is
+  # non-finite (an absurd --learning-rate is refused before anything starts).
+  data = write_npz(tmp_path / 'huge.npz', x_train=np.full((32, 64), 3e38, np.float32))
+  assert run('train', '--model', 'mlp', '--dataset', data, '--batch-size', '8', '--steps', '40',
              '--log-every', '5', '--max-consecutive-skips', '2', '--workdir', str(workdir),
              '--no-progress') == 2
   assert 'consecutive steps with non-finite gradients' in capsys.readouterr().err
