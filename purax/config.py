@@ -281,8 +281,9 @@ class TrainConfig:
     return config
 
 
-#: Fields a saved config.json must hold (a default there would change the run).
-REQUIRED_SAVED = ('model', 'dataset', 'steps', 'batch_size', 'seed', 'learning_rate')
+#: Fields a saved config.json must hold (purax writes every field; a missing
+#: model would silently become the default one).
+REQUIRED_SAVED = ('model',)
 INT32_LIMIT = 2 ** 31
 #: More classes than this is refused (the output layer alone would not fit).
 MAX_CLASSES = 2 ** 24
