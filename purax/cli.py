@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 from typing import Annotated, Sequence, Union
 
@@ -103,9 +104,37 @@ Command = Union[
 ]
 
 
+def _exit_on_signal(signum, frame):
+  del frame
+  name = signal.Signals(signum).name
+  print(f'purax: stopped by {name} (exit status {128 + signum}); files are written '
+        'atomically, so nothing is half-written', file=sys.stderr)
+  raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-  """Entry point of the ``purax`` command; returns the exit status."""
+  """Entry point of the ``purax`` command; returns the exit status.
+
+  Exit status: 0 done (also when ``train`` was stopped by a signal after it
+  started training: a checkpoint is committed); 2 bad input or a run that
+  cannot go on, with a message naming the field; 128 + N when signal N
+  (SIGINT 130, SIGTERM 143) arrived before training started (nothing
+  written), during ``eval``/``export``/``generate``, or a second time.
+  """
   argv = list(sys.argv[1:] if argv is None else argv)
+  import threading
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    for s in (signal.SIGTERM, signal.SIGINT):
+      previous[s] = signal.signal(s, _exit_on_signal)
+  try:
+    return _main(argv)
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def _main(argv: list[str]) -> int:
   saved = _saved_config(argv)
   if saved is not None:
     # Resuming: the run's own config supplies the defaults, so a bare
@@ -143,6 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (PuraxError, FileExistsError, FileNotFoundError) as e:
     print(f'purax: error: {e}', file=sys.stderr)
     return 2
+  except OSError as e:   # an unwritable or vanished path met while running: named
+    print(f'purax: error: {e.filename or "a file"}: expected writable and present, got '
+          f'{e.strerror or e}', file=sys.stderr)
+    return 2
+  except runs.StoppedBeforeStart as e:
+    print(f'purax: {e} (exit status {e.status})', file=sys.stderr)
+    return e.status
   return 0
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
+import typing
 from typing import Literal
 
 import numpy as np
@@ -131,7 +133,29 @@ class TrainConfig:
     Raises:
       ConfigError: naming the field, the expected and the actual value.
     """
+    self._check_types()
     expect(self.model in MODELS, 'model', f'one of {sorted(MODELS)}', repr(self.model),
+           ConfigError)
+    # Counters are int32 on the device (state.step, the optimizer count).
+    for name in ('steps', 'batch_size', 'warmup_steps', 'log_every', 'eval_every',
+                 'eval_batch_size', 'checkpoint_every', 'keep_last', 'keep_best',
+                 'microbatches', 'max_consecutive_skips', 'seq_len', 'd_model', 'num_layers',
+                 'num_heads', 'num_classes'):
+      value = getattr(self, name)
+      expect(value is None or value < INT32_LIMIT, name, f'< 2**31', value, ConfigError)
+    expect(self.seed < 2 ** 32, 'seed', 'in [0, 2**32)', self.seed, ConfigError)
+    expect(self.num_classes is None or self.num_classes <= MAX_CLASSES, 'num_classes',
+           f'<= {MAX_CLASSES}', self.num_classes, ConfigError)
+    for name in ('learning_rate', 'weight_decay', 'clip_norm', 'loss_scale',
+                 'label_smoothing', 'dropout_rate'):
+      value = getattr(self, name)
+      expect(math.isfinite(value), name, 'a finite number', value, ConfigError)
+    expect(self.learning_rate <= 10, 'learning_rate', '<= 10 (AdamW steps are about the '
+           'learning rate in size)', self.learning_rate, ConfigError)
+    expect(0 <= self.weight_decay <= 1, 'weight_decay', 'in [0, 1]', self.weight_decay,
+           ConfigError)
+    expect(self.clip_norm > 0, 'clip_norm', '> 0', self.clip_norm, ConfigError)
+    expect(self.loss_scale <= 2.0 ** 24, 'loss_scale', '<= 2**24', self.loss_scale,
            ConfigError)
     expect(self.steps >= 1, 'steps', '>= 1', self.steps, ConfigError)
     expect(self.batch_size >= 1, 'batch_size', '>= 1', self.batch_size, ConfigError)
@@ -178,6 +202,19 @@ class TrainConfig:
       expect(importlib.util.find_spec('wandb') is not None, 'wandb_project',
              "the wandb package installed (pip install 'purax[wandb]')", 'no wandb', ConfigError)
     return self
+
+  def _check_types(self) -> None:
+    """Each field of the type its annotation names (config.json may be edited)."""
+    hints = typing.get_type_hints(TrainConfig)
+    for field in dataclasses.fields(self):
+      value, hint = getattr(self, field.name), hints[field.name]
+      allowed = tuple(a for a in typing.get_args(hint) if isinstance(a, type)) or (
+          (str,) if typing.get_origin(hint) is Literal else (hint,))
+      ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+      if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+      names = ' or '.join('None' if a is type(None) else a.__name__ for a in allowed)
+      expect(ok, field.name, names, f'{value!r} ({type(value).__name__})', ConfigError)
 
   def check_resumable(self, saved: 'TrainConfig') -> None:
     """Checks that this config may continue a run saved with ``saved``.
@@ -240,12 +277,36 @@ class TrainConfig:
 
   @classmethod
   def from_json(cls, text: str) -> 'TrainConfig':
-    data = json.loads(text)
+    """The config a run saved, checked (types, required fields, values).
+
+    Raises:
+      ConfigError: not JSON, not an object, an unknown or missing field, or a
+        field of the wrong type (naming it).
+    """
+    try:
+      data = json.loads(text)
+    except ValueError as e:   # garbage bytes, truncation, invalid UTF-8
+      raise ConfigError(f'config.json: expected a JSON object, got unreadable text ({e})'
+                        ) from None
+    expect(isinstance(data, dict), 'config.json', 'a JSON object', type(data).__name__,
+           ConfigError)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     expect(not unknown, 'config.json', f'fields among {sorted(known)}', unknown, ConfigError)
-    return cls(**data)
+    missing = [k for k in REQUIRED_SAVED if k not in data]
+    expect(not missing, 'config.json', f'the fields {list(REQUIRED_SAVED)}',
+           f'{missing} missing', ConfigError)
+    config = cls(**data)
+    config._check_types()    # values are checked by validate(), where the run starts
+    return config
 
+
+#: Fields a saved config.json must hold (purax writes every field; a missing
+#: model would silently become the default one).
+REQUIRED_SAVED = ('model',)
+INT32_LIMIT = 2 ** 31
+#: More classes than this is refused (the output layer alone would not fit).
+MAX_CLASSES = 2 ** 24
 
 #: Model sizes of TrainConfig that default to the model class's own.
 MODEL_SIZES = ('d_model', 'num_layers', 'num_heads')

@@ -6,17 +6,25 @@ directory that exists is resumed from its newest committed checkpoint, with
 the same data order and randomness (batches are random access by step and the
 step key is ``fold_in(rng, step)``). SIGTERM and SIGINT finish the current
 step, save, wait for the commit and return normally.
+
+One run at a time per directory: a run holds ``WORKDIR/.purax.lock`` (an
+``flock``, released by the kernel when the process dies, so a stale lock is
+taken over safely); a second run is refused at once, naming the holder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import itertools
 import json
 import os
 import shutil
+import signal
+import socket
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +39,7 @@ from purax.core.errors import ConfigError, expect
 from purax.io import datasets, pipeline, text, writers
 from purax.io import progress as progress_lib
 from purax.io import profile
-from purax.io.checkpoint import Checkpointer
+from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from purax.loop import StopOnSignal, evaluate, fit, zero_metrics
 from purax.nn.transformer import count_params
 
@@ -73,10 +81,17 @@ def abstract_checkpoint(task, batch) -> dict:
   return {'state': state, 'train_metrics': acc}
 
 
-def _metadata(config: TrainConfig) -> dict:
-  return {'config': dataclasses.asdict(config), 'purax_version': purax.__version__,
+def _metadata(config: TrainConfig, sample: dict | None = None, num_classes=None) -> dict:
+  """What every checkpoint records beside the arrays; with the per-example
+  shapes of the data, so that export and generate need no data file."""
+  meta = {'config': dataclasses.asdict(config), 'purax_version': purax.__version__,
           'jax_version': jax.__version__, 'device_count': jax.device_count(),
           'process_count': jax.process_count(), 'mesh': None}
+  if sample is not None:
+    meta['data_shapes'] = {'x': list(sample['x'].shape[1:]), 'x_dtype': str(sample['x'].dtype),
+                           'y': list(sample['y'].shape[1:]), 'y_dtype': str(sample['y'].dtype),
+                           'num_classes': int(num_classes)}
+  return meta
 
 
 def _read_config(workdir: str) -> TrainConfig:
@@ -105,6 +120,55 @@ def _truncate_jsonl(path: str, last_step: int) -> None:
   os.replace(path + '.tmp', path)
 
 
+LOCK_NAME = '.purax.lock'
+
+
+class WorkdirLock:
+  """An exclusive ``flock`` on ``WORKDIR/.purax.lock`` holding ``{pid, host, since}``.
+
+  The kernel releases it when the holder exits or dies (even by SIGKILL), so
+  a lock file left by a dead run is simply taken over; the file is never
+  deleted (deleting a lock file races with a process about to lock it).
+
+  Raises:
+    ConfigError: another live process holds it (named: pid, host, since).
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_NAME)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b'{}')
+      except ValueError:
+        holder = {}
+      os.close(fd)
+      raise ConfigError(
+          f'workdir: expected no other run using {workdir}, got one: process '
+          f'{holder.get("pid", "?")} on host {holder.get("host", "?")} holds {self.path} '
+          f'(since {holder.get("since", "?")}); wait for it to end or stop it') from e
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(),
+                              'since': time.strftime('%Y-%m-%dT%H:%M:%S%z')}).encode(), 0)
+    self._fd = fd
+
+  def release(self) -> None:
+    if self._fd is not None:
+      os.close(self._fd)   # releases the flock
+      self._fd = None
+
+
+class StoppedBeforeStart(Exception):
+  """A SIGTERM/SIGINT arrived during start-up (loading, tracing), before anything
+  was written; ``status`` is the documented exit status (128 + signal number)."""
+
+  def __init__(self, signame: str, phase: str):
+    self.signame, self.status = signame, 128 + int(signal.Signals[signame])
+    super().__init__(f'stopped by {signame} during start-up ({phase}); nothing written')
+
+
 def train(config: TrainConfig) -> dict:
   """Runs ``config`` end to end, or resumes it; returns the final evaluation metrics.
 
@@ -119,33 +183,63 @@ def train(config: TrainConfig) -> dict:
     FileExistsError: ``workdir`` exists but is not a purax run directory;
     CheckpointError: a checkpoint cannot be written or read.
   """
-  config = config.validate()
+  # Connect first (a no-op for one process), so that every process's
+  # validation is told to all before any collective can wait for a process
+  # that refused to start.
   parallel.distributed.initialize(config.coordinator, config.num_processes,
-                                  config.process_id)   # no-op for one process
+                                  config.process_id, timeout_s=120)
+  if jax.process_count() > 1:
+    _agree_to_start(config)
+  config = config.validate()
   expect(jax.process_count() == 1 or bool(config.workdir), 'workdir',
          'set for a multi-host run (every process must use the same directory)',
          config.workdir, ConfigError)
   config = config.resolved()
+  held = {}    # process 0's WorkdirLock, released when the run ends however it ends
+  try:
+    # From here a first SIGTERM/SIGINT only sets a flag: start-up stops at
+    # its next phase boundary (nothing written), training at the next step
+    # (a checkpoint committed).
+    with StopOnSignal() as stop:
+      return _train(config, held, stop)
+  finally:
+    if 'lock' in held:
+      held['lock'].release()
+
+
+def _train(config: TrainConfig, held: dict, stop: StopOnSignal) -> dict:
   workdir = config.workdir
+
+  def starting(phase: str) -> None:
+    # One process only: several must agree first, which the training loop does.
+    if stop() and jax.process_count() == 1:
+      raise StoppedBeforeStart(stop.received, phase)
+
   # Multi-host: process 0 checks the workdir and every process learns its
   # answer before anything is written; then only process 0 writes files, and
   # all take part in checkpoints.
   primary = jax.process_index() == 0
   created = not os.path.exists(workdir)
-  resuming = _check_workdir(config)
-  if primary:
-    print(f'purax: run directory {workdir}', file=sys.stderr)
+  # An existing directory is locked now: a second run on it stops here.
+  resuming = bool(_decide_on_primary(lambda: _check_workdir(config, held, create=False)))
+  starting('checking the run directory')
   config, ds, task, train_data = _prepare(config)
+  starting('loading the data')
   sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
+  starting('tracing the model')
   plan, num_devices = None, 1          # without a mesh the step runs on one device
   if config.mesh is not None:
     mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
     plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
     num_devices = mesh.devices.size
+  starting('building the plan')
   if primary:
     print_summary(abstract['state'], shardings=plan and plan.state_sharding)
-  os.makedirs(workdir, exist_ok=True)
+  if not resuming:   # everything is checked: create (if new), lock, check again
+    _decide_on_primary(lambda: _check_workdir(config, held, create=True))
+  if primary:
+    print(f'purax: run directory {workdir}', file=sys.stderr)
   checkpointer = writer = None
   try:
     if not resuming and primary:
@@ -154,10 +248,20 @@ def train(config: TrainConfig) -> dict:
       os.replace(os.path.join(workdir, 'config.json.tmp'), os.path.join(workdir, 'config.json'))
     checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
                                 keep_last=config.keep_last, keep_best=config.keep_best,
-                                metadata=_metadata(config))
-    acc = None
+                                metadata=_metadata(config, sample, ds.num_classes))
+    acc = restored = None
     if resuming and checkpointer.steps():
-      tree, extra, step = checkpointer.restore(abstract)
+      # An unreadable newest checkpoint is moved aside (kept for inspection),
+      # so the run can save that step again.
+      try:
+        restored = checkpointer.restore(abstract, move_aside=True)
+      except CheckpointError as e:
+        if isinstance(e, CheckpointMismatchError) or checkpointer.steps():
+          raise    # a mismatch or a failure that is not the files': stop, with its reason
+        print(f'purax: no readable checkpoint in {checkpointer.directory} (all moved '
+              'aside); starting again from step 0', file=sys.stderr)
+    if restored is not None:
+      tree, extra, step = restored
       state, acc = tree['state'], tree['train_metrics']
       expect(extra['data']['next_step'] == int(jax.device_get(state.step)),
              'checkpoint data position',
@@ -171,11 +275,12 @@ def train(config: TrainConfig) -> dict:
     if primary:
       _truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'), step)
       writer = writers.create_default_writer(workdir, console=True,
-                                             wandb_project=config.wandb_project)
+                                             wandb_project=config.wandb_project,
+                                             resume_step=step)
       writers.write_run_info(writer, dataclasses.asdict(config), config.to_json())
       writer = _with_throughput(writer, config, task, abstract, num_devices)
     eval_data = pipeline.eval_batches(ds.x_test, ds.y_test, batch_size=config.eval_batch_size)
-    with StopOnSignal() as stop, jax.debug_nans(config.debug_nans), \
+    with jax.debug_nans(config.debug_nans), \
         profile.run_profiler(workdir, config.profile, step,
                              memory=config.profile_memory) as profiler:
       state, history = fit(task, state, train_data, eval_data=eval_data,
@@ -218,9 +323,18 @@ def train(config: TrainConfig) -> dict:
            if k.startswith('eval/')}
   if not final:   # resumed a run that had already finished
     final = evaluate(task, state, eval_data)
+  finite = jax.jit(lambda p: jnp.all(jnp.stack(
+      [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(p)] or [jnp.bool_(True)])))
+  if not bool(jax.device_get(finite(state.params))):
+    from purax.core.errors import NonFiniteError
+    raise NonFiniteError(
+        f'params: expected finite values after step {reached}, got NaN or inf (the run '
+        'diverged; try a lower learning rate, clipping, or --debug-nans to find the source)')
+  # JSON has no NaN/inf: such values are written as strings, as in metrics.jsonl.
+  final = {k: writers._number(v) for k, v in final.items()}
   if primary:
     with open(os.path.join(workdir, 'final_metrics.json.tmp'), 'w') as f:
-      json.dump({'step': config.steps, **final}, f, indent=2)
+      json.dump({'step': config.steps, **final}, f, indent=2, allow_nan=False)
     os.replace(os.path.join(workdir, 'final_metrics.json.tmp'),
                os.path.join(workdir, 'final_metrics.json'))
   return final
@@ -245,42 +359,109 @@ def _agreed(poll, *, every: int):
   return agreed
 
 
-def _check_workdir(config: TrainConfig) -> bool:
-  """Whether ``config.workdir`` holds a run to resume (checked against it).
-
-  Multi-host: process 0 (the one that writes there) decides, and every process
-  learns its answer, so that all go on, or all fail, together.
+def _agree_to_start(config: TrainConfig) -> None:
+  """Multi-host: every process validates its config and loads its data, and all
+  learn every answer (bounded in time) before any collective or file write.
 
   Raises:
-    FileExistsError: the directory is neither new, empty, nor a purax run;
-    ConfigError: the saved run's config differs in a field that changes the
-      computation (on every process: the others name process 0's refusal).
+    ConfigError: on every process, naming the process that cannot start and
+      why, or the first field whose value differs between processes.
   """
-  error, resuming = None, False
+  error = ''
+  try:
+    checked = config.validate()
+    expect(bool(checked.workdir), 'workdir', 'set for a multi-host run (every process '
+           'must use the same directory)', checked.workdir, ConfigError)
+    _prepare(checked.resolved())        # the data and the model, checked
+  except Exception as e:   # any refusal: every process is told, then all stop
+    error = str(e) or type(e).__name__
+  per_process = ('process_id',)
+  mine = {k: v for k, v in dataclasses.asdict(config).items() if k not in per_process}
+  answers = [json.loads(a) for a in parallel.distributed.agree(
+      'start', json.dumps({'error': error, 'config': mine}, sort_keys=True))]
+  for i, answer in enumerate(answers):
+    if answer['error']:
+      raise ConfigError(f'process {i} cannot start: {answer["error"]}')
+  first = answers[0]['config']
+  for i, answer in enumerate(answers[1:], start=1):
+    for field in sorted(first):
+      expect(answer['config'].get(field) == first[field], field,
+             f'the same value on every process ({first[field]!r} on process 0)',
+             f'{answer["config"].get(field)!r} on process {i}', ConfigError)
+
+
+def _decide_on_primary(decide) -> int:
+  """``decide()`` on process 0, its int answer given to every process.
+
+  So that all go on, or all fail, together: an exception on process 0 is
+  raised there, and on the others as a ConfigError that points to its log.
+  """
+  error, answer = None, 0
   if jax.process_index() == 0:
     try:
-      expect(not os.path.exists(config.workdir) or os.path.isdir(config.workdir), 'workdir',
-             'a directory (new, empty, or a purax run to resume)',
-             f'{config.workdir!r}, an existing file', FileExistsError)
-      resuming = os.path.isfile(os.path.join(config.workdir, 'config.json'))
-      if resuming:
-        config.check_resumable(_read_config(config.workdir))
-      else:
-        expect(not os.path.exists(config.workdir) or not os.listdir(config.workdir),
-               'workdir', 'a new or empty directory, or a purax run directory to resume',
-               repr(config.workdir), FileExistsError)
-    except Exception as e:   # told to the other processes, then raised
+      answer = int(decide())
+    except Exception as e:   # any refusal: told to the other processes, then raised
       error = e
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
-    answer = int(multihost_utils.broadcast_one_to_all(
-        np.int32(2 if error is not None else int(resuming))))
-    expect(error is not None or answer != 2, 'workdir',
-           'a directory process 0 accepts (its log names what it refused)',
-           repr(config.workdir), ConfigError)
-    resuming = answer == 1
+    got = int(multihost_utils.broadcast_one_to_all(
+        np.int32(-1 if error is not None else answer)))
+    expect(error is not None or got != -1, 'workdir',
+           'a directory process 0 accepts (its log names what it refused)', 'a refusal',
+           ConfigError)
+    answer = got
   if error is not None:
     raise error
+  return answer
+
+
+def _check_workdir(config: TrainConfig, held: dict, *, create: bool) -> bool:
+  """Whether ``config.workdir`` holds a run to resume (checked against it).
+
+  Locks the directory (``held['lock']``) once it exists and is a purax run or
+  empty; with ``create``, creates it first. Only process 0 calls this.
+
+  Raises:
+    FileExistsError: the directory is neither new, empty, nor a purax run;
+    ConfigError: another run holds the directory; or the saved run's config
+      differs in a field that changes the computation.
+  """
+  workdir = config.workdir
+  expect(not os.path.exists(workdir) or os.path.isdir(workdir), 'workdir',
+         'a directory (new, empty, or a purax run to resume)',
+         f'{workdir!r}, an existing file', FileExistsError)
+  # Unwritable paths are refused here, before data is loaded or anything compiled.
+  ancestor = os.path.abspath(workdir)
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  expect(os.path.isdir(ancestor) and os.access(ancestor, os.W_OK | os.X_OK), 'workdir',
+         'a directory this process can write (or create)',
+         f'{workdir!r} ({ancestor!r} is not writable)' if ancestor != os.path.abspath(workdir)
+         else f'{workdir!r}, not writable', ConfigError)
+  if create:
+    try:
+      os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+      raise ConfigError(f'workdir: expected a directory that can be created, got '
+                        f'{workdir!r} ({e.strerror})') from e
+
+  def check() -> bool:
+    resuming = os.path.isfile(os.path.join(workdir, 'config.json'))
+    if not resuming:
+      expect(not os.path.exists(workdir) or not set(os.listdir(workdir)) - {LOCK_NAME},
+             'workdir', 'a new or empty directory, or a purax run directory to resume',
+             repr(workdir), FileExistsError)
+    return resuming
+
+  check()                        # refuse a foreign directory before writing a lock into it
+  if 'lock' not in held and os.path.isdir(workdir):
+    held['lock'] = WorkdirLock(workdir)
+  resuming = check()             # again under the lock: another run may have written
+  expect(not (create and resuming), 'workdir',
+         'still new or empty when this run was ready to start',
+         f'{workdir!r}, where another run wrote meanwhile (run again to resume it)', ConfigError)
+  if resuming:
+    config.check_resumable(_read_config(workdir))
   return resuming
 
 
@@ -292,15 +473,54 @@ def restore_run(workdir: str):
     CheckpointError: it has no readable checkpoint;
     CheckpointMismatchError: the code's model differs from the checkpoint's.
   """
-  config, ds, task, _ = _prepare(_read_config(workdir))
-  abstract = abstract_checkpoint(task, sample_batch(ds.x_train, ds.y_train, config.batch_size))
-  with Checkpointer(os.path.join(workdir, 'checkpoints'), metadata=_metadata(config)) as ckpt:
-    tree, _, _ = ckpt.restore(abstract)
-  return config, ds, task, tree['state']
+  config, ds, task, state, _, _ = _restore(workdir, need_data=True)
+  return config, ds, task, state
+
+
+def _data_file(dataset: str) -> str | None:
+  for prefix in ('npz:', 'text:'):
+    if dataset.startswith(prefix):
+      return dataset[len(prefix):]
+  return dataset if dataset.endswith('.npz') else None
+
+
+def _restore(workdir: str, *, need_data: bool):
+  """``(config, dataset or None, task, state, sample batch, num_classes)`` of the
+  newest checkpoint.
+
+  Without ``need_data``, a run whose data file is gone is rebuilt from the
+  shapes its checkpoint records (export and generate need no data).
+  """
+  config = _read_config(workdir)
+  path = _data_file(config.dataset)
+  with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+    shapes = None
+    if not need_data and path is not None and not os.path.exists(path):
+      shapes = ckpt.read_extra().get('data_shapes')
+    if shapes is None:
+      config, ds, task, _ = _prepare(config)
+      sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
+      num_classes = ds.num_classes
+    else:
+      ds, num_classes = None, shapes['num_classes']
+      config = config.validate()
+      task = build_task(config, num_classes=shapes['num_classes'],
+                        input_shape=tuple(shapes['x']))
+      sample = {'x': np.zeros((config.batch_size, *shapes['x']), shapes['x_dtype']),
+                'y': np.zeros((config.batch_size, *shapes['y']), shapes['y_dtype'])}
+    tree, _, _ = ckpt.restore(abstract_checkpoint(task, sample))
+  return config, ds, task, tree['state'], sample, num_classes
 
 
 def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
-  """Restores the newest checkpoint of a run and evaluates it on the test split."""
+  """Restores the newest checkpoint of a run and evaluates it on the test split.
+
+  Raises:
+    ConfigError: ``batch_size`` < 1; DataError: the data file (which holds the
+      test split) is gone.
+  """
+  expect(batch_size is None or 1 <= batch_size < 2 ** 31, 'batch_size', '>= 1 or unset',
+         batch_size, ConfigError)
   config, ds, task, state = restore_run(workdir)
   batches = pipeline.eval_batches(ds.x_test, ds.y_test,
                                   batch_size=batch_size or config.eval_batch_size)
@@ -317,15 +537,19 @@ def export_run(workdir: str, *, out: str | None = None) -> str:
     The artifact's path (default ``WORKDIR/export/predict.jaxexport``).
   """
   from purax.io.export import export_predict
-  config, ds, task, state = restore_run(workdir)
+  config, _, task, state, sample, num_classes = _restore(workdir, need_data=False)
   # A language model takes int32 token ids [batch, seq_len] and gives logits
   # [batch, seq_len, vocab]; the other models take float32 features.
   dtype = jnp.int32 if config.model == 'lm' else jnp.float32
-  return export_predict(lambda x: task.predict(state, x), ds.input_shape,
+  return export_predict(lambda x: task.predict(state, x), sample['x'].shape[1:],
                         out or os.path.join(workdir, 'export'), dtype=dtype,
                         metadata={'model': config.model, 'dataset': config.dataset,
-                                  'num_classes': ds.num_classes,
+                                  'num_classes': num_classes,
                                   'step': int(jax.device_get(state.step))})
+
+
+#: Longest continuation ``generate`` makes (its KV cache grows with it).
+MAX_NEW_TOKENS = 2 ** 16
 
 
 def generate_run(workdir: str, prompt: str, *, max_new_tokens: int = 200,
@@ -345,13 +569,14 @@ def generate_run(workdir: str, prompt: str, *, max_new_tokens: int = 200,
   from purax.core.errors import DataError
   from purax.nn.generate import generate
   expect(len(prompt) > 0, 'prompt', 'a non-empty string', repr(prompt), DataError)
-  expect(max_new_tokens >= 1, 'max_new_tokens', '>= 1', max_new_tokens, ConfigError)
+  expect(1 <= max_new_tokens <= MAX_NEW_TOKENS, 'max_new_tokens',
+         f'in [1, {MAX_NEW_TOKENS}]', max_new_tokens, ConfigError)
   expect(temperature >= 0, 'temperature', '>= 0 (0: greedy)', temperature, ConfigError)
   expect(0 <= seed < 2 ** 32, 'seed', 'in [0, 2**32)', seed, ConfigError)
   config = _read_config(workdir)
   expect(config.model == 'lm', 'workdir', 'a run of --model lm', f'--model {config.model}',
          ConfigError)
-  _, _, task, state = restore_run(workdir)
+  _, _, task, state, _, _ = _restore(workdir, need_data=False)
   tokens = generate(task.model, state.params, text.encode(prompt)[None],
                     key=jax.random.key(seed), max_new_tokens=max_new_tokens,
                     temperature=temperature)

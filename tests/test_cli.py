@@ -82,6 +82,7 @@ def test_bad_input_is_a_clear_error_and_leaves_no_run_directory(tmp_path, capsys
   err = capsys.readouterr().err
   assert message in err, err
   assert not workdir.exists()
+  assert 'run directory' not in err     # issue 13.9: not for a directory never created
 
 
 def test_unknown_model_is_rejected_by_the_parser(tmp_path, capsys):
@@ -110,7 +111,10 @@ def test_a_run_failing_in_an_empty_workdir_leaves_it_empty(tmp_path, capsys):
   # before any checkpoint: the directory is left as it was found.
   workdir = tmp_path / 'empty'
   workdir.mkdir()
-  assert run('train', '--model', 'mlp', '--learning-rate', '1e30', '--steps', '40',
+  # Finite inputs near float32's limit: the logits overflow, every gradient is
+  # non-finite (an absurd --learning-rate is refused before anything starts).
+  data = write_npz(tmp_path / 'huge.npz', x_train=np.full((32, 64), 3e38, np.float32))
+  assert run('train', '--model', 'mlp', '--dataset', data, '--batch-size', '8', '--steps', '40',
              '--log-every', '5', '--max-consecutive-skips', '2', '--workdir', str(workdir),
              '--no-progress') == 2
   assert 'consecutive steps with non-finite gradients' in capsys.readouterr().err
@@ -144,3 +148,30 @@ def test_precision_accumulation_and_remat_options(tmp_path, capsys):
     assert run('train', '--workdir', str(tmp_path / 'x'), '--no-progress', *args) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / 'x').exists()
+
+
+def test_export_and_generate_need_no_data_file_and_eval_names_it(tmp_path, capsys):
+  """Issue 13.8: export and generate rebuild the model from the shapes the
+  checkpoint records; eval needs the test split, so it names the missing file."""
+  data = write_npz(tmp_path / 'd.npz')
+  text = tmp_path / 'notes.txt'
+  text.write_text('def f(x):\n  return x + 1\n' * 200)
+  cls, lm = str(tmp_path / 'cls'), str(tmp_path / 'lm')
+  assert run('train', '--dataset', data, '--model', 'mlp', '--steps', '3', '--batch-size', '8',
+             '--eval-every', '0', '--workdir', cls, '--no-progress') == 0
+  assert run('train', '--model', 'lm', '--dataset', f'text:{text}', '--steps', '2',
+             '--batch-size', '4', '--seq-len', '16', '--d-model', '16', '--num-layers', '1',
+             '--num-heads', '2', '--eval-every', '0', '--workdir', lm, '--no-progress') == 0
+  os.remove(data[4:])
+  text.unlink()
+  capsys.readouterr()
+  assert run('export', '--workdir', cls) == 0
+  assert os.path.isfile(json.loads(capsys.readouterr().out.strip().splitlines()[-1])['exported'])
+  assert run('generate', '--workdir', lm, '--prompt', 'def ', '--max-new-tokens', '4') == 0
+  assert capsys.readouterr().out.startswith('def ')
+  assert run('eval', '--workdir', cls) == 2
+  assert "dataset: expected an existing .npz file, got '" in capsys.readouterr().err
+  assert run('eval', '--workdir', cls, '--batch-size', '0') == 2
+  assert 'batch_size: expected >= 1 or unset, got 0' in capsys.readouterr().err
+  assert run('generate', '--workdir', lm, '--prompt', 'x', '--max-new-tokens', str(2 ** 40)) == 2
+  assert 'max_new_tokens: expected in [1, 65536], got 1099511627776' in capsys.readouterr().err

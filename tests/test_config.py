@@ -43,3 +43,36 @@ def test_a_data_file_path_is_saved_absolute_and_old_relative_runs_still_resume(t
       .check_resumable(TrainConfig(model='lm', dataset='text:notes.txt'))   # an old run
   with pytest.raises(ConfigError, match='dataset: expected'):
     TrainConfig(model='lm', dataset='text:other.txt').check_resumable(config)
+
+
+@pytest.mark.parametrize('text, match', [
+    ('\x00\xff garbage', r'config.json: expected a JSON object, got unreadable text'),
+    ('[1, 2]', r'config.json: expected a JSON object, got list'),
+    ('{"dataset": "digits", "steps": 5, "batch_size": 8, "seed": 0, "learning_rate": 0.1}',
+     r"config.json: expected the fields \['model'\], got \['model'\] missing"),
+    ('{"model": "mlp", "dataset": "digits", "steps": "5", "batch_size": 8, "seed": 0, '
+     '"learning_rate": 0.1}', r"steps: expected int, got '5' \(str\)"),
+    ('{"model": "mlp", "dataset": "digits", "steps": 5, "batch_size": 8, "seed": 0, '
+     '"learning_rate": 0.1, "progress": 1}', r'progress: expected bool, got 1 \(int\)'),
+])
+def test_a_tampered_config_json_is_a_named_error(text, match):
+  """Issue 13.7: garbage bytes, wrong types, a missing model."""
+  with pytest.raises(ConfigError, match=match):
+    TrainConfig.from_json(text)
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('steps', 2 ** 31, r'steps: expected < 2\*\*31, got 2147483648'),
+    ('seed', 2 ** 63, r'seed: expected in \[0, 2\*\*32\)'),
+    ('num_classes', 2 ** 40, r'num_classes: expected < 2\*\*31'),
+    ('learning_rate', float('nan'), 'learning_rate: expected a finite number, got nan'),
+    ('learning_rate', 1e30, r'learning_rate: expected <= 10'),
+    ('weight_decay', float('inf'), 'weight_decay: expected a finite number, got inf'),
+    ('weight_decay', 5.0, r'weight_decay: expected in \[0, 1\], got 5.0'),
+    ('loss_scale', float('inf'), 'loss_scale: expected a finite number, got inf'),
+    ('loss_scale', 2.0 ** 40, r'loss_scale: expected <= 2\*\*24'),
+    ('clip_norm', 0.0, 'clip_norm: expected > 0, got 0.0'),
+])
+def test_overflowing_non_finite_and_absurd_values_are_refused(field, value, match):
+  with pytest.raises(ConfigError, match=match):
+    TrainConfig(**{field: value}).validate()

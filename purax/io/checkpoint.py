@@ -15,17 +15,34 @@ device (orbax's synchronous phase), so a following step may donate them; the
 files are written in the background. Failures surface as
 :class:`CheckpointError` at the next ``save`` or at ``wait``, and never touch
 earlier checkpoints. Restore is strict — a different structure, shape or dtype
-is a :class:`CheckpointMismatchError` naming the first differing path — and
-skips, with a warning, a newest checkpoint that cannot be read (truncated or
-half-written files).
+is a :class:`CheckpointMismatchError` naming the first differing path, never
+a cast.
+
+Integrity: every save records a 64-bit fingerprint of each stored array
+(computed on the device, independent of sharding) and a SHA-256 of the JSON
+itself, inside the same atomic commit. Restore verifies both, so flipped,
+zeroed, truncated or missing bytes are found. A checkpoint whose files cannot
+be read or do not match is *unreadable*: restore warns, falls back to the next
+older one, and (``move_aside=True``, what a resuming run does) renames it to
+``STEP.unreadable-N`` so that it is kept for inspection and the step can be
+saved again. Any other failure (a target sharding that cannot be placed, a
+different model) is raised with its reason: an error is called unreadable only
+when reading the same files onto the host without a target fails too.
+
+Keep-best decisions survive restarts: the metrics a save competes with are
+stored in its JSON and read back by every new ``Checkpointer``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import warnings
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +62,10 @@ class CheckpointMismatchError(CheckpointError):
   """The checkpoint's structure, shapes or dtypes differ from the target's."""
 
 
+class _Unreadable(Exception):
+  """A checkpoint's files cannot be read or fail their checksums (internal)."""
+
+
 # -- typed keys <-> key data ------------------------------------------------
 
 
@@ -61,15 +82,40 @@ def _storable(tree: PyTree) -> PyTree:
   return jax.tree.map(lambda x: jax.random.key_data(x) if _is_typed_key(x) else x, tree)
 
 
-def _default_sharding():
-  return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+# -- shardings to restore onto ------------------------------------------------
+
+
+def _context_mesh():
+  """The concrete mesh of an enclosing ``jax.set_mesh``, or None."""
+  mesh = jax.sharding.get_mesh()
+  return None if mesh is None or mesh.empty else mesh
+
+
+def _concrete(sharding, path: str):
+  """``sharding`` on real devices: a leaf from ``jax.eval_shape`` inside
+  ``jax.set_mesh`` carries an abstract mesh, replaced by the context's mesh;
+  no sharding means replicated on the context's mesh, or the first local
+  device outside one."""
+  mesh = _context_mesh()
+  if sharding is None:
+    if mesh is not None:
+      return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  if isinstance(sharding, jax.sharding.NamedSharding) and isinstance(
+      sharding.mesh, jax.sharding.AbstractMesh):
+    if mesh is None or mesh.abstract_mesh != sharding.mesh:
+      raise CheckpointError(
+          f'{path}: expected a sharding on a concrete mesh, or an abstract one matching the '
+          f'mesh set by jax.set_mesh, got {sharding} (context mesh: {mesh})')
+    return jax.sharding.NamedSharding(mesh, sharding.spec)
+  return sharding
 
 
 def _abstract_storable(abstract: PyTree) -> PyTree:
-  """ShapeDtypeStructs of what is stored, each with a sharding to restore onto."""
+  """ShapeDtypeStructs of what is stored, each with a concrete sharding to restore onto."""
 
-  def convert(x):
-    sharding = getattr(x, 'sharding', None) or _default_sharding()
+  def convert(path, x):
+    sharding = _concrete(getattr(x, 'sharding', None), jax.tree_util.keystr(path))
     if _is_typed_key(x):
       data = jax.eval_shape(jax.random.key_data, x)
       if isinstance(sharding, jax.sharding.NamedSharding):
@@ -77,13 +123,94 @@ def _abstract_storable(abstract: PyTree) -> PyTree:
       return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
-  return jax.tree.map(convert, abstract)
+  return jax.tree_util.tree_map_with_path(convert, abstract)
 
 
 def _unstorable(stored: PyTree, abstract: PyTree) -> PyTree:
   return jax.tree.map(
       lambda s, a: jax.random.wrap_key_data(s, impl=_key_impl(a)) if _is_typed_key(a) else s,
       stored, abstract)
+
+
+# -- checksums ------------------------------------------------------------------
+
+_U32 = jnp.uint32
+
+
+def _fmix32(h):
+  """MurmurHash3's 32-bit finaliser (every input bit affects every output bit)."""
+  h = h ^ (h >> _U32(16))
+  h = h * _U32(0x85EBCA6B)
+  h = h ^ (h >> _U32(13))
+  h = h * _U32(0xC2B2AE35)
+  return h ^ (h >> _U32(16))
+
+
+def _words(x):
+  """``x``'s bits as uint32 words (one per element; two for 8-byte dtypes), or None."""
+  if x.dtype == jnp.bool_:
+    return x.astype(_U32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}.get(x.dtype.itemsize)
+  if unsigned is None or jnp.issubdtype(x.dtype, jnp.complexfloating):
+    return None
+  try:
+    return jax.lax.bitcast_convert_type(x, unsigned).astype(_U32)
+  except (TypeError, ValueError):   # a dtype XLA cannot bitcast (e.g. int4): not checked
+    return None
+
+
+def _leaf_fingerprint(x):
+  """Two order-independent sums of a mix of (word, position): exact under any
+  sharding (uint32 sums wrap, so the reduction order does not matter)."""
+  w = _words(x)
+  if w is None:
+    return jnp.zeros((2,), _U32)
+  index = jnp.zeros(w.shape, _U32)
+  for d in range(w.ndim):
+    stride = int(np.prod(w.shape[d + 1:], dtype=np.uint64)) % 2 ** 32
+    index = index + jax.lax.broadcasted_iota(_U32, w.shape, d) * _U32(stride)
+  a = _fmix32(w ^ _fmix32(index * _U32(0x9E3779B9) + _U32(1)))
+  b = _fmix32(w + _fmix32(index ^ _U32(0x7F4A7C15)))
+  return jnp.stack([jnp.sum(a, dtype=_U32), jnp.sum(b, dtype=_U32)])
+
+
+@jax.jit
+def _fingerprints_on_device(tree):
+  return [_leaf_fingerprint(x) for x in jax.tree.leaves(tree)]
+
+
+def fingerprints(tree: PyTree) -> list[str]:
+  """A 64-bit hex fingerprint of each leaf's bits (typed keys: their key data), in
+  flattening order. Equal trees give equal fingerprints under any sharding."""
+  sums = jax.device_get(_fingerprints_on_device(_storable(tree)))
+  return [f'{int(s[0]):08x}{int(s[1]):08x}' for s in sums]
+
+
+# How tensorstore reports files it cannot read or decode (its ValueErrors carry
+# an absl status name).
+_IO_STATUS = ('DATA_LOSS', 'NOT_FOUND', 'FAILED_PRECONDITION', 'OUT_OF_RANGE', 'Error reading',
+              'Error opening', 'corrupt', 'Corrupt')
+
+
+def _is_io_error(e: BaseException) -> bool:
+  """Whether ``e`` (or an exception it came from) is a file system or format error."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, (OSError, UnicodeError, json.JSONDecodeError, EOFError)):
+      return True
+    if isinstance(e, ValueError) and any(s in str(e) for s in _IO_STATUS):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+def _json_digest(payload: Mapping[str, Any]) -> str:
+  body = {k: v for k, v in payload.items() if k != 'sha256'}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+# -- signatures -----------------------------------------------------------------
 
 
 def signature(tree: PyTree) -> list[list]:
@@ -120,7 +247,38 @@ def check_signature(saved: list[list], target: list[list], where: str) -> None:
     if list(saved_shape) != list(shape) or saved_dtype != dtype:
       raise CheckpointMismatchError(
           f'{where}: {path}: expected {dtype}{list(shape)} (the current model), '
-          f'got {saved_dtype}{list(saved_shape)} in the checkpoint')
+          f'got {saved_dtype}{list(saved_shape)} in the checkpoint (never cast)')
+
+
+def _check_fingerprints(saved: Sequence[str], tree: PyTree, sig: list[list]) -> None:
+  got = fingerprints(tree)
+  if len(got) != len(saved):
+    raise _Unreadable(f'checksums: expected {len(saved)} arrays, got {len(got)}')
+  for (path, _, _), want, have in zip(sig, saved, got):
+    if want != have:
+      raise _Unreadable(f'{path}: checksum mismatch (saved {want}, read {have}): '
+                        'the bytes changed on disk')
+
+
+# -- keep-best --------------------------------------------------------------------
+
+
+class _BestOfRecorded:
+  """orbax preservation policy: keep the ``n`` best steps by a metric recorded
+  per step in ``scores`` (read back from each checkpoint's JSON, so a new
+  ``Checkpointer`` decides as the one before it did). Steps without a score
+  do not compete."""
+
+  def __init__(self, n: int, scores: dict[int, float], mode: str):
+    self.n, self.scores, self.mode = n, scores, mode
+
+  def should_preserve(self, checkpoints, *, context):
+    del context
+    sign = -1.0 if self.mode == 'max' else 1.0
+    scored = sorted((sign * self.scores[c.step], c.step) for c in checkpoints
+                    if np.isfinite(self.scores.get(c.step, np.nan)))
+    best = {step for _, step in scored[:self.n]}   # best first; ties: the older step
+    return [c.step in best for c in checkpoints]
 
 
 class Checkpointer:
@@ -130,12 +288,17 @@ class Checkpointer:
     directory: where step directories go (created if missing).
     keep_last: keep the newest N checkpoints.
     keep_best: also keep the best K by ``best_metric`` (0: off). Only saves
-      given ``metrics`` containing ``best_metric`` compete.
+      given ``metrics`` containing ``best_metric`` compete; the metric is
+      stored in the checkpoint, so a later ``Checkpointer`` on the same
+      directory (a resumed run) keeps the same ones.
     best_metric: the metric name, e.g. ``'eval/accuracy'``.
     best_mode: ``'max'`` or ``'min'``.
     metadata: JSON-serialisable data saved with every checkpoint (config,
       versions, mesh).
     async_save: write in a background thread (orbax's async checkpointing).
+
+  Raises:
+    CheckpointError: bad ``keep_last``/``best_mode``, or an unwritable directory.
   """
 
   def __init__(self, directory: str, *, keep_last: int = 3, keep_best: int = 0,
@@ -147,11 +310,11 @@ class Checkpointer:
       raise CheckpointError(f"best_mode: expected 'max' or 'min', got {best_mode!r}")
     self.directory = os.path.abspath(directory)
     self.metadata = dict(metadata or {})
+    self.best_metric = best_metric
+    self._scores: dict[int, float] = {}
     preserve = [policies.LatestN(n=keep_last)]
     if keep_best:
-      preserve.append(policies.BestN(
-          get_metric_fn=lambda m: m[best_metric], reverse=(best_mode == 'min'),
-          n=keep_best, keep_checkpoints_without_metrics=False))
+      preserve.append(_BestOfRecorded(keep_best, self._scores, best_mode))
     options = ocp.CheckpointManagerOptions(
         preservation_policy=policies.AnyPreservationPolicy(preserve), create=True,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
@@ -161,6 +324,12 @@ class Checkpointer:
     except OSError as e:
       raise CheckpointError(f'checkpoint directory {self.directory}: expected writable, '
                             f'got {type(e).__name__}: {e}') from e
+    if keep_best:
+      for s in self._manager.all_steps():
+        with contextlib.suppress(_Unreadable):   # an unreadable one does not compete
+          score = self._read_extra(s).get('metrics', {}).get(best_metric)
+          if isinstance(score, (int, float)):
+            self._scores[s] = float(score)
 
   # -- saving --
 
@@ -168,17 +337,27 @@ class Checkpointer:
            extra: Mapping[str, Any] | None = None) -> None:
     """Starts saving ``tree`` as checkpoint ``step`` (asynchronous).
 
+    The JSON gets the data position, the signature and fingerprint of every
+    leaf, ``metrics`` (non-finite values as strings), the metadata and
+    ``extra``, and a SHA-256 of itself.
+
     Raises:
       CheckpointError: this save, or an earlier asynchronous one, failed (no
         space, no permission, ...); earlier committed checkpoints are intact.
     """
     step = int(step)
+    metrics = {k: float(v) for k, v in (metrics or {}).items()}
     payload = {'data': {'next_step': step}, 'signature': signature(tree),
+               'fingerprints': fingerprints(tree),
+               'metrics': {k: v if np.isfinite(v) else str(v) for k, v in metrics.items()},
                **self.metadata, **(extra or {})}
+    payload['sha256'] = _json_digest(payload)
+    if self.best_metric in metrics:
+      self._scores[step] = metrics[self.best_metric]
     with self._failures(f'saving checkpoint {step}'):  # earlier background failures too
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(_storable(tree)), extra=ocp.args.JsonSave(payload)),
-          metrics=dict(metrics) if metrics else None, force=True)
+          metrics=metrics or None, force=True)
 
   def wait(self) -> None:
     """Blocks until every started save is committed.
@@ -206,7 +385,7 @@ class Checkpointer:
     """Re-raises orbax's errors as CheckpointError naming what failed and where."""
     try:
       yield
-    except Exception as e:
+    except Exception as e:   # any orbax/tensorstore failure: re-raised, named
       raise CheckpointError(f'{what} in {self.directory} failed: '
                             f'{type(e).__name__}: {e}') from e
 
@@ -223,7 +402,7 @@ class Checkpointer:
     self._manager.reload()
     return sorted(self._manager.all_steps())
 
-  def restore(self, abstract: PyTree, step: int | None = None
+  def restore(self, abstract: PyTree, step: int | None = None, *, move_aside: bool = False
               ) -> tuple[PyTree, dict[str, Any], int]:
     """Restores ``abstract``'s structure from checkpoint ``step`` or the newest readable.
 
@@ -231,10 +410,14 @@ class Checkpointer:
       abstract: a pytree of ``jax.ShapeDtypeStruct`` (e.g. from
         ``jax.eval_shape``), optionally with ``.sharding`` on each leaf: the
         arrays are placed on those shardings, so a checkpoint written on one
-        mesh or device count restores onto another. Leaves without a sharding
-        go to the first local device.
+        mesh or device count restores onto another. An abstract mesh (inside
+        ``jax.set_mesh``) means the context's mesh; a leaf without a sharding
+        is replicated on the context's mesh, or put on the first local device.
       step: a specific step; default: the newest, falling back to older ones
-        (with a warning) when the newest cannot be read.
+        (with a warning) when the newest is unreadable.
+      move_aside: rename each unreadable checkpoint met on the way to
+        ``STEP.unreadable-N`` (process 0; kept for inspection, no longer a
+        step), so that the run can save that step again.
 
     Returns:
       ``(tree, extra, step)``: the restored arrays (copied by a jitted
@@ -242,7 +425,9 @@ class Checkpointer:
 
     Raises:
       CheckpointMismatchError: structure, shape or dtype differ (never cast
-        or zero-filled); CheckpointError: no readable checkpoint.
+        or zero-filled); CheckpointError: no readable checkpoint, or an error
+        that is not the files' (e.g. a sharding that cannot be placed), with
+        its reason.
     """
     steps = [step] if step is not None else list(reversed(self.steps()))
     if not steps:
@@ -252,30 +437,99 @@ class Checkpointer:
     for s in steps:
       try:
         return self._restore_step(abstract, s)
-      except CheckpointMismatchError:
-        raise
-      except Exception as e:  # truncated or half-written files
+      except _Unreadable as e:
         if step is not None:
           raise CheckpointError(f'checkpoint {s} in {self.directory} is unreadable: '
-                                f'{type(e).__name__}: {e}') from e
+                                f'{e}') from e
+        where = self._move_aside(s) if move_aside else None
+        kept = f'; moved to {where}' if where else ''
+        reason = ' '.join(str(e).split())[:300]
         warnings.warn(f'purax: skipping unreadable checkpoint {s} in {self.directory} '
-                      f'({type(e).__name__}: {str(e)[:200]}); trying an older one',
+                      f'({reason}){kept}; trying an older one',
                       RuntimeWarning, stacklevel=2)
-        errors.append(f'{s}: {type(e).__name__}')
+        errors.append(f'{s}: {reason[:100]}')
     raise CheckpointError(f'checkpoint directory {self.directory}: expected a readable '
-                          f'checkpoint, got none ({", ".join(errors)})')
+                          f'checkpoint, got none ({"; ".join(errors)})')
+
+  def read_extra(self, step: int | None = None) -> dict[str, Any]:
+    """The JSON of checkpoint ``step`` (default: the newest whose JSON is intact).
+
+    Raises:
+      CheckpointError: no such checkpoint, or none with an intact JSON.
+    """
+    for s in ([step] if step is not None else list(reversed(self.steps()))):
+      try:
+        return self._read_extra(s)
+      except _Unreadable as e:
+        if step is not None:
+          raise CheckpointError(f'checkpoint {s} in {self.directory} is unreadable: {e}'
+                                ) from e
+    raise CheckpointError(f'checkpoint directory {self.directory}: expected a checkpoint '
+                          'with an intact JSON, got none')
+
+  def _move_aside(self, step: int) -> str | None:
+    """Renames an unreadable step directory out of orbax's step names."""
+    if jax.process_index() != 0:
+      return None
+    source = os.path.join(self.directory, str(step))
+    n = 1
+    while os.path.exists(f'{source}.unreadable-{n}'):
+      n += 1
+    try:
+      os.rename(source, f'{source}.unreadable-{n}')
+    except OSError as e:
+      raise CheckpointError(f'checkpoint {step} in {self.directory} is unreadable and '
+                            f'could not be moved aside: {e}') from e
+    self._scores.pop(step, None)
+    self._manager.reload()
+    return f'{source}.unreadable-{n}'
+
+  def _read_extra(self, step: int) -> dict[str, Any]:
+    """The step's JSON, checked against its own SHA-256 (when it has one)."""
+    try:
+      extra = self._manager.restore(step, args=ocp.args.Composite(
+          extra=ocp.args.JsonRestore()))['extra']
+    except Exception as e:   # any failure to read or parse the file: the files' fault
+      raise _Unreadable(f'extra JSON: {type(e).__name__}: {e}') from e
+    if not isinstance(extra, dict):
+      raise _Unreadable(f'extra JSON: expected an object, got {type(extra).__name__}')
+    if 'sha256' in extra and extra['sha256'] != _json_digest(extra):
+      raise _Unreadable('extra JSON: SHA-256 mismatch: the bytes changed on disk')
+    return extra
+
+  def _read_on_host(self, step: int, target: PyTree) -> PyTree:
+    """The stored arrays as numpy, without placing them anywhere."""
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    item = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), target)
+    with ocp.PyTreeCheckpointer() as reader:
+      return reader.restore(os.path.join(self.directory, str(step), 'state'),
+                            args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args))
 
   def _restore_step(self, abstract, step):
-    extra = self._manager.restore(step, args=ocp.args.Composite(
-        extra=ocp.args.JsonRestore()))['extra']
+    where = f'checkpoint {step} in {self.directory}'
+    extra = self._read_extra(step)
+    target_signature = signature(abstract)
     if 'signature' in extra:
-      check_signature(extra['signature'], signature(abstract),
-                      f'checkpoint {step} in {self.directory}')
+      check_signature(extra['signature'], target_signature, where)
     target = _abstract_storable(abstract)
-    stored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target)))['state']
+    try:
+      stored = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target)))['state']
+    except Exception as e:   # the files' fault or the target's? Read them bare to tell.
+      if _is_io_error(e):
+        raise _Unreadable(f'{type(e).__name__}: {e}') from e
+      try:
+        on_host = self._read_on_host(step, target)
+      except Exception as bare:   # unreadable even without a target: the files' fault
+        raise _Unreadable(f'{type(bare).__name__}: {bare}') from e
+      if 'fingerprints' in extra:
+        _check_fingerprints(extra['fingerprints'], on_host, target_signature)
+      raise CheckpointError(f'{where}: the files are intact, but restoring onto the target '
+                            f'failed: {type(e).__name__}: {e}') from e
     # A jitted copy keeps each array's sharding and gives buffers that the
     # first train step may donate.
     shardings = jax.tree.map(lambda x: x.sharding, stored)
     placed = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(stored)
+    if 'fingerprints' in extra:
+      _check_fingerprints(extra['fingerprints'], placed, target_signature)
     return _unstorable(placed, abstract), extra, step

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zipfile
+import zlib
 
 import numpy as np
 
 from purax.core.errors import ConfigError, DataError, expect
 
 BUILTIN = ('digits', 'mnist1d')
+#: More classes than this is refused (as TrainConfig.num_classes).
+MAX_CLASSES = 2 ** 24
 NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')
 
 
@@ -54,12 +58,15 @@ def validate(ds: ArrayDataset) -> ArrayDataset:
   Raises:
     DataError: naming the array, the expected and the actual value.
   """
-  expect(isinstance(ds.num_classes, (int, np.integer)) and ds.num_classes >= 2,
-         'num_classes', 'an integer >= 2', ds.num_classes)
+  expect(isinstance(ds.num_classes, (int, np.integer)) and not isinstance(ds.num_classes, bool)
+         and 2 <= ds.num_classes <= MAX_CLASSES,
+         'num_classes', f'an integer in [2, {MAX_CLASSES}]', repr(ds.num_classes))
   out = {}
   for split in ('train', 'test'):
     x, y = np.asarray(getattr(ds, f'x_{split}')), np.asarray(getattr(ds, f'y_{split}'))
     expect(x.ndim >= 2, f'x_{split}.shape', '[examples, ...features]', x.shape)
+    expect(all(d >= 1 for d in x.shape[1:]), f'x_{split}.shape',
+           '[examples, ...features] with every feature dimension >= 1', x.shape)
     expect(np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer),
            f'x_{split}.dtype', 'a numeric dtype', x.dtype)
     expect(y.ndim == 1, f'y_{split}.shape', f'[{x.shape[0]}] (one label per example)',
@@ -118,7 +125,7 @@ def from_npz(path: str, num_classes: int | None = None) -> ArrayDataset:
   expect(os.path.isfile(path), 'dataset', 'an existing .npz file', repr(path))
   try:
     archive = np.load(path, allow_pickle=False)
-  except (ValueError, OSError, EOFError) as e:   # not a numpy file at all
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:   # not a numpy file
     raise DataError(f'dataset: expected an .npz archive (numpy.savez), got {path!r} '
                     f'({type(e).__name__}: {e})') from None
   expect(isinstance(archive, np.lib.npyio.NpzFile), 'dataset',
@@ -129,16 +136,29 @@ def from_npz(path: str, num_classes: int | None = None) -> ArrayDataset:
     for key in NPZ_KEYS:
       expect(key in f.files, f'{path}: key {key!r}', 'present',
              f'keys {present}')
-    arrays = {key: f[key] for key in NPZ_KEYS}
+    arrays = {key: _read(f, key, path) for key in NPZ_KEYS}
     if num_classes is None and 'num_classes' in f.files:
-      num_classes = int(f['num_classes'])
+      value = _read(f, 'num_classes', path)
+      expect(value.shape == () and np.issubdtype(value.dtype, np.integer),
+             f'{path}: num_classes', 'an integer scalar',
+             f'{value.dtype}{list(value.shape)} {value.ravel()[:3].tolist()}')
+      num_classes = int(value)
   if num_classes is None:
-    labels = [arrays['y_train'], arrays['y_test']]
-    if all(np.issubdtype(a.dtype, np.integer) and a.size for a in labels):
-      num_classes = int(max(a.max() for a in labels)) + 1
-    else:
-      num_classes = 2
+    labels = [a for a in (arrays['y_train'], arrays['y_test'])
+              if np.issubdtype(a.dtype, np.integer) and a.size]
+    # Inferred from the labels there are; validate() names what is wrong with the rest.
+    num_classes = max(2, int(max(a.max() for a in labels)) + 1) if labels else 2
   return ArrayDataset(f'npz:{path}', num_classes=num_classes, **arrays)
+
+
+def _read(archive, key: str, path: str) -> np.ndarray:
+  """One array of an .npz archive; unreadable members are a DataError naming the key."""
+  try:
+    return archive[key]
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+    # object arrays (refused: no pickles), truncated or corrupt members
+    raise DataError(f'{path}: key {key!r}: expected a numeric array, got one that cannot be '
+                    f'read ({type(e).__name__}: {e})') from None
 
 
 def load(name: str, *, num_classes: int | None = None) -> ArrayDataset:

@@ -6,6 +6,11 @@ directory: TensorBoard event files (tensorboardX, with the run's
 hyperparameters for TensorBoard's HParams tab and its config as text),
 ``metrics.jsonl``, optionally the console and Weights & Biases.
 
+Durability: the file writers flush at every ``write_scalars`` call (the loop
+calls them at log and eval points only, before the checkpoint of that step is
+started), so a killed process loses no record written before its last
+committed checkpoint.
+
 Your own writer is any object with the three methods of :class:`MetricWriter`;
 ``write_hparams`` and ``write_text`` are optional (called when present)::
 
@@ -74,7 +79,11 @@ def _number(value):
 
 
 class JsonlWriter:
-  """Appends one JSON object per call to ``path``: ``{"step", "time", ...scalars}``."""
+  """Appends one JSON object per call to ``path``: ``{"step", "time", ...scalars}``.
+
+  Each record is written in one ``write`` and flushed before the call returns.
+  Non-finite values are written as strings (``"nan"``): the file stays JSON.
+  """
 
   def __init__(self, path: str):
     self._file = open(path, 'a', encoding='utf-8')
@@ -82,7 +91,8 @@ class JsonlWriter:
   def write_scalars(self, step, scalars):
     record = {'step': int(step), 'time': time.time()}
     record.update({k: _number(v) for k, v in scalars.items()})
-    self._file.write(json.dumps(record) + '\n')
+    self._file.write(json.dumps(record, allow_nan=False) + '\n')
+    self._file.flush()
 
   def flush(self):
     self._file.flush()
@@ -96,36 +106,57 @@ HPARAM_METRICS = ('eval/accuracy', 'eval/loss', 'train/loss')
 
 
 class TensorBoardWriter:
-  """TensorBoard event files in ``logdir`` through ``tensorboardX.SummaryWriter``."""
+  """TensorBoard event files in ``logdir``, written synchronously.
 
-  def __init__(self, logdir: str):
-    from tensorboardX import SummaryWriter
-    self._writer = SummaryWriter(logdir=logdir)
+  tensorboardX's ``SummaryWriter`` queues events for a thread and its
+  ``flush`` does not wait for the queue; this writer uses tensorboardX's
+  ``EventsWriter`` directly, so every event is in the file (flushed and
+  fsynced) when ``write_scalars`` returns. ``purge_step``: a resumed run's
+  first step; events of a killed run at or after it are hidden by TensorBoard
+  (the resumed run writes them again), as with ``SummaryWriter(purge_step=)``.
+  """
+
+  def __init__(self, logdir: str, *, purge_step: int | None = None):
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+    self._event = Event
+    # The pid keeps a resumed run, started within the same second, off the
+    # killed run's file name (the file is opened for writing, not appending).
+    self._events = EventsWriter(os.path.join(logdir, 'events'), f'.{os.getpid()}')
+    if purge_step is not None:
+      self._events.write_event(Event(step=purge_step, wall_time=time.time(),
+                                     session_log=SessionLog(status=SessionLog.START)))
+    self._events.flush()
 
   def write_scalars(self, step, scalars):
+    from tensorboardX.summary import scalar
     for name, value in scalars.items():
-      self._writer.add_scalar(name, float(value), global_step=int(step))
+      self._events.write_event(self._event(wall_time=time.time(), step=int(step),
+                                           summary=scalar(name, float(value))))
+    self._events.flush()
 
   def write_hparams(self, hparams, metrics: Sequence[str] = HPARAM_METRICS):
     """The HParams plugin's experiment and session records, in this run's own
     event file (not a sub-run, as ``SummaryWriter.add_hparams`` would make),
     so the HParams tab shows this run's ``metrics`` scalars next to ``hparams``."""
     from tensorboardX.summary import hparams as hparams_summary
-    summaries = hparams_summary(hparam_values(hparams), {m: 0.0 for m in metrics})
-    file_writer = self._writer._get_file_writer()   # pylint: disable=protected-access
-    for summary in summaries:
-      file_writer.add_summary(summary)
+    for summary in hparams_summary(hparam_values(hparams), {m: 0.0 for m in metrics}):
+      self._events.write_event(self._event(wall_time=time.time(), summary=summary))
+    self._events.flush()
 
   def write_text(self, tag, text, step: int = 0):
     """Text for TensorBoard's Text tab (markdown; indented, so JSON shows as code)."""
+    from tensorboardX.summary import text as text_summary
     body = '\n'.join('    ' + line for line in text.splitlines())
-    self._writer.add_text(tag, body, global_step=step)
+    self._events.write_event(self._event(wall_time=time.time(), step=int(step),
+                                         summary=text_summary(tag, body)))
+    self._events.flush()
 
   def flush(self):
-    self._writer.flush()
+    self._events.flush()
 
   def close(self):
-    self._writer.close()
+    self._events.close()
 
 
 class ConsoleWriter:
@@ -177,13 +208,18 @@ class MultiWriter:
 
 
 def create_default_writer(workdir: str, *, console: bool = True,
-                          wandb_project: str | None = None) -> MultiWriter:
+                          wandb_project: str | None = None,
+                          resume_step: int = 0) -> MultiWriter:
   """TensorBoard events and ``metrics.jsonl`` in ``workdir`` (+ console, and a
   :class:`purax.io.wandb_writer.WandbWriter` of ``wandb_project`` logging into
-  ``workdir/wandb`` when given)."""
+  ``workdir/wandb`` when given).
+
+  ``resume_step``: the step a resumed run continues from (TensorBoard hides
+  the killed run's events after it).
+  """
   os.makedirs(workdir, exist_ok=True)
   writers = [JsonlWriter(os.path.join(workdir, 'metrics.jsonl')),
-             TensorBoardWriter(workdir)]
+             TensorBoardWriter(workdir, purge_step=resume_step + 1 if resume_step else None)]
   if console:
     writers.append(ConsoleWriter())
   if wandb_project is not None:

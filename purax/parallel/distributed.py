@@ -61,7 +61,7 @@ def _as_int(value, field: str) -> int:
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *,
                local_device_ids: int | list[int] | None = None,
-               timeout_s: int = 300) -> bool:
+               timeout_s: int = 300, heartbeat_timeout_s: int = 30) -> bool:
   """Connects this process to the others (``jax.distributed.initialize``).
 
   Call it first, before anything touches a device. Missing arguments are read
@@ -72,11 +72,16 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   Idempotent: calling it again with the same values does nothing.
 
   Args:
-    coordinator: ``'HOST:PORT'`` of process 0's coordination service.
+    coordinator: ``'HOST:PORT'`` of process 0's coordination service, or
+      ``'auto'``: jax's cluster detection (SLURM, Open MPI, Kubernetes/GKE)
+      supplies it and the count and id (``purax train --coordinator auto``).
     num_processes: number of processes (>= 1).
     process_id: this process's index in ``[0, num_processes)``.
     local_device_ids: restrict this process to these local devices.
     timeout_s: seconds to wait for all processes to connect.
+    heartbeat_timeout_s: a process silent this long is dead, and jax's
+      coordination service stops the others (instead of leaving them in a
+      collective).
 
   Returns:
     True if this call started the distributed runtime, False otherwise.
@@ -96,6 +101,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
       sources[name] = 'argument'
   if values['num_processes'] is None and values['coordinator'] is None:
     return False
+  if values['coordinator'] == 'auto':
+    return _initialize_from_cluster(local_device_ids, timeout_s, heartbeat_timeout_s)
   field = lambda name: f'{name} (from {sources[name] or "nowhere: not set"})'
   n = _as_int(values['num_processes'], field('num_processes'))
   expect(n >= 1, field('num_processes'), '>= 1', n, ConfigError)
@@ -116,9 +123,59 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(coordinator_address=addr, num_processes=n, process_id=pid,
                              local_device_ids=local_device_ids,
-                             initialization_timeout=timeout_s)
+                             initialization_timeout=timeout_s,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s)
   _started = key
   return True
+
+
+def _initialize_from_cluster(local_device_ids, timeout_s: int, heartbeat_timeout_s: int
+                             ) -> bool:
+  """``coordinator='auto'``: jax's own cluster detection (SLURM, Open MPI,
+  Kubernetes/GKE, Cloud TPU) supplies the address, the count and the id."""
+  global _started
+  if _started is not None or jax.distributed.is_initialized():
+    expect(_started in (None, 'auto'), 'distributed.initialize',
+           f'the values it was first called with {_started}', 'auto', ConfigError)
+    return False
+  from jax._src import clusters   # the registry jax.distributed.initialize() consults
+  detected = [c.__name__ for c in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
+              if not c.opt_in_only_method and c.is_env_present()]
+  expect(bool(detected), 'coordinator', "'auto' inside a cluster jax detects (SLURM, Open "
+         'MPI, Kubernetes/GKE, Cloud TPU: their environment variables)',
+         "'auto' with none detected", ConfigError)
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(local_device_ids=local_device_ids,
+                             initialization_timeout=timeout_s,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s)
+  _started = 'auto'
+  return True
+
+
+def agree(name: str, value: str, *, timeout_s: int = 30) -> list[str]:
+  """Every process's ``value`` for ``name``, through the coordination service's
+  key-value store: bounded in time and no collective, so a process that failed
+  before reaching this point is named instead of waited for.
+
+  Returns:
+    The values of processes ``0 .. process_count - 1`` (``[value]`` alone).
+
+  Raises:
+    ConfigError: a process did not give its value within ``timeout_s``.
+  """
+  if jax.process_count() == 1:
+    return [value]
+  from jax._src import distributed as _distributed   # the coordination client
+  client = _distributed.global_state.client
+  client.key_value_set(f'purax/{name}/{jax.process_index()}', value)
+  values = []
+  for i in range(jax.process_count()):
+    try:
+      values.append(client.blocking_key_value_get(f'purax/{name}/{i}', timeout_s * 1000))
+    except Exception as e:   # jax raises its own status error on a timeout: named here
+      raise ConfigError(f'process {i}: expected at {name!r} within {timeout_s} s, got no '
+                        f'answer (it failed or hangs; its log says why): {e}') from None
+  return values
 
 
 def shutdown() -> None:

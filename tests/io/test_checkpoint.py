@@ -5,14 +5,19 @@ import contextlib
 import errno
 import gc
 import glob
+import json
 import os
+import shutil
 import subprocess
+import sys
+import warnings
 
 import jax
 import numpy as np
 import pytest
 
-from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
+from purax.io.checkpoint import (Checkpointer, CheckpointError, CheckpointMismatchError,
+                                 fingerprints)
 from tests.helpers import tiny_batch, tiny_task, tree_equal
 
 
@@ -71,31 +76,135 @@ def test_a_different_model_is_a_clear_error_naming_the_first_differing_path(tmp_
       ckpt.restore(jax.eval_shape(lambda: {'state': mlp}))
 
 
-@pytest.mark.parametrize('damage', ['truncate_arrays', 'truncate_json', 'delete_metadata'])
-def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(tmp_path, trained, damage):
-  _, _, state, _ = trained
-  with Checkpointer(str(tmp_path)) as ckpt:
+def _largest_data_file(step_dir):
+  files = glob.glob(f'{step_dir}/state/ocdbt.process_0/d/*')
+  return max(files, key=os.path.getsize)
+
+
+def _rewrite(path, fn):
+  with open(path, 'rb') as f:
+    data = f.read()
+  with open(path, 'wb') as f:
+    f.write(fn(data))
+
+
+def _flip(data, n=16, seed=0):
+  data = bytearray(data)
+  for i in np.random.default_rng(seed).choice(len(data), size=min(n, len(data)),
+                                              replace=False):
+    data[i] ^= 0xFF
+  return bytes(data)
+
+
+def _garble(data):
+  return np.random.default_rng(1).integers(0, 256, len(data), dtype=np.uint8).tobytes()
+
+
+def _edit_json(path):
+  with open(path) as f:
+    extra = json.load(f)
+  extra['data']['next_step'] += 1    # still valid JSON: only its checksum tells
+  with open(path, 'w') as f:
+    json.dump(extra, f)
+
+
+def _empty_dir(step_dir):
+  shutil.rmtree(step_dir)
+  os.mkdir(step_dir)
+
+
+# Every kind of damage the fault attack found (issue 13, items 1 and 4).
+CORRUPTIONS = {
+    'empty manifest.ocdbt': lambda d: _rewrite(f'{d}/state/manifest.ocdbt', lambda b: b''),
+    'zeroed data file': lambda d: _rewrite(_largest_data_file(d), lambda b: bytes(len(b))),
+    'deleted data file': lambda d: os.remove(_largest_data_file(d)),
+    'garbled data file': lambda d: _rewrite(_largest_data_file(d), _garble),
+    'truncated data file': lambda d: _rewrite(_largest_data_file(d), lambda b: b[:len(b) // 3]),
+    'flipped bytes in data file': lambda d: _rewrite(_largest_data_file(d), _flip),
+    'one flipped bit': lambda d: _rewrite(_largest_data_file(d), lambda b: bytes(
+        [*b[:len(b) // 2], b[len(b) // 2] ^ 1, *b[len(b) // 2 + 1:]])),
+    'deleted _METADATA': lambda d: os.remove(f'{d}/state/_METADATA'),
+    'garbled _METADATA': lambda d: _rewrite(f'{d}/state/_METADATA', _garble),
+    'garbled extra JSON': lambda d: _rewrite(f'{d}/extra/metadata', _garble),
+    'truncated extra JSON': lambda d: _rewrite(f'{d}/extra/metadata', lambda b: b[:len(b) // 3]),
+    'edited extra JSON': lambda d: _edit_json(f'{d}/extra/metadata'),
+    'garbled array_metadatas': lambda d: _rewrite(
+        f'{d}/state/array_metadatas/process_0', _garble),
+    'empty step directory': _empty_dir,
+}
+# Damage to files that restore does not need: the arrays read still match
+# their checksums, so the newest checkpoint is restored.
+HARMLESS = {
+    'empty process manifest': lambda d: _rewrite(
+        f'{d}/state/ocdbt.process_0/manifest.ocdbt', lambda b: b''),
+    'deleted array_metadatas': lambda d: shutil.rmtree(f'{d}/state/array_metadatas'),
+    'deleted _CHECKPOINT_METADATA': lambda d: os.remove(f'{d}/_CHECKPOINT_METADATA'),
+}
+
+
+@pytest.fixture(scope='module')
+def two_checkpoints(tmp_path_factory):
+  """Checkpoints 1 and 2 (different states) of a small MLP, written once."""
+  task, batch = tiny_task('mlp'), tiny_batch()
+  state = task.init(jax.random.key(0), batch)
+  later = jax.jit(task.step)(state, batch)[0]
+  directory = tmp_path_factory.mktemp('pristine')
+  with Checkpointer(str(directory)) as ckpt:
     ckpt.save(1, {'state': state})
-    ckpt.save(2, {'state': jax.tree.map(lambda x: x, state).replace(step=state.step + 100)})
+    ckpt.save(2, {'state': later})
+  return directory, state, later
+
+
+# orbax's failed reads leave coroutines that are reported when collected: orbax's noise.
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+@pytest.mark.parametrize('damage', sorted(CORRUPTIONS))
+def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_older_one_restored(
+    tmp_path, two_checkpoints, damage):
+  pristine, state, later = two_checkpoints
+  directory = tmp_path / 'ckpt'
+  shutil.copytree(pristine, directory)
+  CORRUPTIONS[damage](str(directory / '2'))
+  abstract = jax.eval_shape(lambda: {'state': state})
+  with Checkpointer(str(directory)) as ckpt:
+    with pytest.warns(RuntimeWarning, match=r'skipping unreadable checkpoint 2 .*moved to '
+                                            r'.*2\.unreadable-1'):
+      restored, _, step = ckpt.restore(abstract, move_aside=True)
+    assert step == 1 and tree_equal(keyless(restored), keyless({'state': state}))
+    assert ckpt.steps() == [1]
+    assert (directory / '2.unreadable-1').is_dir()     # kept for inspection
+    ckpt.save(2, {'state': later})                     # the step can be saved again
     ckpt.wait()
-  files = [f for f in glob.glob(f'{tmp_path}/2/**', recursive=True) if os.path.isfile(f)]
-  if damage == 'truncate_arrays':
-    targets = [f for f in files if '/state/' in f and os.path.getsize(f) > 64]
-  elif damage == 'truncate_json':
-    targets = [f for f in files if '/extra/' in f]
-  else:
-    targets = [f for f in files if os.path.basename(f).startswith('_')]
-  assert targets
-  for f in targets:
-    if damage == 'delete_metadata':
-      os.remove(f)
-    else:
-      with open(f, 'r+b') as fh:
-        fh.truncate(os.path.getsize(f) // 3)
-  with Checkpointer(str(tmp_path)) as ckpt:
-    with pytest.warns(RuntimeWarning, match='skipping unreadable checkpoint 2'):
-      restored, _, step = ckpt.restore(jax.eval_shape(lambda: {'state': state}))
-  assert step == 1 and int(restored['state'].step) == int(state.step)
+    assert ckpt.steps() == [1, 2]
+  restored, _, step = Checkpointer(str(directory)).restore(abstract)
+  assert step == 2 and tree_equal(keyless(restored), keyless({'state': later}))
+
+
+@pytest.mark.parametrize('damage', sorted(HARMLESS))
+def test_damage_to_files_restore_does_not_read_keeps_the_verified_checkpoint(
+    tmp_path, two_checkpoints, damage):
+  pristine, state, later = two_checkpoints
+  shutil.copytree(pristine, tmp_path / 'ckpt')
+  HARMLESS[damage](str(tmp_path / 'ckpt' / '2'))
+  with warnings.catch_warnings():
+    warnings.simplefilter('error', RuntimeWarning)
+    restored, _, step = Checkpointer(str(tmp_path / 'ckpt')).restore(
+        jax.eval_shape(lambda: {'state': state}), move_aside=True)
+  assert step == 2 and tree_equal(keyless(restored), keyless({'state': later}))
+
+
+def test_a_named_unreadable_step_is_an_error_and_without_move_aside_nothing_moves(
+    tmp_path, two_checkpoints):
+  pristine, state, _ = two_checkpoints
+  shutil.copytree(pristine, tmp_path / 'ckpt')
+  CORRUPTIONS['one flipped bit'](str(tmp_path / 'ckpt' / '2'))   # zstd still decodes it
+  abstract = jax.eval_shape(lambda: {'state': state})
+  ckpt = Checkpointer(str(tmp_path / 'ckpt'))
+  with pytest.raises(CheckpointError, match=r'checkpoint 2 in .* is unreadable: .*checksum '
+                                            r'mismatch'):
+    ckpt.restore(abstract, step=2)
+  with pytest.warns(RuntimeWarning, match='skipping unreadable checkpoint 2'):
+    assert ckpt.restore(abstract)[2] == 1
+  assert ckpt.steps() == [1, 2] and not glob.glob(f'{tmp_path}/ckpt/*unreadable*')
 
 
 @pytest.fixture
@@ -154,3 +263,110 @@ def test_no_checkpoint_and_unwritable_directory(tmp_path, trained):
   (tmp_path / 'file').write_text('x')
   with pytest.raises(CheckpointError, match='expected writable'):
     Checkpointer(str(tmp_path / 'file' / 'ckpt'))
+
+
+def test_a_bfloat16_checkpoint_into_a_float32_target_is_refused_never_cast(tmp_path):
+  tree = {'w': jax.numpy.ones((3, 2), jax.numpy.bfloat16)}
+  with Checkpointer(str(tmp_path)) as ckpt:
+    ckpt.save(1, tree)
+    ckpt.wait()
+    target = {'w': jax.ShapeDtypeStruct((3, 2), jax.numpy.float32)}
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"checkpoint 1 in .*: \['w'\]: expected float32\[3, 2\] \(the "
+                             r"current model\), got bfloat16\[3, 2\] in the checkpoint"):
+      ckpt.restore(target)
+    assert ckpt.steps() == [1]     # a mismatch is not unreadable: nothing skipped or moved
+
+
+def test_fingerprints_see_one_bit_and_not_the_sharding():
+  x = np.arange(64, dtype=np.float32).reshape(8, 8)
+  flipped = x.view(np.uint32).copy()
+  flipped[3, 5] ^= 1
+  mesh = jax.make_mesh((8,), ('data',))
+  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+      'data')))
+  tree = {'x': x, 'h': x.astype(jax.numpy.bfloat16), 'b': x > 3, 'k': jax.random.key(1)}
+  base = fingerprints(tree)
+  assert fingerprints({**tree, 'x': sharded}) == base
+  assert fingerprints({**tree, 'x': flipped.view(np.float32)})[3] != base[3]
+  assert fingerprints({**tree, 'x': x.T.copy()})[3] != base[3]     # positions count
+  assert len(set(base)) == len(base)
+
+
+def _small_state():
+  task, batch = tiny_task('mlp'), tiny_batch()
+  return task.init(jax.random.key(0), batch)
+
+
+@pytest.mark.parametrize('context', ['set_mesh with abstract shardings',
+                                     'set_mesh without shardings', 'no mesh, no shardings'])
+def test_restore_works_in_every_sharding_context(tmp_path, context):
+  state = _small_state()
+  with Checkpointer(str(tmp_path)) as ckpt:
+    ckpt.save(1, {'state': state})
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Explicit,))
+  P = jax.sharding.PartitionSpec
+  with contextlib.ExitStack() as stack:
+    if context.startswith('set_mesh'):
+      stack.enter_context(jax.set_mesh(mesh))
+    abstract = jax.eval_shape(lambda: {'state': state})
+    if context == 'set_mesh with abstract shardings':
+      # An explicit-axes mesh: eval_shape gives shardings on an abstract mesh.
+      abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+          x.shape, x.dtype, sharding=jax.sharding.NamedSharding(
+              jax.sharding.get_abstract_mesh(), P('data') if x.shape[:1] == (64,) else P())),
+          abstract)
+      assert isinstance(jax.tree.leaves(abstract)[1].sharding.mesh, jax.sharding.AbstractMesh)
+    with warnings.catch_warnings():
+      warnings.simplefilter('error', RuntimeWarning)    # nothing is "unreadable"
+      restored, _, step = Checkpointer(str(tmp_path)).restore(abstract, move_aside=True)
+  assert step == 1 and tree_equal(keyless(restored), keyless({'state': state}))
+  kernel = restored['state'].params['Dense_0']['kernel']
+  if context == 'set_mesh with abstract shardings':
+    assert kernel.sharding.spec == P('data') and kernel.sharding.mesh == mesh
+  elif context == 'set_mesh without shardings':
+    assert kernel.sharding.is_fully_replicated and len(kernel.sharding.device_set) == 8
+  else:
+    assert kernel.sharding.device_set == {jax.local_devices()[0]}
+
+
+def test_an_error_that_is_not_the_files_surfaces_with_its_reason_and_moves_nothing(tmp_path):
+  state = _small_state()
+  with Checkpointer(str(tmp_path)) as ckpt:
+    ckpt.save(1, {'state': state})
+  mesh = jax.make_mesh((8,), ('data',))
+  # 10 classes cannot be split over 8 devices: the target's fault, not the files'.
+  bad = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  abstract = jax.eval_shape(lambda: {'state': state})
+  abstract['state'].params['Dense_1']['bias'] = jax.ShapeDtypeStruct((10,), np.float32,
+                                                                     sharding=bad)
+  with pytest.raises(CheckpointError, match=r'checkpoint 1 in .*: the files are intact, but '
+                                            r'restoring onto the target failed: '):
+    Checkpointer(str(tmp_path)).restore(abstract, move_aside=True)
+  assert Checkpointer(str(tmp_path)).steps() == [1] and not glob.glob(f'{tmp_path}/*unread*')
+
+
+KEEP_BEST_SCRIPT = '''
+import sys, jax, numpy as np
+from purax.io.checkpoint import Checkpointer
+directory, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+accuracy = {1: 0.5, 2: 0.9, 3: 0.7, 4: 0.6, 5: None, 6: 0.4}
+with Checkpointer(directory, keep_last=1, keep_best=1) as ckpt:
+  for step in range(first, last + 1):
+    metrics = None if accuracy[step] is None else {'eval/accuracy': accuracy[step]}
+    ckpt.save(step, {'w': np.full((2,), step, np.float32)}, metrics=metrics)
+    ckpt.wait()
+  print(ckpt.steps())
+'''
+
+
+def test_keep_best_decisions_survive_a_restart_in_a_fresh_process(tmp_path):
+  """Issue 14.3: saves 1..3, then a new process (a resumed run) saves 4..6."""
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
+  for first, last, kept in [(1, 3, '[2, 3]'), (4, 6, '[2, 6]')]:
+    done = subprocess.run([sys.executable, '-c', KEEP_BEST_SCRIPT, str(tmp_path), str(first),
+                           str(last)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == kept

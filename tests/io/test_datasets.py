@@ -47,10 +47,30 @@ def test_npz_round_trip(tmp_path):
     (dict(y_test=np.full(6, -1)), r'y_test: expected labels in \[0, 3\), got labels in \[-1, -1\]'),
     (dict(x_test=np.zeros((6, 7, 8, 1))), r'x_test.shape: expected \[n, 8, 8, 1\] \(as x_train\), got \(6, 7, 8, 1\)'),
     (dict(y_train=np.zeros(19, np.int64)), r'y_train.shape: expected \[20\]'),
+    # Issue 13.7: each kind the fuzzing found.
+    (dict(y_train=np.array([1] * 20, dtype=object)),
+     r"key 'y_train': expected a numeric array, got one that cannot be read"),
+    (dict(y_train=np.full(20, 2 ** 40)),
+     r'num_classes: expected an integer in \[2, 16777216\], got 1099511627777'),
+    (dict(x_train=np.zeros((20, 0)), x_test=np.zeros((6, 0))),
+     r'x_train.shape: expected \[examples, ...features\] with every feature dimension >= 1'),
+    (dict(num_classes=np.float64(2.5)), r'num_classes: expected an integer scalar, got float64'),
+    (dict(num_classes=np.arange(3)), r'num_classes: expected an integer scalar, got int64\[3\]'),
+    (dict(x_test=np.zeros((0, 8, 8, 1)), y_test=np.zeros(0, np.int64)),
+     r'x_test.shape: expected at least one example, got \(0, 8, 8, 1\)'),
 ])
 def test_bad_npz_data_raise_named_errors(tmp_path, arrays, match):
   with pytest.raises(purax.DataError, match=match):
     datasets.load(write_npz(tmp_path, **arrays))
+
+
+def test_a_truncated_npz_archive_is_named(tmp_path):
+  path = write_npz(tmp_path)
+  data = open(path[4:], 'rb').read()
+  with open(path[4:], 'wb') as f:
+    f.write(data[:len(data) // 2])
+  with pytest.raises(purax.DataError, match=r'dataset: expected an .npz archive|cannot be read'):
+    datasets.load(path)
 
 
 def test_unknown_and_missing_data_sets():

@@ -20,3 +20,31 @@ def test_exported_predict_matches_the_model_for_several_batch_sizes(tmp_path):
     np.testing.assert_allclose(predict(x), task.predict(state, x), rtol=1e-5, atol=1e-6)
   with pytest.raises(purax.DataError, match=r'x.shape: expected \[batch, 8, 8, 1\], got \(2, 64\)'):
     predict(np.zeros((2, 64), np.float32))
+
+
+def _flip(data):
+  data = bytearray(data)
+  for i in range(16):
+    data[(i * 7919) % len(data)] ^= 0xFF
+  return bytes(data)
+
+
+@pytest.mark.parametrize('damage', ['flipped', 'truncated', 'garbage', 'garbage alone'])
+def test_a_damaged_artifact_is_refused_with_a_clear_error(tmp_path, damage):
+  """Issue 13.4: never struct.error, never running changed bytes."""
+  directory = tmp_path / 'export'
+  from purax.io.export import export_predict
+  import jax.numpy as jnp
+  path = export_predict(lambda x: jnp.tanh(x) * 2.0, (3,), str(directory))
+  data = open(path, 'rb').read()
+  changed = {'flipped': _flip(data), 'truncated': data[:len(data) // 2],
+             'garbage': bytes(range(256)) * 4, 'garbage alone': bytes(range(256)) * 4}[damage]
+  with open(path, 'wb') as f:
+    f.write(changed)
+  if damage == 'garbage alone':     # no signature.json beside it: the reader still refuses
+    (directory / 'signature.json').unlink()
+    match = 'expected a jax.export artifact, got bytes it cannot read'
+  else:
+    match = r'export artifact .*: expected SHA-256 [0-9a-f]{64} .*the file changed'
+  with pytest.raises(purax.DataError, match=match):
+    load_predict(path)

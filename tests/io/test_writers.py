@@ -1,4 +1,10 @@
 import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
 
 from purax.io import writers
 
@@ -11,3 +17,34 @@ def test_default_writer_writes_jsonl_and_event_files(tmp_path):
   assert records[0]['step'] == 10 and records[0]['train/loss'] == 0.5
   assert records[0]['train/nan'] == 'nan'
   assert list(tmp_path.glob('events.out.tfevents.*'))
+
+
+KILLED_WRITER = '''
+import os, signal, sys
+from purax.io import writers
+w = writers.create_default_writer(sys.argv[1], console=False)
+for step in (10, 20, 30):
+  w.write_scalars(step, {'train/loss': step / 100})
+os.kill(os.getpid(), signal.SIGKILL)     # no close, no flush, no atexit
+'''
+
+
+def test_every_record_written_is_on_disk_when_the_process_is_killed(tmp_path):
+  """Issue 13.2: records written before a SIGKILL survive, in both files."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {**os.environ, 'PYTHONPATH': root + os.pathsep + os.environ.get('PYTHONPATH', '')}
+  done = subprocess.run([sys.executable, '-c', KILLED_WRITER, str(tmp_path)], env=env,
+                        capture_output=True, timeout=120)
+  assert done.returncode == -signal.SIGKILL, done.stderr
+  records = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert [r['step'] for r in records] == [10, 20, 30]
+  events = b''.join(p.read_bytes() for p in tmp_path.glob('events.out.tfevents.*'))
+  assert events.count(b'train/loss') == 3
+
+
+def test_jsonl_never_holds_a_bare_nan(tmp_path):
+  w = writers.JsonlWriter(str(tmp_path / 'm.jsonl'))
+  w.write_scalars(1, {'a': float('inf'), 'b': float('-inf'), 'c': float('nan')})
+  w.close()
+  text = (tmp_path / 'm.jsonl').read_text()
+  assert json.loads(text, parse_constant=lambda c: pytest.fail(f'bare {c}')) is not None

@@ -170,3 +170,74 @@ def test_process_rows_and_global_batch_single_process():
   out = parallel.distributed.global_batch(local, mesh, rules)
   assert out['x'].shape == (16, 2) and out['x'].sharding.spec[0] == ('data', 'fsdp')
   np.testing.assert_array_equal(np.asarray(out['x']), local['x'])
+
+
+@pytest.mark.parametrize('bad, message', [
+    (('--dataset', 'npz:/nonexistent.npz'),
+     "process 1 cannot start: dataset: expected an existing .npz file, got '/nonexistent.npz'"),
+    (('--steps', '21'), 'steps: expected the same value on every process (20 on process 0), '
+                        'got 21 on process 1'),
+    (('--workdir', 'OTHER'), 'workdir: expected the same value on every process'),
+])
+def test_a_bad_option_on_one_process_makes_all_exit_together_naming_it(tmp_path, bad,
+                                                                         message):
+  """Issue 13.5: every process validates, all agree before anything is written,
+  and all exit 2 within a bounded time, naming the process and the reason."""
+  workdir = tmp_path / 'run'
+  bad = tuple(str(tmp_path / 'other') if a == 'OTHER' else a for a in bad)
+  port = _free_port()
+  env = _child_env(XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  base = [sys.executable, '-c', 'import sys; from purax.cli import main; sys.exit(main())',
+          *TRAIN, '--workdir', str(workdir), '--coordinator', f'localhost:{port}',
+          '--num-processes', '2']
+  start = time.time()
+  procs = [subprocess.Popen(base + ['--process-id', str(i), *(bad if i == 1 else ())],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+           for i in range(2)]
+  results = _finish(procs)
+  elapsed = time.time() - start
+  for code, log in results:
+    assert code == 2, log[-3000:]
+    assert message in log, log[-3000:]
+    assert 'Traceback' not in log, log[-3000:]
+  assert elapsed < TIMEOUT_S          # both ended: no process left waiting in a collective
+  assert not workdir.exists() and not (tmp_path / 'other').exists()
+
+
+def _free_slurm_job_id() -> int:
+  """A SLURM_JOB_ID whose port (jax: id % 4096 + 61440) is free here."""
+  for job in range(1000, 5096):
+    port = job % 2 ** 12 + (65535 - 2 ** 12 + 1)
+    with socket.socket() as s:
+      try:
+        s.bind(('localhost', port))
+        return job
+      except OSError:
+        continue
+  pytest.skip('no free port in the SLURM range')
+
+
+def test_coordinator_auto_trains_two_processes_from_slurm_variables_alone(tmp_path):
+  """`purax train --coordinator auto`: jax's cluster detection reads simulated
+  SLURM variables; no address, count or id is given."""
+  workdir = tmp_path / 'run'
+  job = _free_slurm_job_id()
+  cmd = [sys.executable, '-c', 'import sys; from purax.cli import main; sys.exit(main())',
+         *TRAIN, '--workdir', str(workdir), '--coordinator', 'auto']
+  procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(
+      XLA_FLAGS='--xla_force_host_platform_device_count=2', SLURM_JOB_ID=str(job),
+      SLURM_STEP_NODELIST='localhost', SLURM_NTASKS='2', SLURM_PROCID=str(i),
+      SLURM_LOCALID=str(i), SLURM_STEP_NUM_NODES='1')) for i in range(2)]
+  for code, log in _finish(procs):
+    assert code == 0, log[-3000:]
+  assert json.loads((workdir / 'final_metrics.json').read_text())['step'] == 20
+  shards = {p.name for p in (workdir / 'checkpoints' / '20' / 'state').iterdir()}
+  assert {'ocdbt.process_0', 'ocdbt.process_1'} <= shards, shards
+
+
+def test_coordinator_auto_outside_a_cluster_is_a_named_error(monkeypatch):
+  for var in ('SLURM_JOB_ID', 'OMPI_MCA_orte_hnp_uri', 'KUBERNETES_SERVICE_HOST'):
+    monkeypatch.delenv(var, raising=False)
+  with pytest.raises(ConfigError, match="coordinator: expected 'auto' inside a cluster jax "
+                                        "detects .*, got 'auto' with none detected"):
+    parallel.distributed.initialize('auto')

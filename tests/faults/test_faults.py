@@ -1,0 +1,153 @@
+"""The fault suite (issue 13): each kind of fault a user's cluster delivers,
+end to end through the command line in fresh processes, with its right value.
+
+The corrupt-checkpoint kinds are one parameterized test in
+tests/io/test_checkpoint.py; here the run that meets one finishes.
+"""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.io.test_checkpoint import CORRUPTIONS
+from tests.test_resume import (ARGS, ENV, ROOT, assert_trees_bitwise_equal, final_tree, logged,
+                               purax)
+
+
+def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_run_finishes_bitwise(tmp_path):
+  """Issue 13.1/13.4: silently flipped bytes in the newest checkpoint (the
+  hardest kind: every file still decodes) -> fall back with a warning, keep
+  the bad one as 20.unreadable-1, finish; final state and metrics as straight."""
+  straight, broken = str(tmp_path / 'straight'), str(tmp_path / 'broken')
+  assert purax('train', *ARGS, '--workdir', straight).returncode == 0
+  first = purax('train', *ARGS, '--workdir', broken, recorded_stop=20)
+  assert first.returncode == 0, first.stderr
+  CORRUPTIONS['one flipped bit'](os.path.join(broken, 'checkpoints', '20'))
+  resumed = purax('train', '--workdir', broken)
+  assert resumed.returncode == 0, resumed.stderr
+  assert 'skipping unreadable checkpoint 20' in resumed.stderr
+  assert 'checksum mismatch' in resumed.stderr and 'from step 10' in resumed.stderr
+  a, _, step_a = final_tree(straight)
+  b, _, step_b = final_tree(broken)
+  assert step_a == step_b == 40
+  assert_trees_bitwise_equal(a, b)
+  assert logged(straight) == logged(broken)
+  assert os.path.isdir(os.path.join(broken, 'checkpoints', '20.unreadable-1'))
+  assert json.load(open(os.path.join(broken, 'final_metrics.json')))['step'] == 40
+
+
+def _wait_for(predicate, proc, timeout=120):
+  deadline = time.time() + timeout
+  while not predicate():
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert time.time() < deadline, 'timed out'
+    time.sleep(0.1)
+
+
+def test_a_second_run_on_a_workdir_is_refused_at_once_naming_the_holder(tmp_path):
+  """Issue 13.3: the second run exits 2 naming pid and host; the first is untouched."""
+  workdir = str(tmp_path / 'run')
+  cmd = [sys.executable, '-m', 'purax.cli', 'train', '--model', 'mlp', '--steps', '100000',
+         '--checkpoint-every', '50', '--eval-every', '0', '--log-every', '10', '--no-progress',
+         '--workdir', workdir]
+  first = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+  try:
+    _wait_for(lambda: glob.glob(os.path.join(workdir, 'checkpoints', '[0-9]*')), first)
+    start = time.time()
+    second = purax('train', '--workdir', workdir)
+    refused_in = time.time() - start
+    assert second.returncode == 2, second.stderr
+    assert (f'expected no other run using {workdir}, got one: process {first.pid} on host '
+            in second.stderr), second.stderr
+    assert 'Traceback' not in second.stderr and 'run directory' not in second.stderr
+    assert refused_in < 60     # at once: before loading data or tracing (a bound, not a time)
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=120)
+  finally:
+    if first.poll() is None:
+      first.kill()
+  assert first.returncode == 0, err
+  reached = json.loads(out.strip().splitlines()[-1])['final']['step']
+  records = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  assert records and records[-1]['step'] == reached    # the first run's records are whole
+
+
+def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  holder = subprocess.Popen(
+      [sys.executable, '-c', 'import sys, time; from purax.runs import WorkdirLock; '
+       'lock = WorkdirLock(sys.argv[1]); print("locked", flush=True); time.sleep(600)',
+       str(workdir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'locked'
+    from purax.runs import WorkdirLock
+    from purax.core.errors import ConfigError
+    with pytest.raises(ConfigError, match=f'process {holder.pid} on host '):
+      WorkdirLock(str(workdir))
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  assert json.loads((workdir / '.purax.lock').read_text())['pid'] == holder.pid   # stale
+  done = purax('train', *ARGS, '--steps', '10', '--workdir', str(workdir))
+  assert done.returncode == 0, done.stderr
+  assert json.loads((workdir / '.purax.lock').read_text())['pid'] != holder.pid
+
+
+# `purax` that says "ready" once main() has installed its signal handlers (the
+# interpreter's start and imports come before: there a signal acts as usual).
+CLI_WHEN_READY = """
+import signal, sys
+from purax import cli
+install = signal.signal
+def spy(signum, handler):
+  previous = install(signum, handler)
+  if signum == signal.SIGINT and handler is cli._exit_on_signal:
+    print('ready', file=sys.stderr, flush=True)
+  return previous
+signal.signal = spy
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize('signum,delay', [(signal.SIGTERM, 0.0), (signal.SIGINT, 0.3),
+                                          (signal.SIGTERM, 1.0), (signal.SIGINT, 2.5)])
+def test_a_signal_during_start_up_exits_with_a_message_and_nothing_half_written(
+    tmp_path, signum, delay):
+  """Issue 13.6: once the command line runs, a signal at any moment exits with
+  a message: 128+N with nothing written during start-up, 0 with a committed
+  checkpoint once training runs; never a traceback."""
+  workdir = tmp_path / 'run'
+  proc = subprocess.Popen(
+      [sys.executable, '-c', CLI_WHEN_READY, 'train', '--model', 'cnn', '--steps', '100000',
+       '--checkpoint-every', '0', '--eval-every', '0', '--no-progress',
+       '--workdir', str(workdir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    assert proc.stderr.readline().strip() == 'ready'
+    time.sleep(delay)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=180)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  name = signal.Signals(signum).name
+  assert 'Traceback' not in err, err[-3000:]
+  assert f'stopped by {name}' in err, err[-3000:]
+  if proc.returncode == 0:      # training had started: a checkpoint is committed
+    reached = json.loads(out.strip().splitlines()[-1])['final']['step']
+    assert sorted(os.listdir(workdir / 'checkpoints')) == [str(reached)]
+  else:
+    assert proc.returncode == 128 + signum, err[-3000:]
+    # Nothing written: no directory, or (if the signal came after it was
+    # created) nothing in it but the lock.
+    assert not workdir.exists() or set(os.listdir(workdir)) <= {'.purax.lock'}, \
+        os.listdir(workdir)
