@@ -256,6 +256,15 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
   expect(eval_every >= 0, 'eval_every', '>= 0', eval_every, ConfigError)
   expect(checkpoint_every >= 0, 'checkpoint_every', '>= 0', checkpoint_every, ConfigError)
+  expect(steps is None or (isinstance(steps, int) and steps >= 0), 'steps',
+         'None or an integer >= 0', steps, ConfigError)
+  expect(not isinstance(train_data, dict), 'train_data',
+         'batches (a random-access dataset or an iterable of batches), not one batch',
+         f'a dict with keys {sorted(train_data)}' if isinstance(train_data, dict) else '',
+         ConfigError)
+  expect(eval_data is None or eval_every == 0 or iter(eval_data) is not eval_data,
+         'eval_data', 'a collection iterated afresh at every evaluation (a list, a grain '
+         'dataset)', f'a one-shot {type(eval_data).__name__}', ConfigError)
   plan = plan_lib.as_plan(plan, task, steps_per_call)
   k = steps_per_call
   for name, every in (('log_every', log_every), ('eval_every', eval_every),
@@ -334,6 +343,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     return stop
 
   bar = progress_lib.bar(num_steps, start, enabled=progress)
+  done = {'logged': None, 'evaluated': None, 'saved': None}   # the last step of each
   last_time, last_step = time.perf_counter(), start
   window_start = step = start
   for batch, taken in plan.device_batches(host_batches, start=start, num_steps=num_steps,
@@ -348,7 +358,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     record = {}
     if step % log_every == 0 or at_end:
       record.update(log(step, window_start))
-      window_start = step
+      window_start = done['logged'] = step
       at_end = at_end or plan.finished(state)
     eval_scalars = None
     if eval_data is not None and ((eval_every and step % eval_every == 0) or at_end):
@@ -362,19 +372,24 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     if (checkpoint_every and step % checkpoint_every == 0) or at_end or stop:
       save(step, eval_scalars if eval_scalars and np.ndim(
           next(iter(eval_scalars.values()))) == 0 else None)
+      done['saved'] = step
+    if eval_scalars is not None:
+      done['evaluated'] = step
     if stop or at_end:
       break
   else:
     if step > start and step != num_steps:
-      # An iterable ran out: that is the end of training (logged, evaluated, saved).
-      if step % log_every:
+      # An iterable ran out: that is the end of training (logged, evaluated and
+      # saved, unless its last step already was).
+      if done['logged'] != step:
         log(step, window_start)
       eval_scalars = None
-      if eval_data is not None:
+      if eval_data is not None and done['evaluated'] != step:
         eval_scalars = {f'eval/{name}': v for name, v in
                         metrics_lib.compute(plan.evaluate(state, eval_data)).items()}
         write(step, eval_scalars)
-      save(step, eval_scalars)
+      if done['saved'] != step:
+        save(step, eval_scalars)
   bar.close()
   if writer is not None:
     writer.flush()

@@ -32,7 +32,7 @@ import numpy as np
 
 from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, DataError, expect
 from purax.io.pipeline import prefetch_to_device
 from purax.parallel import distributed
 
@@ -71,6 +71,11 @@ def _stacked(batches: Iterable, start: int, num_steps: int | None, k: int) -> It
   """Groups batches into stacks (every leaf ``[n, ...]``) that end at multiples of ``k``."""
   step, group = start, []
   for batch in batches:
+    if group:
+      shapes = lambda b: [np.shape(x) for x in jax.tree.leaves(b)]   # noqa: E731
+      expect(shapes(batch) == shapes(group[0]), f'train_data batch of step {step}',
+             f'the shapes of the other batches of its call of steps_per_call={k} '
+             f'({shapes(group[0])})', shapes(batch), DataError)
     group.append(batch)
     step += 1
     if step % k == 0 or step == num_steps:

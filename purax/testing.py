@@ -227,7 +227,8 @@ def assert_trees_close(actual: Any, expected: Any, tol: Tolerance, *, what: str 
                              f'({a[tuple(np.argwhere(a != e)[0])] if a.ndim else a} vs '
                              f'{e[tuple(np.argwhere(a != e)[0])] if e.ndim else e})')
       continue
-    a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    wide = np.complex128 if jnp.issubdtype(a.dtype, jnp.complexfloating) else np.float64
+    a64, e64 = a.astype(wide), e.astype(wide)
     if not np.allclose(a64, e64, rtol=tol.rtol, atol=tol.atol, equal_nan=True):
       diff = np.nanmax(np.abs(a64 - e64)) if a64.size else 0.0
       raise AssertionError(f'{name}: max |actual - expected| = {diff:.3g} exceeds '
@@ -454,6 +455,7 @@ def assert_same_training(step_a: Callable, state_a: Any, step_b: Callable,
       ``step 1 state.rng: PRNG key data [0, 1] != expected [0, 2]``.
   """
   tolerances = {**TOLERANCES, **(tolerances or {})}
+  assert len(batches) >= 1, 'batches: expected at least one batch to compare a step on, got none'
   lr = _learning_rate(learning_rate, state_a)
   ra, rb = [], []
   for i, batch in enumerate(batches):

@@ -106,9 +106,33 @@ def _keywords(fn: Callable) -> frozenset[str]:
                    if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
-def _call_keywords(fn, **candidates) -> dict:
+def _call_keywords(fn, positional: int = 1, **candidates) -> dict:
+  """The keywords of ``candidates`` that ``fn`` accepts; ``fn`` is called with
+  ``positional`` arguments before them (checked: no other required parameter)."""
   names = _keywords(fn)
-  return {k: v for k, v in candidates.items() if k in names and v is not None}
+  _check_required(fn, positional, set(candidates))
+  return {k: v for k, v in candidates.items() if k in names}
+
+
+@functools.lru_cache(maxsize=None)
+def _required(fn: Callable, positional: int) -> tuple[str, ...]:
+  """Parameters of ``fn`` after its ``positional`` arguments that have no default."""
+  try:
+    params = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    return ()
+  if params and params[0].name == 'self':
+    params = params[1:]
+  return tuple(p.name for p in params[positional:] if p.default is p.empty
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _check_required(fn, positional: int, passed: set[str]) -> None:
+  missing = [name for name in _required(fn, positional) if name not in passed]
+  expect(not missing, f'{getattr(fn, "__qualname__", fn)}',
+         f'a call purax can make: the inputs, then the keywords {sorted(passed)} when '
+         'accepted (e.g. wrap a `deterministic` module in a __call__(x, train) that '
+         'passes deterministic=not train)', f'required parameters {missing}', ConfigError)
 
 
 # -- flax.linen ---------------------------------------------------------------
@@ -277,11 +301,21 @@ class Functions:
     return out, {}
 
   def apply(self, params, model_state, batch, *, train, rng=None, hparams=None):
-    kwargs = _call_keywords(self.apply_fn, train=train, rng=rng, hparams=hparams)
+    kwargs = _call_keywords(self.apply_fn, 3 if self.stateful else 2, train=train, rng=rng,
+                            hparams=hparams)
     x = select_inputs(batch, self.inputs)
     if self.stateful:
       return self.apply_fn(params, model_state, x, **kwargs)
     return self.apply_fn(params, x, **kwargs), model_state
+
+
+def takes_hparams(model: Model) -> bool | None:
+  """Whether the adapted network reads ``hparams`` (None: cannot tell)."""
+  if isinstance(model, Linen):
+    return 'hparams' in _keywords(type(model.module).__call__)
+  if isinstance(model, Functions):
+    return 'hparams' in _keywords(model.apply_fn)
+  return None
 
 
 def as_model(model: Any) -> Model:

@@ -160,8 +160,9 @@ def _as_metric(where, m, shape, weight, row_weight, total):
     return metrics_lib.Average.of(m, weight)
   if m.shape == shape[:1]:
     return metrics_lib.Average.of(m, row_weight)
-  expect(m.shape == (), where, f'shape {list(shape)}, {list(shape[:1])} or [] (a batch-level '
-         'number)', list(m.shape), ContractError)
+  shapes = [list(shape), list(shape[:1]), []] if len(shape) > 1 else [list(shape), []]
+  expect(m.shape == (), where, f'shape {" or ".join(map(str, shapes))} (per value, per '
+         'example, or one number for the batch)', list(m.shape), ContractError)
   return metrics_lib.Average(total=m * total, count=total)
 
 
@@ -200,8 +201,8 @@ def classification(logits, batch, hparams):
   Returns:
     ``(values [batch], weight, {'accuracy'})``.
   """
-  expect(jnp.ndim(logits) == 2, 'model outputs', '[batch, classes] logits',
-         list(jnp.shape(logits)))
+  expect(hasattr(logits, 'shape') and jnp.ndim(logits) == 2, 'model outputs',
+         '[batch, classes] logits', _describe(logits))
   y = _labels(batch, logits, expect_shape=jnp.shape(logits)[:1], what='integer class labels')
   expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
          'an integer dtype (class labels)', jnp.result_type(y))
@@ -223,6 +224,8 @@ def regression(predictions, batch, hparams):
     ``(values [batch], weight, {})``.
   """
   del hparams
+  expect(hasattr(predictions, 'shape') and jnp.ndim(predictions) >= 1, 'model outputs',
+         'an array [batch, ...]', _describe(predictions))
   y = _labels(batch, predictions, expect_shape=jnp.shape(predictions),
               what='float targets')
   return losses.mean_squared_error(predictions, y), _weight(batch, 1, jnp.shape(y)), {}
@@ -243,8 +246,8 @@ def language_model(logits, batch, hparams):
     ``bits_per_byte`` (the plain negative log-likelihood / ln 2, without label
     smoothing: bits per token, per byte for byte-level data), ``tokens``.
   """
-  expect(jnp.ndim(logits) == 3, 'model outputs', '[batch, seq, vocab] logits',
-         list(jnp.shape(logits)))
+  expect(hasattr(logits, 'shape') and jnp.ndim(logits) == 3, 'model outputs',
+         '[batch, seq, vocab] logits', _describe(logits))
   y = _labels(batch, logits, expect_shape=jnp.shape(logits)[:2], what='next-token ids')
   expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
          'an integer dtype (token ids)', jnp.result_type(y))

@@ -6,6 +6,7 @@ population of them) never recompiles, and bfloat16 params never round
 ``b2=0.999`` to 1.0.
 """
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -127,6 +128,17 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   expect(0 <= b2 < 1, 'b2', 'in [0, 1)', b2, ConfigError)
   expect(clip_norm >= 0, 'clip_norm', '>= 0', clip_norm, ConfigError)
   expect(weight_decay >= 0, 'weight_decay', '>= 0', weight_decay, ConfigError)
+  return _adamw(float(learning_rate), int(total_steps), int(warmup_steps), float(weight_decay),
+                float(b1), float(b2), float(eps), float(clip_norm))
+
+
+# One transformation per set of values: a Task rebuilt with the same values is
+# equal to the first (its jitted step is not compiled again). Other values give
+# another transformation (another compilation); to try learning rates without
+# recompiling, keep one Task and set them in the state (set_hyperparams, or a
+# population).
+@functools.lru_cache(maxsize=256)
+def _adamw(learning_rate, total_steps, warmup_steps, weight_decay, b1, b2, eps, clip_norm):
   factory = optax.inject_hyperparams(
       _adamw_cosine, static_args=('warmup_steps', 'total_steps'),
       hyperparam_dtype=jnp.float32)

@@ -45,7 +45,7 @@ from purax.core import loss_scale as loss_scale_lib
 from purax.core import objectives
 from purax.core import update
 from purax.core.errors import ConfigError, expect
-from purax.core.model import Model, as_model, select_inputs
+from purax.core.model import Model, as_model, select_inputs, takes_hparams
 from purax.core.state import TrainState
 
 PyTree = Any
@@ -126,6 +126,11 @@ class Task:
       expect(0.0 <= hparams['label_smoothing'] < 1.0, "hparams['label_smoothing']",
              'in [0, 1)', hparams['label_smoothing'], ConfigError)
     object.__setattr__(self, 'pure_model', as_model(self.model))
+    declared = dict(objectives.spec_of(self.loss).hparams)
+    unknown = sorted(set(hparams) - set(declared))
+    expect(not unknown or takes_hparams(self.pure_model) is not False, 'hparams',
+           f'names the loss declares ({sorted(declared)}) or that a model whose __call__ '
+           'takes hparams= reads', f'unknown {unknown}', ConfigError)
 
   @property
   def couples_examples(self) -> bool:

@@ -50,11 +50,13 @@ def _split(batch, k: int):
   leaves = jax.tree.leaves(batch)
   expect(bool(leaves), 'batch', 'at least one array to split into microbatches', 'none',
          DataError)
-  n = jnp.shape(leaves[0])[0] if jnp.ndim(leaves[0]) else 0
+  n = max((jnp.shape(x)[0] for x in leaves if jnp.ndim(x)), default=0)
 
   def split(path, a):
-    size = jnp.shape(a)[0] if jnp.ndim(a) else None
     where = f'batch{jax.tree_util.keystr(path)}.shape[0]'
+    expect(jnp.ndim(a) >= 1, f'batch{jax.tree_util.keystr(path)}',
+           f'a leading batch axis to split into microbatches={k}', 'a scalar', DataError)
+    size = jnp.shape(a)[0]
     expect(size == n, where, f'{n} (the batch size of every leaf)', size, DataError)
     expect(n % k == 0, where, f'a multiple of microbatches={k}', size, DataError)
     return jnp.reshape(a, (k, n // k, *jnp.shape(a)[1:]))

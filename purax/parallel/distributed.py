@@ -218,23 +218,24 @@ def process_rows(mesh: Mesh, rules: Rules, global_batch_size: int) -> slice:
   return slice(start, stop)
 
 
-def global_batch(local: Mapping[str, Any], mesh: Mesh, rules: Rules) -> dict:
+def global_batch(local: Any, mesh: Mesh, rules: Rules) -> Any:
   """The global batch ``jax.Array``s from this process's rows (``[rows, ...]``).
 
   Args:
-    local: this process's rows of the global batch, numpy or jax arrays;
-      ``process_rows`` says which.
+    local: this process's rows of the global batch (any pytree of numpy or
+      jax arrays ``[rows, ...]``); ``process_rows`` says which.
     mesh, rules: as for the step.
 
   Returns:
-    ``{'x': [global_batch, ...], ...}`` sharded along the batch axes.
+    The same pytree of ``[global_batch, ...]`` arrays, sharded along the batch axes.
 
   Raises:
     DataError: local arrays with different leading sizes, or sizes that do
       not fit the batch axes.
   """
   rules.check(mesh)
-  sizes = {k: jax.numpy.shape(v)[0] for k, v in local.items()}
+  sizes = {jax.tree_util.keystr(path): jax.numpy.shape(v)[0]
+           for path, v in jax.tree_util.tree_flatten_with_path(local)[0]}
   expect(len(set(sizes.values())) == 1, 'local batch', 'arrays of one leading size',
          sizes)
   n_local = next(iter(sizes.values()))
@@ -250,7 +251,7 @@ def global_batch(local: Mapping[str, Any], mesh: Mesh, rules: Rules) -> dict:
     sharding = NamedSharding(mesh, batch_spec(shape, mesh, rules))
     return jax.make_array_from_process_local_data(sharding, v, shape)
 
-  return {k: assemble(v) for k, v in local.items()}
+  return jax.tree.map(assemble, local)
 
 
 def batch_spec_size(mesh: Mesh, rules: Rules) -> int:

@@ -97,8 +97,8 @@ def shard_map_step(task: Task, mesh: Mesh, rules: Rules | None = None) -> Callab
   jitted = jax.jit(body, donate_argnums=0)
 
   def step(state, batch):
-    n = jnp.shape(batch['x'])[0]
-    expect(n % size == 0, "batch['x'].shape[0] (global batch size)",
+    n = jnp.shape(jax.tree.leaves(batch)[0])[0]
+    expect(n % size == 0, "the batch's leading axis (global batch size)",
            f'a multiple of {size} (the batch axes {axes})', n, DataError)
     return jitted(state, batch)
 

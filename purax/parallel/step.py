@@ -93,8 +93,9 @@ class Sharded:
     acc = None
     for batch in batches:
       if jax.process_count() > 1:
-        rows = distributed.process_rows(self.mesh, self.rules, len(batch['x']))
-        placed = distributed.global_batch({k: v[rows] for k, v in batch.items()},
+        rows = distributed.process_rows(self.mesh, self.rules,
+                                        len(jax.tree.leaves(batch)[0]))
+        placed = distributed.global_batch(jax.tree.map(lambda v: v[rows], batch),
                                           self.mesh, self.rules)
       else:
         placed = self.shard_batch(batch)

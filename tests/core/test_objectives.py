@@ -113,7 +113,7 @@ def _contract_task(loss):
     (lambda z, b, h: (jnp.sum(z, axis=1), None), r'got tuple of length 2'),
     (lambda z, b, h: (jnp.sum(z), None, {}), r'values: expected a float array \[batch\] or \[batch, \.\.\.\], got float32\[\]'),
     (lambda z, b, h: (jnp.sum(z, axis=1), jnp.ones(3), {}), r'weight: expected None or a float array of shape \[16\]'),
-    (lambda z, b, h: (jnp.sum(z, axis=1), None, {'m': jnp.ones(5)}), r"metrics\['m'\]: expected shape \[16\], \[16\] or \[\]"),
+    (lambda z, b, h: (jnp.sum(z, axis=1), None, {'m': jnp.ones(5)}), r"metrics\['m'\]: expected shape \[16\] or \[\]"),
     (lambda z, b, h: (jnp.sum(z, axis=1), None, {'m': 'high'}), r"metrics\['m'\]: expected an array or a purax.metrics object"),
     (lambda z, b, h: (jnp.sum(z, axis=1), None, [1.0]), r'metrics: expected a dict'),
 ])
