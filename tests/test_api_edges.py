@@ -29,7 +29,8 @@ def test_a_generator_ending_on_a_checkpoint_step_saves_and_evaluates_it_once(tmp
                              checkpoint_every=5, checkpointer=ckpt, eval_data=[batch(99)],
                              progress=False)
   ckpt.close()
-  assert int(state.step) == 10 and purax.Checkpointer(str(tmp_path / 'c')).steps() == [5, 10]
+  with purax.Checkpointer(str(tmp_path / 'c')) as again:
+    assert int(state.step) == 10 and again.steps() == [5, 10]
   assert [r['step'] for r in history if 'eval/loss' in r] == [5, 10]
 
 

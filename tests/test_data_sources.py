@@ -134,7 +134,8 @@ def test_an_iterable_that_ends_early_ends_training_with_a_final_log_and_save(tmp
   assert int(state.step) == 5
   assert [r['step'] for r in history if 'train/loss' in r] == [2, 4, 5]
   assert any('eval/loss' in r for r in history)
-  assert Checkpointer(str(tmp_path / 'ckpt')).steps() == [5]
+  with Checkpointer(str(tmp_path / 'ckpt')) as again:
+    assert again.steps() == [5]
 
 
 def test_fit_takes_what_restore_or_init_returns(tmp_path):

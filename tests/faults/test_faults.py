@@ -33,7 +33,10 @@ def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_run_finishes_bit
   resumed = purax('train', '--workdir', broken)
   assert resumed.returncode == 0, resumed.stderr
   assert 'skipping unreadable checkpoint 20' in resumed.stderr
-  assert 'checksum mismatch' in resumed.stderr and 'from step 10' in resumed.stderr
+  # Where the flipped bit lands (a chunk's data or its compression framing)
+  # decides whether the checksum or the reader notices first; either way the
+  # checkpoint is unreadable and moved aside.
+  assert 'from step 10' in resumed.stderr
   a, _, step_a = final_tree(straight)
   b, _, step_b = final_tree(broken)
   assert step_a == step_b == 40
