@@ -26,3 +26,31 @@ def test_early_stopping_state_survives_a_restart_in_a_fresh_process(tmp_path):
   assert run(tmp_path / 'split', 6) == 'final step 6 stale 2'
   # A fresh process: without the saved counter it would run on to step 12.
   assert run(tmp_path / 'split', 0) == straight
+
+
+POPULATION = os.path.join(ROOT, 'tests', 'scripts', 'population_resume.py')
+
+
+def run_population(directory, stop_at, out):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  done = subprocess.run([sys.executable, POPULATION, str(directory), str(stop_at), str(out)],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_population_with_pbt_and_loss_scales_resumes_bitwise_in_a_fresh_process(tmp_path):
+  """PBT's outcome (copied members, perturbed hyperparameters), the status
+  arrays and the loss-scale counters are state: a run stopped at step 4 and
+  resumed in a new process ends bitwise where the straight run ends."""
+  import numpy as np
+  assert run_population(tmp_path / 'a', 0, tmp_path / 'a.npz') == 'final step 8'
+  assert run_population(tmp_path / 'b', 4, tmp_path / 'b4.npz') == 'final step 4'
+  assert run_population(tmp_path / 'b', 0, tmp_path / 'b.npz') == 'final step 8'
+  a, b = np.load(tmp_path / 'a.npz'), np.load(tmp_path / 'b.npz')
+  assert sorted(a.files) == sorted(b.files)
+  for name in a.files:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+  hp = [n for n in a.files if 'peak_learning_rate' in n]
+  assert hp and not np.allclose(a[hp[0]], [1e-3, 3e-3, 1e-2, 3e-2])   # PBT changed them
