@@ -93,5 +93,9 @@ def get_policy(spec: str | Policy) -> Policy:
            repr(key), ConfigError)
     expect(value in _DTYPES, f'precision {key}', f'one of {sorted(set(_DTYPES))}',
            repr(value), ConfigError)
+    # Without jax_enable_x64 jax silently makes float64 arrays float32.
+    expect(_DTYPES[value] != jnp.float64 or jax.config.jax_enable_x64, f'precision {key}',
+           'float32, bfloat16 or float16 (float64 needs JAX_ENABLE_X64=1; without it '
+           'jax would silently compute in float32)', repr(value), ConfigError)
     values[_FIELDS[key]] = _DTYPES[value]
   return Policy(**values)
