@@ -157,6 +157,12 @@ def _chain(first, rest):
   yield from rest
 
 
+def _checked(batches, check):
+  for batch in batches:
+    check(batch)
+    yield batch
+
+
 def _iterator_position(value) -> dict:
   return {} if value is None else {'iterator': value}
 
@@ -170,6 +176,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         max_consecutive_skips: int | None = 10, data_state: Any = None,
         iterator_resume: Literal['error', 'warn', 'skip'] = 'error',
         steps_per_call: int = 1, hooks=(), hook_state: dict | None = None,
+        checks: Literal['first', 'every', 'none'] = 'first',
         ) -> tuple[Any, list[dict[str, Any]]]:
   """Trains from ``state.step`` to ``steps``.
 
@@ -232,6 +239,11 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       in every checkpoint (``extra['hooks']``).
     hook_state: the hooks' saved state to continue from
       (``restore_or_init(...).extra.get('hooks')``).
+    checks: value checks of the batches on the host (:meth:`Task.check_values`:
+      labels and token ids in range, weights finite and >= 0, for the provided
+      losses): ``'first'`` batch only (default: before anything compiles),
+      ``'every'`` batch (a host pass over each batch: for debugging data), or
+      ``'none'``. Shapes and dtypes are always checked (at trace time).
 
   Returns:
     ``(state, history)``: the final state and every record written.
@@ -289,8 +301,16 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     if writer is not None and jax.process_index() == 0:
       writer.write_scalars(step, scalars)
 
+  expect(checks in ('first', 'every', 'none'), 'checks', "'first', 'every' or 'none'",
+         repr(checks), ConfigError)
   host_batches = source.batches
   first = next(host_batches, None)
+  if first is not None and checks != 'none' and isinstance(
+      plan, (plan_lib.SingleDevice, plan_lib.Sharded)):
+    abstract = jax.eval_shape(task.init, jax.random.key(0), first)
+    task.check_values(first, abstract)
+    if checks == 'every':
+      host_batches = _checked(host_batches, lambda b: task.check_values(b, abstract))
   acc = train_metrics
   state = plan.place(state)
   if first is not None and acc is None:

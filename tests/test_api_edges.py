@@ -78,3 +78,31 @@ class _TwoHeads(nn.Module):
   @nn.compact
   def __call__(self, x):
     return nn.Dense(3)(x), nn.Dense(2)(x)
+
+
+@pytest.mark.parametrize('change, match', [
+    (lambda b: dict(b, y=np.full(8, 3, np.int32)), r"batch\['y'\]: expected class labels in \[0, 3\), got values in \[3, 3\]"),
+    (lambda b: dict(b, weight=np.full(8, -1.0, np.float32)), r"batch\['weight'\]: expected finite values >= 0"),
+])
+def test_fit_checks_values_of_the_first_batch_by_default(change, match):
+  t = task()
+  bad = change(batch())
+  with pytest.raises(purax.DataError, match=match):
+    purax.fit(t, t.init(jax.random.key(0), batch()), [bad], progress=False)
+  purax.fit(t, t.init(jax.random.key(0), batch()), [bad], progress=False, checks='none')
+
+
+def test_fit_checks_every_batch_when_asked():
+  t = task()
+  batches = [batch(0), dict(batch(1), y=np.full(8, 7, np.int32))]
+  purax.fit(t, t.init(jax.random.key(0), batch()), batches, progress=False)   # first only
+  with pytest.raises(purax.DataError, match=r"batch\['y'\]: expected class labels in \[0, 3\)"):
+    purax.fit(t, t.init(jax.random.key(0), batch()), batches, progress=False, checks='every')
+
+
+def test_token_ids_beyond_the_vocabulary_are_named():
+  lm = purax.nn.DecoderLM(vocab_size=16, d_model=8, num_layers=1, num_heads=2, max_len=4)
+  t = purax.Task(model=lm, tx=optax.sgd(0.1), loss=purax.objectives.language_model)
+  b = {'x': np.full((2, 4), 20, np.int32), 'y': np.zeros((2, 4), np.int32)}
+  with pytest.raises(purax.DataError, match=r"batch\['x'\]: expected token ids in \[0, 16\)"):
+    t.check_values(b)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from purax.core import losses
 from purax.core import metrics as metrics_lib
@@ -60,14 +61,18 @@ class LossSpec:
     hparams: ``name -> default`` (Python floats), stored in ``state.hparams``.
     couples_examples: the loss of a batch is not a weighted mean of
       independent per-example terms (see the module docstring).
+    check_values: ``(outputs_shape, batch) -> None`` on the host (numpy):
+      raises :class:`DataError` for values the loss cannot take (labels out of
+      range, negative weights); run by ``fit(checks=...)``.
   """
 
   hparams: tuple[tuple[str, float], ...] = ()
   couples_examples: bool = False
+  check_values: Callable | None = None
 
 
 def loss_function(fn: Callable | None = None, *, hparams: Mapping[str, float] | None = None,
-                  couples_examples: bool = False):
+                  couples_examples: bool = False, check_values: Callable | None = None):
   """Declares a loss function's hyperparameters (defaults) and properties.
 
   Usable as ``@loss_function`` or ``@loss_function(hparams=..., couples_examples=...)``.
@@ -77,6 +82,8 @@ def loss_function(fn: Callable | None = None, *, hparams: Mapping[str, float] | 
     hparams: ``name -> default``; each becomes a float32 ``[]`` leaf of
       ``state.hparams`` (vmappable by populations, swept like the learning rate).
     couples_examples: see the module docstring.
+    check_values: optional host-side value check ``(outputs_shape, batch)``
+      (see :class:`LossSpec`).
 
   Returns:
     ``fn`` itself, with a ``loss_spec`` attribute (:class:`LossSpec`).
@@ -84,7 +91,8 @@ def loss_function(fn: Callable | None = None, *, hparams: Mapping[str, float] | 
   def declare(f):
     f.loss_spec = LossSpec(hparams=tuple(sorted((k, float(v)) for k, v in
                                                 (hparams or {}).items())),
-                           couples_examples=bool(couples_examples))
+                           couples_examples=bool(couples_examples),
+                           check_values=check_values)
     return f
   return declare if fn is None else declare(fn)
 
@@ -189,7 +197,43 @@ def _labels(batch, outputs, *, expect_shape, what: str):
   return y
 
 
-@loss_function(hparams={'label_smoothing': 0.0})
+def _check_weight(batch) -> None:
+  if isinstance(batch, Mapping) and 'weight' in batch:
+    w = np.asarray(batch['weight'])
+    expect(bool(np.all(np.isfinite(w)) and np.all(w >= 0)), "batch['weight']",
+           'finite values >= 0 (0 marks padding)',
+           f'min {np.nanmin(w) if w.size else "-"}, non-finite {int(np.sum(~np.isfinite(w)))}')
+
+
+def _check_ids(batch, key: str, bound: int, what: str) -> None:
+  if isinstance(batch, Mapping) and key in batch:
+    v = np.asarray(batch[key])
+    if v.size and np.issubdtype(v.dtype, np.integer):
+      expect(bool(v.min() >= 0 and v.max() < bound), f"batch[{key!r}]",
+             f'{what} in [0, {bound})', f'values in [{v.min()}, {v.max()}]')
+
+
+def _check_classification(outputs_shape, batch) -> None:
+  _check_ids(batch, 'y', outputs_shape[-1], 'class labels')
+  _check_weight(batch)
+
+
+def _check_regression(outputs_shape, batch) -> None:
+  del outputs_shape
+  if isinstance(batch, Mapping) and 'y' in batch:
+    y = np.asarray(batch['y'])
+    expect(bool(np.all(np.isfinite(y))), "batch['y']", 'finite targets',
+           f'{int(np.sum(~np.isfinite(y)))} non-finite values')
+  _check_weight(batch)
+
+
+def _check_language_model(outputs_shape, batch) -> None:
+  _check_ids(batch, 'y', outputs_shape[-1], 'next-token ids')
+  _check_ids(batch, 'x', outputs_shape[-1], 'token ids')
+  _check_weight(batch)
+
+
+@loss_function(hparams={'label_smoothing': 0.0}, check_values=_check_classification)
 def classification(logits, batch, hparams):
   """Softmax cross-entropy on integer labels, with label smoothing.
 
@@ -211,7 +255,7 @@ def classification(logits, batch, hparams):
   return values, _weight(batch, 1, y.shape), {'accuracy': correct}
 
 
-@loss_function
+@loss_function(check_values=_check_regression)
 def regression(predictions, batch, hparams):
   """Mean squared error over all but the batch axis.
 
@@ -231,7 +275,7 @@ def regression(predictions, batch, hparams):
   return losses.mean_squared_error(predictions, y), _weight(batch, 1, jnp.shape(y)), {}
 
 
-@loss_function(hparams={'label_smoothing': 0.0})
+@loss_function(hparams={'label_smoothing': 0.0}, check_values=_check_language_model)
 def language_model(logits, batch, hparams):
   """Per-token cross-entropy of next-token logits, in float32.
 

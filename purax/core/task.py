@@ -156,6 +156,23 @@ class Task:
                                                   hparams=s.hparams, train=False),
                    state, batch)
 
+  def check_values(self, batch: PyTree, state: TrainState | None = None) -> None:
+    """Checks the batch's *values* on the host (numpy), where the loss declares
+    how (:class:`purax.core.objectives.LossSpec`): for the provided losses,
+    labels / token ids in range and weights finite and >= 0. Not traced, so
+    never in a compiled step; ``fit(checks=...)`` runs it.
+
+    Raises:
+      DataError: naming the field, the expected range and the values found.
+    """
+    check = objectives.spec_of(self.loss).check_values
+    if check is None:
+      return
+    if state is None:
+      state = jax.eval_shape(self.init, jax.random.key(0), batch)
+    outputs = jax.eval_shape(self.predict, state, batch)
+    check(tuple(getattr(outputs, 'shape', ())), jax.device_get(batch))
+
   # -- the pure functions --
 
   def init(self, key: jax.Array, batch: PyTree) -> TrainState:
