@@ -74,6 +74,42 @@ def _with_throughput(writer, config: TrainConfig, task, abstract, num_devices: i
                                 dtype=model.dtype, num_devices=num_devices)
 
 
+def available_bytes(device) -> int | None:
+  """Memory the step may use on ``device``: the accelerator's limit, or on a
+  CPU the host's available memory (None when unknown)."""
+  stats = device.memory_stats() if hasattr(device, 'memory_stats') else None
+  if stats and stats.get('bytes_limit'):
+    return int(stats['bytes_limit'])
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:    # not Linux: no estimate, no refusal
+    return None
+  return None
+
+
+def _check_memory(config: TrainConfig, task, abstract, sample, num_devices: int) -> None:
+  """Refuses a transformer run whose activations cannot fit, before compiling."""
+  if config.model not in ('lm', 'transformer'):
+    return
+  model = task.model
+  state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract['state']))
+  need = flops.transformer_step_bytes(
+      batch=max(1, config.batch_size // num_devices), seq_len=int(sample['x'].shape[1]),
+      d_model=model.d_model, num_layers=model.num_layers, num_heads=model.num_heads,
+      vocab=model.vocab_size if config.model == 'lm' else 0,
+      bytes_per_value=jnp.dtype(model.dtype).itemsize, remat=config.remat,
+      microbatches=config.microbatches) + state_bytes // num_devices
+  have = available_bytes(jax.devices()[0])
+  expect(have is None or need <= have, 'batch_size',
+         f'a step that fits the {have / 2**30:.1f} GiB available on {jax.devices()[0].device_kind} '
+         '(use a smaller --batch-size or --seq-len, --microbatches, or --remat full)',
+         f'{config.batch_size}, estimated to need {need / 2**30:.1f} GiB of activations and '
+         'state (purax.core.flops.transformer_step_bytes)', ConfigError)
+
+
 def abstract_checkpoint(task, batch) -> dict:
   """The abstract ``{'state', 'train_metrics'}`` tree that runs checkpoint."""
   state = jax.eval_shape(task.init, jax.random.key(0), batch)
@@ -228,6 +264,8 @@ def _train(config: TrainConfig, held: dict, stop: StopOnSignal) -> dict:
   sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
   starting('tracing the model')
+  _check_memory(config, task, abstract, sample, 1 if config.mesh is None else
+                parallel.make_mesh(**parallel.parse_mesh(config.mesh)).devices.size)
   plan, num_devices = None, 1          # without a mesh the step runs on one device
   if config.mesh is not None:
     mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))

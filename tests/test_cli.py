@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -175,3 +176,14 @@ def test_export_and_generate_need_no_data_file_and_eval_names_it(tmp_path, capsy
   assert 'batch_size: expected >= 1 or unset, got 0' in capsys.readouterr().err
   assert run('generate', '--workdir', lm, '--prompt', 'x', '--max-new-tokens', str(2 ** 40)) == 2
   assert 'max_new_tokens: expected in [1, 65536], got 1099511627776' in capsys.readouterr().err
+
+
+def test_a_language_model_batch_that_cannot_fit_is_refused_with_the_estimate(tmp_path, capsys):
+  """Issue 13.7: estimated before compiling (no 86 s OOM traceback), nothing written."""
+  workdir = tmp_path / 'lm'
+  assert run('train', '--model', 'lm', '--dataset', 'pystdlib', '--batch-size', '60000',
+             '--seq-len', '512', '--workdir', str(workdir), '--no-progress') == 2
+  err = capsys.readouterr().err
+  assert re.search(r'batch_size: expected a step that fits the [\d.]+ GiB available .*'
+                   r'got 60000, estimated to need [\d.]+ GiB', err), err
+  assert not workdir.exists()

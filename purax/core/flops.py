@@ -75,6 +75,27 @@ def flops_per_token(num_params: int, *, num_layers: int, d_model: int,
   return 6.0 * num_params + 12.0 * num_layers * d_model * seq_len
 
 
+def transformer_step_bytes(*, batch: int, seq_len: int, d_model: int, num_layers: int,
+                           num_heads: int, vocab: int, bytes_per_value: int = 4,
+                           remat: str = 'none', microbatches: int = 1) -> int:
+  """Estimated activation bytes a transformer's train step keeps for the backward pass.
+
+  Per layer ``s * b * d * (34 + 5 * a * s / d)`` values (Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models",
+  sec. 4.1; their count is in bytes at 16 bits, here scaled by
+  ``bytes_per_value / 2``), only the layer inputs ``s * b * d`` under full
+  remat, plus three copies of the ``[b, s, vocab]`` float32 logits (logits,
+  softmax, gradient). ``b`` is the microbatch. A lower bound of what XLA
+  allocates, used to refuse hopeless sizes before compiling.
+  """
+  b = max(1, batch // max(1, microbatches))
+  per_layer = seq_len * b * d_model * (34 + 5 * num_heads * seq_len / d_model) / 2
+  if remat == 'full':
+    per_layer = seq_len * b * d_model
+  logits = 3 * b * seq_len * vocab * 4
+  return int(num_layers * per_layer * bytes_per_value + logits)
+
+
 def peak_flops(device_kind: str, dtype=jnp.bfloat16) -> float | None:
   """Peak FLOP/s of one device for ``dtype`` matmuls, or None when unknown.
 
