@@ -67,6 +67,9 @@ class TrainConfig:
     loss_scale: initial dynamic loss scale when the precision computes in float16.
     max_consecutive_skips: stop with an error after N consecutive steps with
       non-finite gradients (each is skipped, the state unchanged).
+    steps_per_call: run K steps per dispatch (lax.scan over K stacked batches;
+      bitwise the same training; log/eval/checkpoint cadences must be
+      multiples of K; one device only).
     debug_nans: turn on jax_debug_nans (slow: re-runs an op that makes a NaN
       un-jitted and raises where it happened).
     mesh: run on a device mesh, e.g. 'data=4,fsdp=2' (axes data, fsdp, tensor;
@@ -113,6 +116,7 @@ class TrainConfig:
   remat: str = 'none'
   loss_scale: float = 2.0 ** 15
   max_consecutive_skips: int = 10
+  steps_per_call: int = 1
   debug_nans: bool = False
   mesh: str | None = None
   coordinator: str | None = None
@@ -191,6 +195,13 @@ class TrainConfig:
     expect(self.loss_scale >= 1, 'loss_scale', '>= 1', self.loss_scale, ConfigError)
     expect(self.max_consecutive_skips >= 1, 'max_consecutive_skips', '>= 1',
            self.max_consecutive_skips, ConfigError)
+    k = self.steps_per_call
+    expect(1 <= k < INT32_LIMIT, 'steps_per_call', '>= 1', k, ConfigError)
+    for name in ('log_every', 'eval_every', 'checkpoint_every'):
+      expect(getattr(self, name) % k == 0, name, f'a multiple of steps_per_call={k}',
+             getattr(self, name), ConfigError)
+    expect(k == 1 or self.mesh is None, 'steps_per_call', '1 with --mesh (multi-step calls '
+           'run on one device)', k, ConfigError)
     if self.mesh is not None:
       from purax.parallel.mesh import parse_mesh
       parse_mesh(self.mesh)
@@ -315,7 +326,7 @@ RESUMABLE_CHANGES = frozenset({'workdir', 'progress', 'log_every', 'eval_every',
                                'eval_batch_size', 'checkpoint_every', 'keep_last', 'keep_best',
                                'mesh', 'coordinator', 'num_processes', 'process_id',
                                'max_consecutive_skips', 'debug_nans', 'dry_run', 'profile',
-                               'profile_memory', 'wandb_project'})
+                               'profile_memory', 'wandb_project', 'steps_per_call'})
 
 
 def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:

@@ -329,7 +329,8 @@ def _train(config: TrainConfig, held: dict, stop: StopOnSignal) -> dict:
                            checkpoint_every=config.checkpoint_every, train_metrics=acc,
                            should_stop=profiler(_agreed(stop, every=config.log_every)),
                            plan=plan,
-                           max_consecutive_skips=config.max_consecutive_skips)
+                           max_consecutive_skips=config.max_consecutive_skips,
+                           steps_per_call=config.steps_per_call)
   except BaseException:
     if checkpointer is not None:
       with contextlib.suppress(Exception):

@@ -187,3 +187,14 @@ def test_a_language_model_batch_that_cannot_fit_is_refused_with_the_estimate(tmp
   assert re.search(r'batch_size: expected a step that fits the [\d.]+ GiB available .*'
                    r'got 60000, estimated to need [\d.]+ GiB', err), err
   assert not workdir.exists()
+
+
+def test_steps_per_call_trains_the_same_run(tmp_path):
+  common = ['--model', 'mlp', '--steps', '40', '--log-every', '10', '--eval-every', '20',
+            '--checkpoint-every', '20', '--no-progress']
+  assert run('train', *common, '--workdir', str(tmp_path / 'one')) == 0
+  assert run('train', *common, '--steps-per-call', '10', '--workdir', str(tmp_path / 'ten')) == 0
+  final = lambda name: json.loads((tmp_path / name / 'final_metrics.json').read_text())  # noqa: E731
+  assert final('one') == final('ten')
+  assert run('train', *common[:-1], '--steps-per-call', '3', '--workdir',
+             str(tmp_path / 'bad')) == 2
