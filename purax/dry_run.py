@@ -63,7 +63,7 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
     plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
     with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
     state = jax.tree.map(with_sharding, state, plan.state_sharding)
-    batch = jax.tree.map(with_sharding, batch, plan.batch_sharding)
+    batch = jax.tree.map(lambda x: with_sharding(x, plan.batch_sharding), batch)
     lowered = plan.train_step.lower(state, acc, batch)
   else:
     lowered = train_step.lower(task, state, acc, batch)

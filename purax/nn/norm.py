@@ -87,7 +87,8 @@ class BatchNorm(nn.Module):
     axis_name: under ``pmap`` / ``shard_map``, the axis (or axes) the batch is
       split over; None under ``jax.jit`` with shardings (the compiler reduces
       over the global batch).
-    scale_init, bias_init: initializers of ``scale`` and ``bias``.
+    scale_init, bias_init: initializers of ``scale`` and ``bias`` (None: ones
+      and zeros).
   """
 
   use_running_average: bool = False
@@ -96,8 +97,8 @@ class BatchNorm(nn.Module):
   dtype: Any = None
   param_dtype: Any = jnp.float32
   axis_name: Any = None
-  scale_init: Any = nn.initializers.ones
-  bias_init: Any = nn.initializers.zeros
+  scale_init: Any = None
+  bias_init: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -126,8 +127,10 @@ class BatchNorm(nn.Module):
         ra_var.value = jnp.where(
             any_real, self.momentum * ra_var.value + (1 - self.momentum) * var,
             ra_var.value)
-    scale = self.param('scale', self.scale_init, (features,), self.param_dtype)
-    bias = self.param('bias', self.bias_init, (features,), self.param_dtype)
+    scale = self.param('scale', self.scale_init or nn.initializers.ones, (features,),
+                       self.param_dtype)
+    bias = self.param('bias', self.bias_init or nn.initializers.zeros, (features,),
+                      self.param_dtype)
     ct = jnp.promote_types(x.dtype, jnp.float32)    # statistics' dtype
     mul = jax.lax.rsqrt(var.astype(ct) + self.epsilon) * scale.astype(ct)
     shape = (1,) * (x.ndim - 1) + (features,)

@@ -3,7 +3,6 @@ failing saves that leave earlier checkpoints intact."""
 
 import contextlib
 import errno
-import gc
 import glob
 import json
 import os
@@ -330,10 +329,6 @@ def test_restore_works_in_every_sharding_context(tmp_path, context):
     assert kernel.sharding.device_set == {jax.local_devices()[0]}
 
 
-# orbax abandons its pending reads when placing onto the target fails; their
-# coroutines die with the event loop (unraisable "Event loop is closed"), which
-# is collected here, not in a later test.
-@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 def test_an_error_that_is_not_the_files_surfaces_with_its_reason_and_moves_nothing(tmp_path):
   state = _small_state()
   with Checkpointer(str(tmp_path)) as ckpt:
@@ -348,7 +343,6 @@ def test_an_error_that_is_not_the_files_surfaces_with_its_reason_and_moves_nothi
                                             r'restoring onto the target failed: '):
     Checkpointer(str(tmp_path)).restore(abstract, move_aside=True)
   assert Checkpointer(str(tmp_path)).steps() == [1] and not glob.glob(f'{tmp_path}/*unread*')
-  gc.collect()
 
 
 KEEP_BEST_SCRIPT = '''
