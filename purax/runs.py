@@ -40,7 +40,8 @@ from purax.io import datasets, pipeline, text, writers
 from purax.io import progress as progress_lib
 from purax.io import profile
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
-from purax.loop import StopOnSignal, evaluate, fit, zero_metrics
+from purax.io.resume import abstract_checkpoint
+from purax.loop import StopOnSignal, evaluate, fit
 from purax.nn.transformer import count_params
 
 
@@ -108,13 +109,6 @@ def _check_memory(config: TrainConfig, task, abstract, sample, num_devices: int)
          '(use a smaller --batch-size or --seq-len, --microbatches, or --remat full)',
          f'{config.batch_size}, estimated to need {need / 2**30:.1f} GiB of activations and '
          'state (purax.core.flops.transformer_step_bytes)', ConfigError)
-
-
-def abstract_checkpoint(task, batch) -> dict:
-  """The abstract ``{'state', 'train_metrics'}`` tree that runs checkpoint."""
-  state = jax.eval_shape(task.init, jax.random.key(0), batch)
-  acc = jax.eval_shape(lambda: zero_metrics(lambda s, b: task.step(s, b)[1], state, batch))
-  return {'state': state, 'train_metrics': acc}
 
 
 def _metadata(config: TrainConfig, sample: dict | None = None, num_classes=None) -> dict:

@@ -85,7 +85,7 @@ class ResNet(nn.Module):
       train: batch statistics (and their running averages updated) or the
         running averages.
       mask: bool ``[batch]``, False for padding rows: they do not enter the
-        batch statistics (``Task.loss`` passes ``weight > 0``). None: all real.
+        batch statistics (the ``purax.Linen`` adapter passes ``weight > 0``). None: all real.
 
     Returns:
       ``[batch, num_classes]`` logits in ``dtype``.
