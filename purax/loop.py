@@ -307,7 +307,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   first = next(host_batches, None)
   if first is not None and checks != 'none' and isinstance(
       plan, (plan_lib.SingleDevice, plan_lib.Sharded)):
-    abstract = jax.eval_shape(task.init, jax.random.key(0), first)
+    abstract = jax.eval_shape(lambda b: task.init(jax.random.key(0), b), first)   # no transfer
     task.check_values(first, abstract)
     if checks == 'every':
       host_batches = _checked(host_batches, lambda b: task.check_values(b, abstract))

@@ -151,7 +151,7 @@ class Task:
         breaks its contract.
     """
     if state is None:
-      state = jax.eval_shape(self.init, jax.random.key(0), batch)
+      state = jax.eval_shape(lambda b: self.init(jax.random.key(0), b), batch)
     jax.eval_shape(lambda s, b: self.compute_loss(s.params, s.model_state, b, None,
                                                   hparams=s.hparams, train=False),
                    state, batch)
@@ -169,7 +169,7 @@ class Task:
     if check is None:
       return
     if state is None:
-      state = jax.eval_shape(self.init, jax.random.key(0), batch)
+      state = jax.eval_shape(lambda b: self.init(jax.random.key(0), b), batch)
     outputs = jax.eval_shape(self.predict, state, batch)
     check(tuple(getattr(outputs, 'shape', ())), jax.device_get(batch))
 

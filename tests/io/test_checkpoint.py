@@ -3,6 +3,7 @@ failing saves that leave earlier checkpoints intact."""
 
 import contextlib
 import errno
+import gc
 import glob
 import json
 import os
