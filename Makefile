@@ -21,7 +21,7 @@ train: $(BIN)/.installed
 	$(BIN)/purax train $(ARGS)
 
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 $(ARGS)
 
 docs: $(BIN)/.installed
 	$(BIN)/python docs/build.py
