@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import signal
 import threading
 import time
@@ -150,11 +151,6 @@ class _Source:
   def position(self) -> Any:
     """The data position after the batch just consumed (JSON-serialisable) or None."""
     return self.positions.popleft() if self.positions else None
-
-
-def _chain(first, rest):
-  yield first
-  yield from rest
 
 
 def _checked(batches, check):
@@ -315,7 +311,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   state = plan.place(state)
   if first is not None and acc is None:
     acc = plan.zero_metrics(state, first)
-  host_batches = _chain(first, host_batches) if first is not None else iter(())
+  host_batches = itertools.chain([first], host_batches) if first is not None else iter(())
   position = {'next_step': start, **_iterator_position(data_state)}
 
   def save(step, metrics=None):
@@ -347,6 +343,15 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
           f'steps with non-finite gradients, got {int(streak)} ending in steps '
           f'({window_start}, {step}]; the state is that of the last finite update '
           f'(try a lower learning rate, clipping, or --debug-nans to find the source)')
+    return scalars
+
+  def run_eval(step):
+    """Evaluates, writes ``eval/*`` and returns it (a host sync, not training time)."""
+    nonlocal last_time
+    scalars = {f'eval/{name}': v for name, v in
+               metrics_lib.compute(plan.evaluate(state, eval_data)).items()}
+    write(step, scalars)
+    last_time = time.perf_counter()
     return scalars
 
   def run_hooks(step, at_end, evaluated, record):
@@ -382,11 +387,8 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       at_end = at_end or plan.finished(state)
     eval_scalars = None
     if eval_data is not None and ((eval_every and step % eval_every == 0) or at_end):
-      eval_scalars = {f'eval/{name}': v for name, v in
-                      metrics_lib.compute(plan.evaluate(state, eval_data)).items()}
-      write(step, eval_scalars)
+      eval_scalars = run_eval(step)
       record.update(eval_scalars)
-      last_time = time.perf_counter()   # evaluation time is not training time
     hook_stop = run_hooks(step, at_end, eval_scalars is not None, record)
     stop = hook_stop or (should_stop is not None and should_stop())
     if (checkpoint_every and step % checkpoint_every == 0) or at_end or stop:
@@ -405,9 +407,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         log(step, window_start)
       eval_scalars = None
       if eval_data is not None and done['evaluated'] != step:
-        eval_scalars = {f'eval/{name}': v for name, v in
-                        metrics_lib.compute(plan.evaluate(state, eval_data)).items()}
-        write(step, eval_scalars)
+        eval_scalars = run_eval(step)
       if done['saved'] != step:
         save(step, eval_scalars)
   bar.close()

@@ -24,6 +24,7 @@ A plan is any object with these methods (``fit`` calls nothing else):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Iterable, Iterator
 
 import jax
@@ -90,16 +91,11 @@ def _sum_eval(task, state, batches, step_fn, sharding=None):
   first = next(batches, None)
   expect(first is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
   acc = None
-  for batch in prefetch_to_device(_chain(first, batches), 2, sharding):
+  for batch in prefetch_to_device(itertools.chain([first], batches), 2, sharding):
     if acc is None:
       acc = zero_metrics(task.evaluate, state, batch)
     acc = step_fn(state, acc, batch)
   return acc
-
-
-def _chain(first, rest):
-  yield first
-  yield from rest
 
 
 @dataclasses.dataclass(frozen=True)

@@ -258,13 +258,12 @@ def _train(config: TrainConfig, held: dict, stop: StopOnSignal) -> dict:
   sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
   starting('tracing the model')
-  _check_memory(config, task, abstract, sample, 1 if config.mesh is None else
-                parallel.make_mesh(**parallel.parse_mesh(config.mesh)).devices.size)
   plan, num_devices = None, 1          # without a mesh the step runs on one device
   if config.mesh is not None:
     mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
     plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
     num_devices = mesh.devices.size
+  _check_memory(config, task, abstract, sample, num_devices)   # before any compilation
   starting('building the plan')
   if primary:
     print_summary(abstract['state'], shardings=plan and plan.state_sharding)

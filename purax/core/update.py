@@ -64,10 +64,6 @@ def _split(batch, k: int):
   return jax.tree_util.tree_map_with_path(split, batch)
 
 
-def _f32(tree):
-  return jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), tree)
-
-
 def _weighted_state_sum(model_state, weight):
   """``weight * leaf`` for floating leaves; integer leaves are carried as they are."""
   return jax.tree.map(lambda x: (jnp.where(weight > 0, x.astype(jnp.float32) * weight, 0.0)
@@ -90,46 +86,39 @@ def gradients(task, state, batch, *, axis_name=None):
   scale = state.loss_scale
   k = task.microbatches
 
-  def grad_of_mean(params, model_state, microbatch, mb_key):
-    """Gradient of the (scaled) mean loss, unscaled in float32 when scaled."""
-    def objective(p):
-      loss, aux = task.compute_loss(p, model_state, microbatch, mb_key,
-                                    hparams=state.hparams, train=True)
-      return (loss if scale is None else scale.scale_loss(loss)), aux
-    (_, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
-    if scale is not None:
-      grads = jax.tree.map(lambda g: g.astype(jnp.float32) / scale.scale, grads)
-    return grads, aux
+  def grad_of(params, model_state, microbatch, mb_key, *, summed: bool):
+    """float32-where-rescaled gradient of the mean loss, or (``summed``) of the
+    weighted *sum* ``loss * W``, the loss scale removed.
 
-  def grad_of_sum(params, model_state, microbatch, mb_key):
-    """float32 gradient of the weighted *sum* ``loss * W`` (unscaled).
-
-    The differentiated objective is ``loss * W / n`` (``n`` the number of
-    loss values, a constant; ``W / n`` the mean weight, <= 1 for 0/1 weights)
-    times the loss scale, so the scale applied is the state's whatever the
-    batch size. Differentiating a weighted sum (not ``W * grad(mean)``) keeps
-    the cross-device terms right when the forward pass couples devices
-    (BatchNorm with ``axis_name``): every device's objective enters the
-    transposed collectives with its own weight.
+    ``summed`` differentiates ``loss * W / n`` (``n`` the number of loss
+    values, a constant; ``W / n`` the mean weight, <= 1 for 0/1 weights) times
+    the loss scale, so the scale applied is the state's whatever the batch
+    size, then multiplies by ``n``. Differentiating a weighted sum (not ``W *
+    grad(mean)``) keeps the cross-device terms right when the forward pass
+    couples devices (BatchNorm with ``axis_name``): every device's objective
+    enters the transposed collectives with its own weight.
     """
     def objective(p):
       loss, aux = task.compute_loss(p, model_state, microbatch, mb_key,
                                     hparams=state.hparams, train=True)
-      total = loss * jax.lax.stop_gradient(aux['weight'] / aux['values'].size)
-      return (total if scale is None else scale.scale_loss(total)), aux
+      if summed:
+        loss = loss * jax.lax.stop_gradient(aux['weight'] / aux['values'].size)
+      return (loss if scale is None else scale.scale_loss(loss)), aux
     (_, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
-    n = aux['values'].size
+    if not summed and scale is None:
+      return grads, aux            # the plain gradient, as a hand-written step has it
+    n = aux['values'].size if summed else 1
     multiplier = float(n) if scale is None else n / scale.scale
     return jax.tree.map(lambda g: g.astype(jnp.float32) * multiplier, grads), aux
 
   if k == 1 and axis_name is None:
-    grads, aux = grad_of_mean(state.params, state.model_state, batch, key)
+    grads, aux = grad_of(state.params, state.model_state, batch, key, summed=False)
     if scale is not None:
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     return grads, aux['metrics'], aux['model_state']
 
   if k == 1:
-    grads, aux = grad_of_sum(state.params, state.model_state, batch, key)
+    grads, aux = grad_of(state.params, state.model_state, batch, key, summed=True)
     weight = aux['weight']
     metrics, model_state = aux['metrics'], aux['model_state']
   else:
@@ -138,8 +127,8 @@ def gradients(task, state, batch, *, axis_name=None):
     def body(carry, xs):
       grads_sum, state_sum, metrics, weight = carry
       i, microbatch = xs
-      grads, aux = grad_of_sum(state.params, state.model_state, microbatch,
-                               jax.random.fold_in(key, i))
+      grads, aux = grad_of(state.params, state.model_state, microbatch,
+                           jax.random.fold_in(key, i), summed=True)
       w = aux['weight']
       grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
       new_state = _weighted_state_sum(aux['model_state'], w)
@@ -149,8 +138,8 @@ def gradients(task, state, batch, *, axis_name=None):
       return (grads_sum, state_sum, metrics, weight + w), None
 
     first = jax.tree.map(lambda a: a[0], micro)
-    aux_shape = jax.eval_shape(lambda: grad_of_sum(state.params, state.model_state, first,
-                                                   key)[1])
+    aux_shape = jax.eval_shape(lambda: grad_of(state.params, state.model_state, first, key,
+                                               summed=True)[1])
     zero_metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), aux_shape['metrics'])
     zero_state = jax.tree.map(
         lambda x: jnp.zeros(x.shape, jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating)
