@@ -31,10 +31,11 @@ import numpy as np
 
 import purax
 from purax.core.precision import get_policy
+from purax.app.models import get_model
 
 
 def build(args, *, remat='none', microbatches=1, precision='fp32'):
-  model = purax.nn.get_model('transformer', num_classes=10, d_model=args.d_model,
+  model = get_model('transformer', num_classes=10, d_model=args.d_model,
                              num_layers=args.layers, num_heads=args.heads, dropout_rate=0.1,
                              remat=remat, **get_policy(precision).model_kwargs())
   task = purax.Task(model=model, tx=purax.adamw(total_steps=100), microbatches=microbatches)

@@ -52,12 +52,10 @@ def final_state(workdir):
   """The newest checkpoint's arrays as numpy, keyed by path (typed keys as key data)."""
   import jax
   import numpy as np
-  from purax import runs
-  from purax.config import sample_batch
+  from purax.app import job as job_lib
+  from purax.app.rundir import read_config
   from purax.io.checkpoint import Checkpointer
-  config, ds, task, _ = runs._prepare(runs._read_config(workdir))
-  abstract = runs.abstract_checkpoint(task, sample_batch(ds.x_train, ds.y_train,
-                                                         config.batch_size))
+  abstract = job_lib.build(read_config(workdir).validate(), mesh=False).abstract
   with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
     tree, _, step = ckpt.restore(abstract)
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -84,7 +82,7 @@ def main():
            '--log-every', '10', '--checkpoint-every', '10', '--eval-every', '50',
            '--dropout-rate', '0.1', '--no-progress']
   reference, killed = (os.path.join(args.workdir, n) for n in ('reference', 'killed'))
-  cmd = lambda w: [sys.executable, '-m', 'purax.cli', 'train', *train, '--workdir', w]
+  cmd = lambda w: [sys.executable, '-m', 'purax', 'train', *train, '--workdir', w]
   start = time.time()
   done = subprocess.run(cmd(reference), cwd=ROOT, env=ENV, capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-3000:]

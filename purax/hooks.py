@@ -120,7 +120,9 @@ class PBT:
   (:func:`purax.core.pbt.exploit_explore`, keyed by ``fold_in(key, step)``).
 
   ``every`` must be a multiple of ``fit``'s ``eval_every`` (PBT ranks members
-  by their evaluation at that step): :meth:`check` says so.
+  by their evaluation at that step): :meth:`check` says so. ``names`` and
+  ``bounds``: the hyperparameters perturbed and their clip intervals (as
+  :func:`purax.core.pbt.exploit_explore`).
   """
 
   every: int
@@ -128,6 +130,8 @@ class PBT:
   mode: Literal['min', 'max'] = 'min'
   fraction: float = 0.25
   key: Any = None
+  names: tuple[str, ...] | None = None
+  bounds: Any = None
   at_end: bool = False
   name: str = 'pbt'
 
@@ -141,5 +145,6 @@ class PBT:
   def __call__(self, step, pop, record):
     key = jax.random.key(0) if self.key is None else self.key
     pop, info = pbt.exploit_explore(pop, jnp.asarray(scores(record, self.metric, self.mode)),
-                                    key=jax.random.fold_in(key, step), fraction=self.fraction)
+                                    key=jax.random.fold_in(key, step), fraction=self.fraction,
+                                    names=self.names, bounds=self.bounds)
     return pop, {'pbt/source': np.asarray(info['source'])}

@@ -37,6 +37,7 @@ from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, NonFiniteError, expect
 from purax.core.state import TrainState
 from purax.core.task import Task
+from purax import hooks as hooks_lib
 from purax import plan as plan_lib
 from purax.io import progress as progress_lib
 from purax.io.checkpoint import Checkpointer
@@ -416,3 +417,67 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   if checkpointer is not None:
     checkpointer.wait()
   return state, history
+
+
+def fit_population(task, pop, train_data, *, batch_index=None, plan=None,
+                   eval_data=None, eval_every: int = 0, log_every: int = 50,
+                   metric: str = 'loss', mode: Literal['min', 'max'] = 'min',
+                   patience: int = 0, pbt_every: int = 0, pbt_fraction: float = 0.25,
+                   pbt_names=None, pbt_bounds=None,
+                   pbt_key: jax.Array | None = None, progress: bool = True):
+  """Trains a population from its step to ``len(train_data)``: :func:`fit`
+  with the :class:`purax.plan.Population` plan and the population hooks
+  (``purax sweep`` is this).
+
+  Args:
+    task: the :class:`Task` every member runs.
+    pop: the :class:`purax.core.population.Population`; consumed (donated).
+    train_data: ``train_data[s]`` is step ``s``'s batch, shared, or stacked
+      ``[n, batch, ...]`` with ``batch_index`` (see :func:`population.step`).
+    batch_index: int32 ``[members]`` or None.
+    plan: a :class:`purax.plan.Population` (e.g. on a mesh); default
+      ``Population(task, batch_index)``.
+    eval_data: evaluation batches shared by all members, iterated afresh.
+    eval_every: evaluate every N steps and at the end (0: at the end only).
+    log_every: fetch training metrics every N steps (the only host sync).
+    metric, mode: the eval metric ranking members (early stopping, PBT).
+    patience: early-stop a member after this many evaluations without
+      improvement (0: off; :class:`purax.hooks.PopulationEarlyStopping`).
+    pbt_every: every N steps (a multiple of ``eval_every``), after that
+      step's evaluation, run :func:`pbt.exploit_explore` (0: off;
+      :class:`purax.hooks.PBT`).
+    pbt_fraction: PBT's truncation fraction.
+    pbt_names, pbt_bounds: the hyperparameters PBT perturbs and their clip
+      intervals (:func:`purax.core.pbt.exploit_explore`'s defaults when None).
+    pbt_key: typed key of PBT, folded with the step.
+    progress: show a progress bar for the population.
+
+  Returns:
+    ``(pop, history)``: records ``{'step', 'train/NAME' | 'eval/NAME': [members]}``
+    of numpy arrays, plus ``'pbt/source'`` records when PBT ran.
+
+  Raises:
+    ConfigError: an interval out of range, PBT or early stopping without
+      ``eval_data``, or ``pbt_every`` not a multiple of ``eval_every``.
+  """
+  expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
+  for name, value in (('eval_every', eval_every), ('patience', patience),
+                      ('pbt_every', pbt_every)):
+    expect(value >= 0, name, '>= 0', value, ConfigError)
+    expect(value == 0 or name == 'eval_every' or eval_data is not None, name,
+           '0 when there is no eval data', value, ConfigError)
+  hooks = []
+  if patience:
+    hooks.append(hooks_lib.PopulationEarlyStopping(metric=metric, mode=mode,
+                                                   patience=patience))
+  if pbt_every:
+    pbt_hook = hooks_lib.PBT(every=pbt_every, metric=metric, mode=mode,
+                             fraction=pbt_fraction, key=pbt_key,
+                             names=None if pbt_names is None else tuple(pbt_names),
+                             bounds=pbt_bounds)
+    pbt_hook.check(eval_every)
+    hooks.append(pbt_hook)
+  plan = plan if plan is not None else plan_lib.Population(task, batch_index)
+  return fit(task, pop, train_data, plan=plan,
+             eval_data=eval_data, eval_every=eval_every, log_every=log_every,
+             progress=progress, hooks=hooks, max_consecutive_skips=None)

@@ -191,33 +191,71 @@ class Population:
   """Every member of a :class:`purax.core.population.Population` stepped at once
   (``task.step`` vmapped; frozen members kept): one compiled program.
 
+  On a ``mesh`` the same program is partitioned by XLA (GSPMD) along one axis:
+
+  - ``shard='batch'``: every member's state replicated, each batch split along
+    its batch axis over all the mesh's devices (data parallel for every member;
+    the gradient all-reduce is XLA's);
+  - ``shard='members'``: the member axis of the state split over the devices
+    (each device trains its own members; the number of members must be a
+    multiple of the mesh size), batches replicated.
+
   Attributes:
     task: the task every member runs.
     batch_index: int32 ``[members]`` into stacked batches ``[n, batch, ...]``
       (member ``i`` reads stack ``batch_index[i]``), or None: one shared batch.
+    mesh: a ``jax.sharding.Mesh``, or None: one device.
+    shard: ``'batch'`` or ``'members'`` (with a mesh).
   """
 
   task: Any
   batch_index: Any = None
+  mesh: Any = None
+  shard: str = 'batch'
+
+  def __post_init__(self):
+    expect(self.shard in ('batch', 'members'), 'shard', "'batch' or 'members'",
+           repr(self.shard), ConfigError)
+
+  def _sharding(self, *spec):
+    return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec))
 
   def start_step(self, pop) -> int:
     return int(np.max(jax.device_get(pop.state.step)))
 
   def place(self, pop):
-    return pop
+    if self.mesh is None:
+      return pop
+    if self.shard == 'batch':
+      return jax.device_put(pop, self._sharding())
+    size = self.mesh.devices.size
+    expect(pop.num_members % size == 0, 'members', f'a multiple of the mesh size {size} '
+           "(shard='members')", pop.num_members, ConfigError)
+    return jax.device_put(pop, self._sharding(self.mesh.axis_names))
+
+  def _batch_sharding(self):
+    if self.mesh is None:
+      return None
+    if self.shard == 'members':
+      return self._sharding()
+    leading = (None,) if self.batch_index is not None else ()   # [seeds, batch, ...]
+    return self._sharding(*leading, self.mesh.axis_names)
 
   def zero_metrics(self, pop, batch):
     return pop_lib.zero_train_metrics(self.task, pop, batch, self.batch_index)
 
   def device_batches(self, host_batches, *, start, num_steps, prefetch):
-    return ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
+    return ((b, 1) for b in prefetch_to_device(host_batches, prefetch, self._batch_sharding()))
 
   def train_step(self, pop, acc, batch):
     return pop_lib.train_step(self.task, pop, acc, batch, self.batch_index)
 
   def evaluate(self, pop, batches):
     acc = None
+    replicated = None if self.mesh is None else self._sharding()
     for batch in batches:
+      if replicated is not None:
+        batch = jax.device_put(batch, replicated)
       if acc is None:
         acc = pop_lib.zero_eval_metrics(self.task, pop, batch)
       acc = pop_lib.eval_step(self.task, pop, acc, batch, None)

@@ -7,7 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from purax import cli
+from purax.app import cli
+from purax.app.config import TrainConfig
 
 
 def run(*args):
@@ -20,7 +21,7 @@ def test_default_train_reaches_97_percent_on_digits_and_writes_the_run_directory
   names = set(os.listdir(workdir))
   assert {'config.json', 'metrics.jsonl', 'checkpoints', 'final_metrics.json'} <= names
   assert any(n.startswith('events.out.tfevents') for n in names)
-  config = json.loads((workdir / 'config.json').read_text())
+  config = TrainConfig.from_json((workdir / 'config.json').read_text()).flat()
   assert config['model'] == 'cnn' and config['dataset'] == 'digits'
   records = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
   final = [r for r in records if 'eval/accuracy' in r][-1]
@@ -57,10 +58,10 @@ def test_npz_data_with_mlp(tmp_path):
 
 
 @pytest.mark.parametrize('args, message', [
-    (['--dataset', 'cifar10'], "dataset: expected one of ['digits', 'mnist1d'] or 'npz:PATH', got 'cifar10'"),
+    (['--dataset', 'cifar10'], "dataset: expected one of ['digits', 'mnist1d', 'pystdlib'] or ['npz:PATH', 'text:PATH'], got 'cifar10'"),
     (['--batch-size', '5000'], 'batch_size: expected in [1, 1437] (training examples), got 5000'),
-    (['--steps', '0'], 'steps: expected >= 1, got 0'),
-    (['--learning-rate', '-1'], 'learning_rate: expected > 0, got -1.0'),
+    (['--steps', '0'], 'steps: expected >= 1 and < 2**31, got 0'),
+    (['--learning-rate', '-1'], 'learning_rate: expected a finite value in (0, 10], got -1.0'),
     (['NPZ', 'missing_key'], "key 'y_test': expected present"),
     (['NPZ', 'float_labels'], 'y_train.dtype: expected an integer dtype (class labels), got float32'),
     (['NPZ', 'label_range'], 'y_train: expected labels in [0, 3), got labels in [0, 9]'),
@@ -131,7 +132,7 @@ def test_precision_accumulation_and_remat_options(tmp_path, capsys):
   assert run('train', '--model', 'resnet', '--precision', 'bf16', '--microbatches', '4',
              '--remat', 'dots_saveable', '--steps', '4', '--eval-every', '0',
              '--workdir', str(tmp_path / 'r'), '--no-progress') == 0
-  config = json.loads((tmp_path / 'r' / 'config.json').read_text())
+  config = TrainConfig.from_json((tmp_path / 'r' / 'config.json').read_text()).flat()
   assert (config['precision'], config['microbatches'], config['remat']) == ('bf16', 4, 'dots_saveable')
   # float16: the scale applied is the state's (2**15) on the mean loss, not
   # scale x batch weight, so a healthy run skips no step at its start.
@@ -143,7 +144,7 @@ def test_precision_accumulation_and_remat_options(tmp_path, capsys):
   for args, message in [
       (['--precision', 'fp8'], "precision: expected one of ['bf16', 'fp16', 'fp32']"),
       (['--microbatches', '3'], 'batch_size: expected a multiple of microbatches=3, got 64'),
-      (['--remat', 'full'], "remat: expected 'none' for mlp and cnn"),
+      (['--remat', 'full'], "remat: expected unset for --model cnn (its options: dropout_rate)"),
       (['--remat', 'some'], "remat: expected one of"),
   ]:
     assert run('train', '--workdir', str(tmp_path / 'x'), '--no-progress', *args) == 2

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from purax import cli
+from purax.app import cli
 
 
 @pytest.mark.slow

@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purax import cli
+from purax.app import cli
+from purax.app.config import TrainConfig
 from purax.io.export import load_predict
-from purax.runs import restore_run
+from purax.app.runs import restore_run
 
 TINY = ['--d-model', '32', '--num-layers', '2', '--num-heads', '4', '--seq-len', '32',
         '--batch-size', '16', '--learning-rate', '3e-3', '--warmup-steps', '10',
@@ -67,8 +68,8 @@ def test_encoder_classifies_digits_rows_as_tokens(tmp_path):
   final = json.loads((workdir / 'final_metrics.json').read_text())
   assert final['accuracy'] > 0.9, final
   # The sizes trained are recorded, including the model's defaults.
-  config = json.loads((workdir / 'config.json').read_text())
-  assert (config['d_model'], config['num_layers'], config['num_heads']) == (32, 2, 4), config
+  config = TrainConfig.from_json((workdir / 'config.json').read_text()).model
+  assert (config.d_model, config.num_layers, config.num_heads) == (32, 2, 4), config
 
 
 @pytest.mark.parametrize('args, message', [

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from purax import cli, plot
+from purax.app import cli, plot
 from purax.core.errors import ConfigError
 
 PNG = b'\x89PNG\r\n\x1a\n'

@@ -12,8 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from purax import runs
-from purax.config import TrainConfig
+from purax.app import job as job_lib
+from purax.app import runs
+from purax.app.rundir import read_config
+from purax.app.config import TrainConfig
 from purax.io.checkpoint import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,17 +28,14 @@ ARGS = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', 
 
 def purax(*args, recorded_stop=None, timeout=180):
   if recorded_stop is None:
-    cmd = [sys.executable, '-m', 'purax.cli', *args]
+    cmd = [sys.executable, '-m', 'purax', *args]
   else:
     cmd = [sys.executable, '-m', 'tests.scripts.train_recorded', str(recorded_stop), *args]
   return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def final_tree(workdir):
-  config, ds, task, _ = runs._prepare(runs._read_config(workdir))
-  from purax.config import sample_batch
-  abstract = runs.abstract_checkpoint(task, sample_batch(ds.x_train, ds.y_train,
-                                                         config.batch_size))
+  abstract = job_lib.build(read_config(workdir).validate(), mesh=False).abstract
   with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
     tree, extra, step = ckpt.restore(abstract)
   tree = jax.tree.map(lambda x: np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(
@@ -112,7 +111,7 @@ def test_sigkill_at_random_points_then_resume_ends_with_the_uninterrupted_params
       ('at_step', s) for s in sorted(rng.sample(range(40, 560, 10), 3))]
   killed_at = []
   for kind, when in plan:
-    cmd = [sys.executable, '-m', 'purax.cli', 'train', *args, '--workdir', workdir]
+    cmd = [sys.executable, '-m', 'purax', 'train', *args, '--workdir', workdir]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -143,7 +142,7 @@ def test_sigkill_at_random_points_then_resume_ends_with_the_uninterrupted_params
 
 def test_sigterm_commits_a_checkpoint_at_the_step_reached_and_exits_0(tmp_path):
   workdir = str(tmp_path / 'run')
-  cmd = [sys.executable, '-m', 'purax.cli', 'train', '--model', 'mlp', '--steps', '100000',
+  cmd = [sys.executable, '-m', 'purax', 'train', '--model', 'mlp', '--steps', '100000',
          '--checkpoint-every', '0', '--eval-every', '0', '--log-every', '10', '--no-progress',
          '--workdir', workdir]
   proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
@@ -170,7 +169,7 @@ def test_sigterm_commits_a_checkpoint_at_the_step_reached_and_exits_0(tmp_path):
 
 def test_resuming_with_a_changed_model_config_names_the_difference(tmp_path):
   workdir = str(tmp_path / 'run')
-  config = TrainConfig(model='mlp', steps=5, batch_size=16, eval_every=0, workdir=workdir,
+  config = TrainConfig.of(model='mlp', steps=5, batch_size=16, eval_every=0, workdir=workdir,
                        progress=False)
   runs.train(config)
   for change, message in [
@@ -179,11 +178,11 @@ def test_resuming_with_a_changed_model_config_names_the_difference(tmp_path):
       (dict(learning_rate=1.0), 'learning_rate: expected 0.002'),
   ]:
     with pytest.raises(Exception, match=message.replace('(', r'\(')):
-      runs.train(TrainConfig(**{**config.__dict__, **change}))
+      runs.train(TrainConfig.of(**{**config.flat(), **change}))
   # Cadence fields may change; the finished run is evaluated again, unchanged.
   with open(os.path.join(workdir, 'final_metrics.json')) as f:
     before = json.load(f)
-  again = runs.train(TrainConfig(**{**config.__dict__, 'log_every': 7}))
+  again = runs.train(TrainConfig.of(**{**config.flat(), 'log_every': 7}))
   assert again['accuracy'] == before['accuracy'] and again['examples'] == 360
 
 

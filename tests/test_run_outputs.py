@@ -23,7 +23,7 @@ def piped_run(tmp_path_factory):
   env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
   # progress is on (the default): without a terminal no bar may be drawn.
   out = subprocess.run(
-      [sys.executable, '-m', 'purax.cli', 'train', '--model', 'mlp', '--steps', '12',
+      [sys.executable, '-m', 'purax', 'train', '--model', 'mlp', '--steps', '12',
        '--log-every', '4', '--eval-every', '0', '--checkpoint-every', '0',
        '--profile', '5:8', '--workdir', str(workdir)],
       env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)

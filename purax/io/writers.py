@@ -29,12 +29,16 @@ Only process 0 of a multi-host run writes (``fit`` calls the writer there only).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import sys
 import time
 from typing import Any, Mapping, Protocol, Sequence
+
+from purax.core.errors import ConfigError, expect
+from purax.io import progress, wandb_writer
 
 
 class MetricWriter(Protocol):
@@ -73,7 +77,7 @@ def write_run_info(writer: MetricWriter, hparams: Mapping[str, Any],
     writer.write_text('config', config_text)
 
 
-def _number(value):
+def json_number(value):
   value = float(value)
   return value if math.isfinite(value) else str(value)  # JSON has no NaN/inf
 
@@ -90,7 +94,7 @@ class JsonlWriter:
 
   def write_scalars(self, step, scalars):
     record = {'step': int(step), 'time': time.time()}
-    record.update({k: _number(v) for k, v in scalars.items()})
+    record.update({k: json_number(v) for k, v in scalars.items()})
     self._file.write(json.dumps(record, allow_nan=False) + '\n')
     self._file.flush()
 
@@ -167,7 +171,6 @@ class ConsoleWriter:
     self._stream = stream
 
   def write_scalars(self, step, scalars):
-    from purax.io import progress
     text = ' '.join(f'{k}={v:.4g}' for k, v in scalars.items())
     progress.write(f'[step {int(step)}] {text}', self._stream or sys.stdout)
 
@@ -223,7 +226,12 @@ def create_default_writer(workdir: str, *, console: bool = True,
   if console:
     writers.append(ConsoleWriter())
   if wandb_project is not None:
-    from purax.io.wandb_writer import WandbWriter
-    writers.append(WandbWriter(wandb_project, directory=workdir,
+    writers.append(wandb_writer.WandbWriter(wandb_project, directory=workdir,
                                name=os.path.basename(os.path.normpath(workdir))))
   return MultiWriter(writers)
+
+
+def check_wandb(field: str) -> None:
+  """Raises ConfigError naming ``field`` unless the ``wandb`` package is installed."""
+  expect(importlib.util.find_spec('wandb') is not None, field,
+         "the wandb package installed (pip install 'purax[wandb]')", 'no wandb', ConfigError)

@@ -3,9 +3,6 @@
 
 from purax.nn.cnn import CNN as CNN
 from purax.nn.mlp import MLP as MLP
-from purax.nn.registry import MODELS as MODELS
-from purax.nn.registry import check_input_shape as check_input_shape
-from purax.nn.registry import get_model as get_model
 from purax.nn.resnet import ResNet as ResNet
 from purax.nn.resnet import ResidualBlock as ResidualBlock
 from purax.nn.generate import generate as generate

@@ -89,12 +89,12 @@ def test_exploit_revives_a_diverged_member_from_a_healthy_one():
 def test_pbt_off_population_equals_independent_runs():
   # run_population with pbt_every=0 and early stopping off: member i is the
   # standalone run i (tolerance as in test_population).
-  from purax import sweep
+  from purax import loop as sweep
   lrs, k = np.float32([1e-3, 3e-3, 1e-2]), 4
   pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {'peak_learning_rate': lrs}, tp.batch())
   data = [tp.batch(s) for s in range(k)]
   with jax.default_matmul_precision('highest'):
-    pop, history = sweep.run_population(tp.TASK, pop, data, eval_data=[tp.batch(9)],
+    pop, history = sweep.fit_population(tp.TASK, pop, data, eval_data=[tp.batch(9)],
                                         eval_every=2, log_every=2, pbt_every=0,
                                         progress=False)
     assert not any('pbt/source' in r for r in history)
@@ -104,7 +104,7 @@ def test_pbt_off_population_equals_independent_runs():
                                   rtol=tp.RTOL, atol=tp.ATOL)
   # With PBT on, the same loop records who copied whom at the evaluation.
   pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {'peak_learning_rate': lrs}, tp.batch())
-  _, history = sweep.run_population(tp.TASK, pop, data, eval_data=[tp.batch(9)],
+  _, history = sweep.fit_population(tp.TASK, pop, data, eval_data=[tp.batch(9)],
                                     eval_every=2, log_every=2, pbt_every=2, pbt_fraction=0.34,
                                     progress=False)
   sources = [r['pbt/source'] for r in history if 'pbt/source' in r]

@@ -57,7 +57,7 @@ def _wait_for(predicate, proc, timeout=120):
 def test_a_second_run_on_a_workdir_is_refused_at_once_naming_the_holder(tmp_path):
   """Issue 13.3: the second run exits 2 naming pid and host; the first is untouched."""
   workdir = str(tmp_path / 'run')
-  cmd = [sys.executable, '-m', 'purax.cli', 'train', '--model', 'mlp', '--steps', '100000',
+  cmd = [sys.executable, '-m', 'purax', 'train', '--model', 'mlp', '--steps', '100000',
          '--checkpoint-every', '50', '--eval-every', '0', '--log-every', '10', '--no-progress',
          '--workdir', workdir]
   first = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
@@ -90,12 +90,12 @@ def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
   workdir = tmp_path / 'run'
   workdir.mkdir()
   holder = subprocess.Popen(
-      [sys.executable, '-c', 'import sys, time; from purax.runs import WorkdirLock; '
+      [sys.executable, '-c', 'import sys, time; from purax.app.runs import WorkdirLock; '
        'lock = WorkdirLock(sys.argv[1]); print("locked", flush=True); time.sleep(600)',
        str(workdir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == 'locked'
-    from purax.runs import WorkdirLock
+    from purax.app.runs import WorkdirLock
     from purax.core.errors import ConfigError
     with pytest.raises(ConfigError, match=f'process {holder.pid} on host '):
       WorkdirLock(str(workdir))
@@ -112,7 +112,7 @@ def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
 # interpreter's start and imports come before: there a signal acts as usual).
 CLI_WHEN_READY = """
 import signal, sys
-from purax import cli
+from purax.app import cli
 install = signal.signal
 def spy(signum, handler):
   previous = install(signum, handler)

@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from purax import cli
+from purax.app import cli
 
 BOUNDED = settings(max_examples=10, derandomize=True, deadline=None, database=None,
                    suppress_health_check=list(HealthCheck))

@@ -3,14 +3,14 @@ import numpy as np
 import pytest
 
 import purax
-from purax import runs
-from purax.config import TrainConfig
+from purax.app import runs
+from purax.app.config import TrainConfig
 from purax.io.export import load_predict
 
 
 def test_exported_predict_matches_the_model_for_several_batch_sizes(tmp_path):
   workdir = str(tmp_path / 'run')
-  runs.train(TrainConfig(model='cnn', steps=5, batch_size=16, eval_every=0, workdir=workdir,
+  runs.train(TrainConfig.of(model='cnn', steps=5, batch_size=16, eval_every=0, workdir=workdir,
                          progress=False))
   path = runs.export_run(workdir)
   _, ds, task, state = runs.restore_run(workdir)

@@ -6,6 +6,7 @@ import pytest
 
 import purax
 from purax import nn as pnn
+from purax.app.models import get_model
 
 SHAPES = {'mlp': [(2, 5), (2, 8, 8, 1)], 'cnn': [(2, 40, 1), (2, 8, 8, 1)],
           'resnet': [(2, 40, 1), (2, 8, 8, 1)]}
@@ -16,7 +17,7 @@ SHAPES = {'mlp': [(2, 5), (2, 8, 8, 1)], 'cnn': [(2, 40, 1), (2, 8, 8, 1)],
                                                 (jnp.bfloat16, jnp.float32),
                                                 (jnp.bfloat16, jnp.bfloat16)])
 def test_models_separate_compute_and_storage_dtypes(name, dtype, param_dtype):
-  model = pnn.get_model(name, num_classes=3, dtype=dtype, param_dtype=param_dtype)
+  model = get_model(name, num_classes=3, dtype=dtype, param_dtype=param_dtype)
   for shape in SHAPES[name]:
     x = jnp.ones(shape, jnp.float32)
     variables = jax.eval_shape(model.init, jax.random.key(0), x)
@@ -27,7 +28,7 @@ def test_models_separate_compute_and_storage_dtypes(name, dtype, param_dtype):
 
 def test_unknown_model_and_wrong_input_rank():
   with pytest.raises(purax.ConfigError, match=r"model: expected one of \['cnn', 'lm', 'mlp', 'resnet', 'transformer'\], got 'vit'"):
-    pnn.get_model('vit', num_classes=2)
+    get_model('vit', num_classes=2)
   with pytest.raises(purax.DataError, match=r'x.shape: expected \[batch, length, channels\]'):
     pnn.check_input_shape(pnn.CNN(num_classes=2), (4, 64))
   pnn.check_input_shape(pnn.MLP(num_classes=2), (4, 64))

@@ -69,7 +69,7 @@ def _start_two_process_cli(*args) -> list[subprocess.Popen]:
   """Starts ``purax ARGS`` as processes 0 and 1 of a 2-process run (2 CPU devices each)."""
   port = _free_port()
   env = _child_env(XLA_FLAGS='--xla_force_host_platform_device_count=2')
-  cmd = [sys.executable, '-c', 'import sys; from purax.cli import main; sys.exit(main())',
+  cmd = [sys.executable, '-c', 'import sys; from purax.app.cli import main; sys.exit(main())',
          *args, '--coordinator', f'localhost:{port}', '--num-processes', '2']
   return [subprocess.Popen(cmd + ['--process-id', str(i)], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT) for i in range(2)]
@@ -187,7 +187,7 @@ def test_a_bad_option_on_one_process_makes_all_exit_together_naming_it(tmp_path,
   bad = tuple(str(tmp_path / 'other') if a == 'OTHER' else a for a in bad)
   port = _free_port()
   env = _child_env(XLA_FLAGS='--xla_force_host_platform_device_count=2')
-  base = [sys.executable, '-c', 'import sys; from purax.cli import main; sys.exit(main())',
+  base = [sys.executable, '-c', 'import sys; from purax.app.cli import main; sys.exit(main())',
           *TRAIN, '--workdir', str(workdir), '--coordinator', f'localhost:{port}',
           '--num-processes', '2']
   start = time.time()
@@ -222,7 +222,7 @@ def test_coordinator_auto_trains_two_processes_from_slurm_variables_alone(tmp_pa
   SLURM variables; no address, count or id is given."""
   workdir = tmp_path / 'run'
   job = _free_slurm_job_id()
-  cmd = [sys.executable, '-c', 'import sys; from purax.cli import main; sys.exit(main())',
+  cmd = [sys.executable, '-c', 'import sys; from purax.app.cli import main; sys.exit(main())',
          *TRAIN, '--workdir', str(workdir), '--coordinator', 'auto']
   procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(
       XLA_FLAGS='--xla_force_host_platform_device_count=2', SLURM_JOB_ID=str(job),

@@ -8,7 +8,7 @@ import pytest
 
 import purax
 from purax import ConfigError, parallel, testing
-from purax.cli import main
+from purax.app.cli import main
 
 
 def test_fit_with_plan_equals_fit_on_one_device():
@@ -57,4 +57,4 @@ def test_cli_rejects_bad_mesh(tmp_path, capsys):
 
 def test_config_rejects_malformed_mesh():
   with pytest.raises(ConfigError, match="mesh axis: expected one of"):
-    purax.config.TrainConfig(mesh='model=2').validate()
+    purax.app.config.TrainConfig.of(mesh='model=2').validate()

@@ -9,12 +9,11 @@ import hashlib
 import os
 import sys
 
-from purax import cli, runs
+from purax.app import cli, runs
 
 stop_after = int(sys.argv[1])
 argv = sys.argv[2:]
 workdir = argv[argv.index('--workdir') + 1]
-real_dataset = runs.pipeline.train_dataset
 real_fit = runs.fit
 
 
@@ -40,9 +39,9 @@ def fit(*args, should_stop, **kwargs):
     calls[0] += 1
     return should_stop() or (stop_after > 0 and calls[0] >= stop_after)
 
-  return real_fit(*args, should_stop=stop, **kwargs)
+  task, state, train_data, *rest = args
+  return real_fit(task, state, Recorded(train_data), *rest, should_stop=stop, **kwargs)
 
 
-runs.pipeline.train_dataset = lambda *a, **k: Recorded(real_dataset(*a, **k))
 runs.fit = fit
 sys.exit(cli.main(argv))

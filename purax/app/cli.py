@@ -22,13 +22,18 @@ import json
 import os
 import signal
 import sys
+import threading
 from typing import Annotated, Sequence, Union
 
 import tyro
 
-from purax.config import TrainConfig
+from purax.app import dry_run, plot, runs, sweep
+from purax.app.config import SweepConfig, TrainConfig
 from purax.core.errors import PuraxError
-from purax.sweep import SweepConfig
+
+# Flat flags (--model, --steps, --lr) over the nested sections.
+Train = tyro.conf.OmitArgPrefixes[TrainConfig]
+Sweep = tyro.conf.OmitArgPrefixes[SweepConfig]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +96,11 @@ class PlotConfig:
 
 
 Command = Union[
-    Annotated[TrainConfig, tyro.conf.subcommand('train', description='Train a model.')],
+    Annotated[Train, tyro.conf.subcommand('train', description='Train a model.')],
     Annotated[EvalConfig, tyro.conf.subcommand('eval', description='Evaluate a run.')],
     Annotated[ExportConfig, tyro.conf.subcommand(
         'export', description="Export a run's predict function with jax.export.")],
-    Annotated[SweepConfig, tyro.conf.subcommand(
+    Annotated[Sweep, tyro.conf.subcommand(
         'sweep', description='Train a population of runs over hyperparameters and seeds.')],
     Annotated[GenerateConfig, tyro.conf.subcommand(
         'generate', description='Sample text from a trained language model.')],
@@ -122,7 +127,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   written), during ``eval``/``export``/``generate``, or a second time.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
-  import threading
   previous = {}
   if threading.current_thread() is threading.main_thread():
     for s in (signal.SIGTERM, signal.SIGINT):
@@ -139,21 +143,17 @@ def _main(argv: list[str]) -> int:
   if saved is not None:
     # Resuming: the run's own config supplies the defaults, so a bare
     # `purax train --workdir DIR` continues it and explicit options are checked.
-    command = tyro.cli(TrainConfig, args=argv[1:], default=saved, prog='purax train')
+    command = tyro.cli(Train, args=argv[1:], default=saved, prog='purax train')
   else:
     command = tyro.cli(Command, args=argv, prog='purax',
                        description='purax: a pure-functional training core for JAX.')
-  # Import after parsing so that `purax --help` stays fast.
-  from purax import runs
   try:
-    if isinstance(command, TrainConfig) and command.dry_run:
-      from purax.dry_run import dry_run
-      print(json.dumps({'dry_run': dry_run(command)}))
+    if isinstance(command, TrainConfig) and command.run.dry_run:
+      print(json.dumps({'dry_run': dry_run.dry_run(command)}))
     elif isinstance(command, TrainConfig):
       metrics = runs.train(command)
       print(json.dumps({'final': metrics}, indent=None))
     elif isinstance(command, SweepConfig):
-      from purax import sweep
       summary = sweep.run(command)
       print(json.dumps({'best': summary['best'], 'top': summary['members'][:1]}))
     elif isinstance(command, GenerateConfig):
@@ -161,8 +161,7 @@ def _main(argv: list[str]) -> int:
           command.workdir, command.prompt, max_new_tokens=command.max_new_tokens,
           temperature=command.temperature, seed=command.seed))
     elif isinstance(command, PlotConfig):
-      from purax.plot import plot
-      print(json.dumps({'plot': plot(command.workdir, command.out)}))
+      print(json.dumps({'plot': plot.plot(command.workdir, command.out)}))
     elif isinstance(command, ExportConfig):
       path = runs.export_run(command.workdir, out=command.out)
       print(json.dumps({'exported': path}))

@@ -20,15 +20,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from purax.app import hparams as hparams_lib
+from purax.app.config import TrainConfig
 from purax.core.errors import ConfigError, expect
+from purax.core.optim import warmup_cosine
 
 #: (panel title, train key, eval key) of the panels besides the learning rate.
 PANELS = (('loss', 'train/loss', 'eval/loss'),
           ('accuracy', 'train/accuracy', 'eval/accuracy'),
           ('grad norm', 'train/grad_norm', None))
-#: Hyperparameters a sweep legend may name, with their short labels.
-LEGEND_NAMES = {'peak_learning_rate': 'lr', 'weight_decay': 'wd', 'b1': 'b1', 'b2': 'b2',
-                'clip_norm': 'clip', 'label_smoothing': 'ls', 'seed': 'seed'}
 
 
 def _pyplot():
@@ -65,8 +65,7 @@ def read_jsonl(path: str) -> list[dict]:
 def learning_rates(config: Mapping[str, Any], peak: float | None = None,
                    points: int = 200) -> tuple[np.ndarray, np.ndarray]:
   """``(steps, lr)`` of the run's warmup-cosine schedule (:func:`purax.core.optim.warmup_cosine`)."""
-  from purax.core.optim import warmup_cosine
-  total = int(config['steps'])
+  total = int(config.get('decay_steps') or config['steps'])
   schedule = warmup_cosine(config['learning_rate'] if peak is None else peak,
                            warmup_steps=min(int(config['warmup_steps']), total),
                            total_steps=total)
@@ -120,7 +119,11 @@ def plot_run(workdir: str, out: str | None = None) -> str:
   config = {}
   if os.path.isfile(os.path.join(workdir, 'config.json')):
     with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
-      config = json.load(f)
+      text = f.read()
+    try:
+      config = TrainConfig.from_json(text).flat()
+    except ConfigError:
+      config = {}    # an unreadable config: curves without the schedule
   plt = _pyplot()
   fig, axes = plt.subplots(2, 2, figsize=(11, 7))
   for ax, (title, train_key, eval_key) in zip(axes.flat[[0, 1, 3]], PANELS):
@@ -141,15 +144,20 @@ def plot_run(workdir: str, out: str | None = None) -> str:
   return _finish(fig, axes, out or os.path.join(workdir, 'curves.png'), name, legend=False)
 
 
-def member_labels(rows: Sequence[Mapping[str, Any]]) -> dict[int, str]:
-  """``{member: 'lr=0.001 wd=0.0001 seed=1'}`` naming what differs across members."""
-  varying = [k for k in LEGEND_NAMES
-             if any(k in r for r in rows) and len({r.get(k) for r in rows}) > 1]
+def member_labels(rows: Sequence[Mapping[str, Any]],
+                  swept: Sequence[str] = ()) -> dict[int, str]:
+  """``{member: 'lr=0.001 wd=0.0001 seed=1'}`` naming every swept hyperparameter
+  (``swept``: state names) and whatever else differs across members (any
+  hyperparameter a row holds, the seed), with the table's short names."""
+  skip = {'rank', 'member', 'status', 'steps'}
+  varying = list(swept) + [k for k in rows[0] if k not in skip and k not in swept
+                           and not k.startswith('eval_') and len({r.get(k) for r in rows}) > 1
+                           ] if rows else []
   if not varying and rows and 'peak_learning_rate' in rows[0]:
     varying = ['peak_learning_rate']
   fmt = lambda v: f'{v:.3g}' if isinstance(v, float) else str(v)  # noqa: E731
-  return {int(r['member']): ' '.join(f'{LEGEND_NAMES[k]}={fmt(r.get(k))}' for k in varying)
-          for r in rows}
+  return {int(r['member']): ' '.join(f'{hparams_lib.label(k)}={fmt(r.get(k))}'
+                                     for k in varying) for r in rows}
 
 
 def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int = 12) -> str:
@@ -157,7 +165,7 @@ def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int
   history = summary['history']
   rows = summary['members']
   config = summary.get('config', {})
-  labels = member_labels(rows)
+  labels = member_labels(rows, summary.get('swept', ()))
   members = len(rows)
   plt = _pyplot()
   fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
@@ -176,8 +184,8 @@ def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int
     ax.set_title(f'{title} (train solid, eval dashed)' if eval_key else title)
   lr_ax = axes.flat[2]
   sched = {'steps': config.get('steps'), 'warmup_steps': config.get('warmup_steps'),
-           'learning_rate': 0.0}
-  if None not in sched.values() and not config.get('pbt_every'):
+           'decay_steps': config.get('decay_steps'), 'learning_rate': 0.0}
+  if None not in (sched['steps'], sched['warmup_steps']) and not config.get('pbt_every'):
     for r in rows:
       if 'peak_learning_rate' in r:
         lr_ax.plot(*learning_rates(sched, peak=r['peak_learning_rate']),

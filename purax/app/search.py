@@ -24,17 +24,6 @@ import numpy as np
 
 from purax.core.errors import ConfigError, expect
 
-# CLI flag -> (hyperparameter name in the state, TrainConfig field, valid range).
-FLAGS = {
-    'lr': ('peak_learning_rate', 'learning_rate', (0.0, math.inf, False)),
-    'weight_decay': ('weight_decay', 'weight_decay', (0.0, math.inf, True)),
-    'b1': ('b1', None, (0.0, 1.0, True)),
-    'b2': ('b2', None, (0.0, 1.0, True)),
-    'clip_norm': ('clip_norm', 'clip_norm', (0.0, math.inf, True)),
-    'label_smoothing': ('label_smoothing', 'label_smoothing', (0.0, 1.0, True)),
-}
-
-
 # -- search spaces ----------------------------------------------------------
 
 
@@ -68,8 +57,8 @@ def parse_spec(field: str, text: str) -> tuple[float, ...] | Uniform:
   """Parses a ``--FIELD`` spec: ``a,b,c``, ``loguniform:lo:hi`` or ``uniform:lo:hi``.
 
   Raises:
-    ConfigError: a malformed spec or a value outside the field's range,
-      naming the field, the expected form and the text given.
+    ConfigError: a malformed spec, naming the field, the expected form and
+      the text given (bounds: :meth:`purax.app.hparams.HParam.check`).
   """
   form = "'v1,v2,...', 'loguniform:LOW:HIGH' or 'uniform:LOW:HIGH'"
   text = str(text).strip()
@@ -87,11 +76,6 @@ def parse_spec(field: str, text: str) -> tuple[float, ...] | Uniform:
     if isinstance(e, ConfigError):
       raise
     raise ConfigError(f'--{field}: expected {form}, got {text!r}') from None
-  if field in FLAGS:
-    lo, hi, closed = FLAGS[field][2]
-    ok = all((lo <= v if closed else lo < v) and v < hi and math.isfinite(v) for v in values)
-    rng = f"in {'[' if closed else '('}{lo}, {hi})"
-    expect(ok, f'--{field}', f'values {rng}', repr(text), ConfigError)
   return spec
 
 

@@ -14,9 +14,10 @@ from typing import TextIO
 
 import jax
 
-from purax.config import TrainConfig, sample_batch
+from purax import plan as plan_lib
+from purax.app import job as job_lib
+from purax.app.config import TrainConfig
 from purax.core import summary as summary_lib
-from purax.io import profile
 
 
 def print_summary(state, *, shardings=None,
@@ -47,30 +48,23 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
   Raises:
     ConfigError, DataError: as ``purax train`` would, before compiling.
   """
-  from purax import parallel, runs
-  from purax.loop import train_step
   stream = sys.stdout if stream is None else stream
-  config = config.validate()
-  if config.profile is not None:
-    profile.parse_range(config.profile)
-  config, ds, task, _ = runs._prepare(config)   # pylint: disable=protected-access
-  sample = sample_batch(ds.x_train, ds.y_train, config.batch_size)
-  abstract = runs.abstract_checkpoint(task, sample)
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), sample)
-  state, acc = abstract['state'], abstract['train_metrics']
-  if config.mesh is not None:
-    mesh = parallel.make_mesh(**parallel.parse_mesh(config.mesh))
-    plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), sample)
-    with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-    state = jax.tree.map(with_sharding, state, plan.state_sharding)
-    batch = jax.tree.map(lambda x: with_sharding(x, plan.batch_sharding), batch)
-    lowered = plan.train_step.lower(state, acc, batch)
+  config = config.validate().resolved()
+  job = job_lib.build(config)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), job.sample)
+  state, acc = job.abstract['state'], job.abstract['train_metrics']
+  if isinstance(job.plan, plan_lib.SingleDevice):
+    lowered = plan_lib.train_step.lower(job.task, state, acc, batch)
   else:
-    lowered = train_step.lower(task, state, acc, batch)
+    with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+    state = jax.tree.map(with_sharding, state, job.plan.state_sharding)
+    batch = jax.tree.map(lambda x: with_sharding(x, job.plan.batch_sharding), batch)
+    lowered = job.plan.train_step.lower(state, acc, batch)
   cost = summary_lib.compiled_cost(lowered.compile())
   info = print_summary(state, stream=stream)
   print(summary_lib.format_cost(cost), file=stream)
-  print(f'dry run of {config.model} on {config.dataset}: {config.steps} steps of batch '
-        f'{config.batch_size} would run in {config.workdir}; nothing written', file=stream)
+  print(f'dry run of {config.model.name} on {config.data.name}: {config.run.steps} steps of '
+        f'batch {config.data.batch_size} would run in {config.run.workdir}; nothing written',
+        file=stream)
   return {'params': info.total_params,
           'state_bytes_per_device': info.bytes_per_device['total'], **cost}

@@ -1,0 +1,7 @@
+"""``python -m purax``: the ``purax`` command."""
+
+import sys
+
+from purax.app.cli import main
+
+sys.exit(main())

@@ -1,0 +1,12 @@
+"""The application layer: the ``purax`` command and the runs it makes.
+
+Everything here is a client of the public API (:mod:`purax`): configs in
+sections (:mod:`~purax.app.config`), the tables of models
+(:mod:`~purax.app.models`), data sets (:mod:`~purax.app.data`) and
+hyperparameters (:mod:`~purax.app.hparams`), the job a config builds
+(:mod:`~purax.app.job`), the run directory (:mod:`~purax.app.rundir`),
+``train``/``eval``/``export``/``generate`` (:mod:`~purax.app.runs`), sweeps
+(:mod:`~purax.app.sweep`, :mod:`~purax.app.search`, :mod:`~purax.app.report`),
+plots, ``--dry-run`` and the entry point (:mod:`~purax.app.cli`). Nothing under
+``purax.core``, ``nn``, ``parallel`` or ``io`` imports it.
+"""

@@ -1,0 +1,433 @@
+"""The typed configs of ``purax train`` and ``purax sweep``, in sections.
+
+A :class:`TrainConfig` is four sections, each checked in one place:
+
+- ``model`` (:class:`purax.app.models.ModelConfig`): name, sizes, remat, precision;
+- ``data`` (:class:`purax.app.data.DataConfig`): data set, batch sizes, sequence length;
+- ``optimizer`` (:class:`purax.app.hparams.OptimizerConfig`): one field per
+  row of the hyperparameter table, plus warmup, microbatches, loss scale;
+- ``run`` (:class:`RunConfig`): steps, seed, run directory, cadences, mesh,
+  multi-host, profiling and logging.
+
+A :class:`SweepConfig` is the same sections with the optimizer's values
+replaced by search specs (:class:`purax.app.hparams.OptimizerSearch`), plus
+the population's own options (:class:`PopulationConfig`).
+
+The command line keeps flat flags (``--model``, ``--dataset``, ``--steps``,
+``--learning-rate`` / ``--lr``); ``config.json`` holds the sections under a
+format number (:data:`FORMAT`). A ``config.json`` of format 1 (the flat
+``TrainConfig`` of purax 0.1) is read by :meth:`TrainConfig.from_flat`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import typing
+from typing import Any, Literal, Mapping
+
+from purax import __version__
+from purax.app import hparams as hparams_lib
+from purax.app.data import INT32_LIMIT, DataConfig
+from purax.app.models import ModelConfig
+from purax.core.errors import ConfigError, expect
+from purax.io import profile
+from purax.io.writers import check_wandb
+from purax.parallel.mesh import parse_mesh
+
+#: The format of ``config.json``: 2 since the sections (1: one flat object).
+FORMAT = 2
+OptimizerConfig = hparams_lib.OptimizerConfig
+OptimizerSearch = hparams_lib.OptimizerSearch
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """The run.
+
+  Attributes:
+    steps: optimizer updates (a finished run resumed with a larger value trains on;
+      see --decay-steps).
+    seed: seed of initialization, shuffling and dropout.
+    decay_steps: steps the cosine learning-rate decay spans; when unset --steps (so
+      a run resumed with a larger --steps re-plans its decay from there; set it to
+      the old --steps to keep the old schedule, which ends at learning rate 0).
+    workdir: run directory, runs/DATASET-MODEL-TIME when unset; an existing
+      run directory is resumed from its newest committed checkpoint.
+    log_every: write training metrics every N steps (the loop's only host sync).
+    eval_every: evaluate on the test split every N steps (0: at the end only).
+    progress: show a progress bar (on a terminal; one line per log point otherwise).
+    checkpoint_every: save a checkpoint every N steps (0: only at the end).
+    keep_last: keep the newest N checkpoints.
+    keep_best: also keep the best K checkpoints by eval accuracy (0: off).
+    steps_per_call: run K steps per dispatch (lax.scan over K stacked batches;
+      bitwise the same training; log/eval/checkpoint cadences must be
+      multiples of K; one device only).
+    debug_nans: turn on jax_debug_nans (slow: re-runs an op that makes a NaN
+      un-jitted and raises where it happened).
+    mesh: run on a device mesh, e.g. 'data=4,fsdp=2' (axes data, fsdp, tensor;
+      one may be -1); the strategy follows the shape (purax.parallel.for_mesh).
+    coordinator: multi-host: HOST:PORT of process 0 (jax.distributed), or 'auto'.
+    num_processes: multi-host: number of processes.
+    process_id: multi-host: this process's index; only process 0 writes logs.
+    dry_run: validate, build and compile the step, print the model summary and
+      the step's FLOPs and memory, and exit without training or writing.
+    profile: 'START:STOP': a jax.profiler trace of those steps in the run
+      directory (tensorboard --logdir, xprof, or perfetto_trace.json.gz).
+    profile_memory: with --profile, also write a device memory profile
+      (memory.prof, pprof) when the trace stops.
+    wandb_project: also log to Weights & Biases under this project (offline
+      unless WANDB_MODE says otherwise; needs pip install 'purax[wandb]').
+  """
+
+  steps: int = 500
+  seed: int = 0
+  decay_steps: int | None = None
+  workdir: str | None = None
+  log_every: int = 50
+  eval_every: int = 250
+  progress: bool = True
+  checkpoint_every: int = 250
+  keep_last: int = 2
+  keep_best: int = 0
+  steps_per_call: int = 1
+  debug_nans: bool = False
+  mesh: str | None = None
+  coordinator: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  dry_run: bool = False
+  profile: str | None = None
+  profile_memory: bool = False
+  wandb_project: str | None = None
+
+  def validate(self) -> 'RunConfig':
+    """Raises ConfigError naming the field, the expected and the actual value."""
+    for name in ('steps', 'log_every', 'keep_last', 'steps_per_call'):
+      value = getattr(self, name)
+      expect(1 <= value < INT32_LIMIT, name, '>= 1 and < 2**31', value, ConfigError)
+    for name in ('eval_every', 'checkpoint_every', 'keep_best'):
+      value = getattr(self, name)
+      expect(0 <= value < INT32_LIMIT, name, '>= 0 and < 2**31', value, ConfigError)
+    expect(self.decay_steps is None or 1 <= self.decay_steps < INT32_LIMIT, 'decay_steps',
+           '>= 1 or unset', self.decay_steps, ConfigError)
+    expect(0 <= self.seed < 2 ** 32, 'seed', 'in [0, 2**32)', self.seed, ConfigError)
+    k = self.steps_per_call
+    for name in ('log_every', 'eval_every', 'checkpoint_every'):
+      expect(getattr(self, name) % k == 0, name, f'a multiple of steps_per_call={k}',
+             getattr(self, name), ConfigError)
+    expect(k == 1 or self.mesh is None, 'steps_per_call', '1 with --mesh (multi-step calls '
+           'run on one device)', k, ConfigError)
+    if self.mesh is not None:
+      parse_mesh(self.mesh)
+    if self.profile is not None:
+      profile.parse_range(self.profile)
+    if self.wandb_project is not None:
+      check_wandb('wandb_project')
+    return self
+
+
+#: Fields that may differ when a run is resumed: they do not change the computation.
+RESUMABLE_CHANGES = frozenset({
+    'run.workdir', 'run.progress', 'run.log_every', 'run.eval_every', 'data.eval_batch_size',
+    'run.checkpoint_every', 'run.keep_last', 'run.keep_best', 'run.mesh', 'run.coordinator',
+    'run.num_processes', 'run.process_id', 'optimizer.max_consecutive_skips',
+    'run.debug_nans', 'run.dry_run', 'run.profile', 'run.profile_memory',
+    'run.wandb_project', 'run.steps_per_call',
+    # Train longer: more steps (the decay re-planned unless decay_steps is set).
+    'run.steps', 'run.decay_steps'})
+
+SECTIONS = ('model', 'data', 'optimizer', 'run')
+
+
+def _flag(section: str, field: str) -> str:
+  """The flat name (CLI flag, format-1 key) of a section field."""
+  return {('model', 'name'): 'model', ('data', 'name'): 'dataset'}.get((section, field), field)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """A training run: ``purax train``."""
+
+  model: ModelConfig = ModelConfig()
+  data: DataConfig = DataConfig()
+  optimizer: OptimizerConfig = OptimizerConfig()   # type: ignore[valid-type]
+  run: RunConfig = RunConfig()
+
+  @classmethod
+  def of(cls, **flat) -> 'TrainConfig':
+    """A config from flat names, as the command line spells them:
+    ``TrainConfig.of(model='lm', dataset='pystdlib', steps=100, learning_rate=1e-3)``.
+
+    Raises:
+      ConfigError: an unknown name, naming the known ones.
+    """
+    return cls.from_flat(flat)
+
+  @classmethod
+  def from_flat(cls, flat: Mapping[str, Any]) -> 'TrainConfig':
+    """A config from a flat mapping: :meth:`of`'s names, or a format-1
+    ``config.json`` (purax 0.1, one flat object)."""
+    return from_flat(cls, flat)
+
+  def flat(self) -> dict[str, Any]:
+    """The fields under their flat names (inverse of :meth:`from_flat`)."""
+    return flat(self)
+
+  def validate(self) -> 'TrainConfig':
+    """Checks every field that can be checked without data, each in its section.
+
+    Raises:
+      ConfigError: naming the field, the expected and the actual value.
+    """
+    self._check_types()
+    self.model.validate()
+    self.data.validate()
+    self.optimizer.validate()
+    self.run.validate()
+    expect(self.model.spec.tokens == self.data.spec.tokens, 'dataset',
+           "'pystdlib' or 'text:PATH' (text) with --model lm, and only with it",
+           f'{self.data.name!r} with --model {self.model.name}', ConfigError)
+    m = self.optimizer.microbatches
+    expect(self.data.batch_size % m == 0, 'batch_size', f'a multiple of microbatches={m}',
+           self.data.batch_size, ConfigError)
+    return self
+
+  def _check_types(self) -> None:
+    """Each field of the type its annotation names (config.json may be edited)."""
+    for section in SECTIONS:
+      value = getattr(self, section)
+      expect(isinstance(value, _section_type(type(self), section)), section,
+             f'a {_section_type(type(self), section).__name__}', type(value).__name__,
+             ConfigError)
+      hints = typing.get_type_hints(type(value), include_extras=False)
+      for field in dataclasses.fields(value):
+        check_type(_flag(section, field.name), getattr(value, field.name), hints[field.name])
+
+  def check_resumable(self, saved: 'TrainConfig', *, reached: int | None = None) -> None:
+    """Checks that this config may continue a run saved with ``saved``.
+
+    Only fields that do not change the computation may differ (logging,
+    evaluation cadence, checkpointing, the progress bar), and ``steps`` (to
+    train longer; not below ``reached``, the newest checkpoint's step).
+
+    Raises:
+      ConfigError: naming the first field that differs, with both values.
+    """
+    ours, theirs = self.saved_form(), saved.saved_form()
+    for section in SECTIONS:
+      for field in dataclasses.fields(getattr(ours, section)):
+        if f'{section}.{field.name}' in RESUMABLE_CHANGES:
+          continue
+        mine, old = (getattr(getattr(c, section), field.name) for c in (ours, theirs))
+        expect(mine == old, _flag(section, field.name),
+               f'{old!r} (as in the run being resumed; start a new --workdir to change it)',
+               repr(mine), ConfigError)
+    if reached is not None:
+      expect(self.run.steps >= reached, 'steps', f'>= {reached} (the step of the newest '
+             'checkpoint of the run being resumed)', self.run.steps, ConfigError)
+    # The decay a run follows is part of its computation: unset means --steps.
+    decay = lambda c: c.run.decay_steps or c.run.steps   # noqa: E731
+    expect(reached is None or reached == 0 or decay(self) == decay(saved)
+           or self.run.steps != saved.run.steps, 'decay_steps',
+           f'{decay(saved)} (as in the run being resumed)', decay(self), ConfigError)
+
+  def resolved(self) -> 'TrainConfig':
+    """:meth:`saved_form` with ``workdir`` filled in
+    (``runs/DATASET-MODEL-YYYYmmdd-HHMMSS`` when unset)."""
+    config = self.saved_form()
+    if config.run.workdir:
+      return config
+    name = self.data.name.replace(':', '_').replace('/', '_')
+    workdir = os.path.join('runs', f"{name}-{config.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, workdir=workdir))
+
+  def saved_form(self) -> 'TrainConfig':
+    """The fields as ``config.json`` records them: model sizes resolved to the
+    model's defaults, a data file's path absolute (also applied to a saved
+    config read back, so older runs compare equal)."""
+    return dataclasses.replace(self, model=self.model.with_sizes(),
+                               data=self.data.with_absolute_path())
+
+  def to_json(self) -> str:
+    return json.dumps({'format': FORMAT, **dataclasses.asdict(self)}, indent=2, sort_keys=True)
+
+  @classmethod
+  def from_json(cls, text: str) -> 'TrainConfig':
+    """The config a run saved, checked (format, types, required fields).
+
+    Reads format 2 (sections) and format 1 (purax 0.1's flat object).
+
+    Raises:
+      ConfigError: not JSON, not an object, another format (named), an
+        unknown or missing field, or a field of the wrong type (naming it).
+    """
+    try:
+      data = json.loads(text)
+    except ValueError as e:   # garbage bytes, truncation, invalid UTF-8
+      raise ConfigError(f'config.json: expected a JSON object, got unreadable text ({e})'
+                        ) from None
+    expect(isinstance(data, dict), 'config.json', 'a JSON object', type(data).__name__,
+           ConfigError)
+    version = data.pop('format', 1)
+    expect(version in (1, FORMAT), 'config.json format', f'1 or {FORMAT} (this is purax '
+           f'{__version__}; a newer purax wrote this run)', version, ConfigError)
+    if version == 1:
+      expect('model' in data, 'config.json', "the fields ['model']", "['model'] missing",
+             ConfigError)
+      config = cls.from_flat(data)
+    else:
+      missing = [s for s in SECTIONS if not isinstance(data.get(s), dict)]
+      expect(not missing, 'config.json', f'the sections {list(SECTIONS)}', f'{missing} missing',
+             ConfigError)
+      unknown = sorted(set(data) - set(SECTIONS))
+      expect(not unknown, 'config.json', f'the sections {list(SECTIONS)}', unknown, ConfigError)
+      expect('name' in data['model'], 'config.json', "the fields ['model']", "['model'] missing",
+             ConfigError)
+      config = cls.from_flat({_flag(s, k): v for s in SECTIONS for k, v in data[s].items()})
+    config._check_types()    # values are checked by validate(), where the run starts
+    return config
+
+
+def from_flat(cls, flat: Mapping[str, Any]):
+  """``cls`` (a config of sections) from flat names (the CLI's flags).
+
+  Raises:
+    ConfigError: an unknown name, naming the known ones.
+  """
+  sections = [f.name for f in dataclasses.fields(cls)]
+  where = {_flag(s, f.name): (s, f.name) for s in sections
+           for f in dataclasses.fields(_section_type(cls, s))}
+  unknown = sorted(set(flat) - set(where))
+  expect(not unknown, 'config', f'fields among {sorted(where)}', unknown, ConfigError)
+  parts = {s: {} for s in sections}
+  for name, value in flat.items():
+    section, field = where[name]
+    parts[section][field] = value
+  defaults = cls()
+  return cls(**{s: dataclasses.replace(getattr(defaults, s), **parts[s]) for s in sections})
+
+
+def flat(config) -> dict[str, Any]:
+  """A config of sections as one mapping of flat names (inverse of :func:`from_flat`)."""
+  return {_flag(s.name, f.name): getattr(getattr(config, s.name), f.name)
+          for s in dataclasses.fields(config) for f in dataclasses.fields(getattr(config, s.name))}
+
+
+def _section_type(cls, section: str):
+  return typing.get_type_hints(cls)[section]
+
+
+def check_type(name: str, value, hint) -> None:
+  """Raises ConfigError unless ``value`` is of the type ``hint`` names."""
+  allowed = tuple(a for a in typing.get_args(hint) if isinstance(a, type)) or (
+      (str,) if typing.get_origin(hint) is Literal else (hint,))
+  ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+  if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+    ok = True
+  names = ' or '.join('None' if a is type(None) else a.__name__ for a in allowed)
+  expect(ok, name, names, f'{value!r} ({type(value).__name__})', ConfigError)
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationConfig:
+  """The population of a sweep.
+
+  Attributes:
+    seeds: comma-separated seeds; crossed with every list spec.
+    members: population size when a spec is random; when unset the grid size.
+    sample_seed: seed of the random draws.
+    metric: eval metric that ranks members (loss is minimised, accuracy maximised).
+    patience: early-stop a member after N evaluations without improvement (0: off).
+    pbt_every: population-based training every N steps, after that step's
+      evaluation (a multiple of --eval-every; 0: off).
+    pbt_fraction: share of members replaced by PBT, in (0, 0.5].
+  """
+
+  seeds: str = '0'
+  members: int | None = None
+  sample_seed: int = 0
+  metric: Literal['loss', 'accuracy'] = 'loss'
+  patience: int = 0
+  pbt_every: int = 0
+  pbt_fraction: float = 0.25
+
+  def validate(self, eval_every: int) -> 'PopulationConfig':
+    for name in ('patience', 'pbt_every', 'sample_seed'):
+      expect(getattr(self, name) >= 0, name, '>= 0', getattr(self, name), ConfigError)
+    expect(0 < self.pbt_fraction <= 0.5, 'pbt_fraction', 'in (0, 0.5]', self.pbt_fraction,
+           ConfigError)
+    expect(not self.pbt_every or (eval_every and self.pbt_every % eval_every == 0),
+           'pbt_every', f'0 or a multiple of eval_every={eval_every} (PBT ranks members '
+           'by the evaluation at its step)', self.pbt_every, ConfigError)
+    return self
+
+
+#: Run options a sweep does not have (it checkpoints only its best member, at the end).
+SWEEP_UNSUPPORTED = ('checkpoint_every', 'keep_best', 'steps_per_call', 'coordinator',
+                     'num_processes', 'process_id', 'dry_run', 'profile', 'wandb_project',
+                     'decay_steps')
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+  """A sweep: many training runs of one model, trained at once as a population
+  (``purax sweep``): the sections of ``purax train``, each optimizer
+  hyperparameter a search spec."""
+
+  model: ModelConfig = ModelConfig(name='mlp')
+  data: DataConfig = DataConfig()
+  optimizer: OptimizerSearch = OptimizerSearch(warmup_steps=20)   # type: ignore[valid-type]
+  run: RunConfig = RunConfig(steps=300, log_every=25, eval_every=100)
+  population: PopulationConfig = PopulationConfig()
+
+  @classmethod
+  def of(cls, **flat_names) -> 'SweepConfig':
+    """A sweep from flat names: ``SweepConfig.of(learning_rate='1e-3,3e-3', steps=50)``."""
+    return from_flat(cls, flat_names)
+
+  def validate(self) -> 'SweepConfig':
+    """Checks every section and spec.
+
+    Raises:
+      ConfigError: naming the field, the expected and the actual value.
+    """
+    defaults = RunConfig()
+    for name in SWEEP_UNSUPPORTED:
+      expect(getattr(self.run, name) == getattr(defaults, name), name,
+             f'{getattr(defaults, name)!r} (purax sweep has no such option; it saves its '
+             'best member at the end)', getattr(self.run, name), ConfigError)
+    self.base().validate()
+    self.population.validate(self.run.eval_every)
+    return self
+
+  def specs(self) -> dict[str, Any]:
+    """``state name -> spec`` of every hyperparameter (a tuple or a distribution)."""
+    return {row.state: hparams_lib.parse_spec(row, getattr(self.optimizer, row.field))
+            for row in hparams_lib.HPARAMS}
+
+  def base(self, values: Mapping[str, float] | None = None, *, seed: int | None = None,
+           workdir: str | None = None) -> TrainConfig:
+    """The :class:`TrainConfig` of one member: hyperparameters ``values``
+    (state names; default the first value of each spec), its seed and run directory."""
+    first = {n: s[0] if isinstance(s, tuple) else s.low for n, s in self.specs().items()}
+    values = {**first, **(values or {})}
+    settings = {name: getattr(self.optimizer, name) for name in hparams_lib.SETTINGS}
+    optimizer = OptimizerConfig(**settings, **{row.field: float(values[row.state])
+                                               for row in hparams_lib.HPARAMS})
+    run = dataclasses.replace(self.run, progress=False,
+                              seed=self.run.seed if seed is None else int(seed),
+                              workdir=workdir if workdir is not None else self.run.workdir,
+                              checkpoint_every=0)
+    return TrainConfig(model=self.model.with_sizes(), data=self.data, optimizer=optimizer,
+                       run=run)
+
+  def resolved(self) -> 'SweepConfig':
+    if self.run.workdir:
+      return self
+    name = self.data.name.replace(':', '_').replace('/', '_')
+    workdir = os.path.join('runs', f"sweep-{name}-{self.model.name}-"
+                           f"{time.strftime('%Y%m%d-%H%M%S')}")
+    return dataclasses.replace(self, run=dataclasses.replace(self.run, workdir=workdir))

@@ -1,0 +1,193 @@
+"""The hyperparameter table: one row per tunable hyperparameter of the CLI.
+
+A row says everything the application layer needs to know about it: its
+config field (``--FIELD``, and a short alias such as ``--lr``), its default,
+its bounds (checked here, once, for ``purax train`` values, ``purax sweep``
+specs and PBT's perturbations), and its name in the state — an optimizer
+hyperparameter lives in ``opt_state.hyperparams`` (injected by
+:func:`purax.core.optim.adamw`), a loss one in ``state.hparams``.
+
+The config sections :class:`OptimizerConfig` (values, ``purax train``) and
+:class:`OptimizerSearch` (search specs, ``purax sweep``) are generated from
+:data:`HPARAMS`, as are the sweep report's columns and the plot legends. So
+a new sweepable optimizer hyperparameter is one row here plus its argument
+in :func:`purax.core.optim.adamw`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Annotated, Literal
+
+import numpy as np
+import tyro
+
+from purax.app import search
+from purax.core.errors import ConfigError, expect
+
+
+@dataclasses.dataclass(frozen=True)
+class HParam:
+  """One hyperparameter.
+
+  Attributes:
+    field: config field and ``--flag`` (``learning_rate`` -> ``--learning-rate``).
+    state: its name in the state (``opt_state.hyperparams`` or ``state.hparams``).
+    where: ``'optimizer'`` (an argument of :func:`purax.core.optim.adamw`) or
+      ``'loss'`` (a key of ``Task.hparams``).
+    default: the value when not given.
+    low, high: bounds; ``low_open`` / ``high_open`` exclude them.
+    short: a shorter flag and the column / legend name (``lr``).
+    help: one line for ``--help``.
+  """
+
+  field: str
+  state: str
+  where: Literal['optimizer', 'loss']
+  default: float
+  low: float
+  high: float
+  low_open: bool = False
+  high_open: bool = False
+  short: str | None = None
+  help: str = ''
+
+  @property
+  def label(self) -> str:
+    return self.short or self.field
+
+  def interval(self) -> str:
+    return (f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+            f"{')' if self.high_open else ']'}")
+
+  def contains(self, value: float) -> bool:
+    return (math.isfinite(value)
+            and (self.low < value if self.low_open else self.low <= value)
+            and (value < self.high if self.high_open else value <= self.high))
+
+  def check(self, value: float, name: str | None = None) -> None:
+    """Raises ConfigError naming ``name`` (default the field) unless in bounds."""
+    expect(self.contains(float(value)), name or self.field, f'a finite value in '
+           f'{self.interval()}', value, ConfigError)
+
+  def clip_bounds(self) -> tuple[float, float]:
+    """The closed float32 interval PBT clips a perturbed value to."""
+    lo, hi = np.float32(self.low), np.float32(min(self.high, np.finfo(np.float32).max))
+    if self.low_open:
+      lo = np.nextafter(lo, np.float32(np.inf))
+    if self.high_open:
+      hi = np.nextafter(hi, np.float32(-np.inf))
+    return float(lo), float(hi)
+
+
+HPARAMS: tuple[HParam, ...] = (
+    HParam('learning_rate', 'peak_learning_rate', 'optimizer', 2e-3, 0.0, 10.0, low_open=True,
+           short='lr', help='peak AdamW learning rate (after warmup; cosine decay to 0)'),
+    HParam('weight_decay', 'weight_decay', 'optimizer', 1e-4, 0.0, 1.0, short='wd',
+           help='decoupled weight decay'),
+    HParam('b1', 'b1', 'optimizer', 0.9, 0.0, 1.0, high_open=True,
+           help="Adam's first-moment decay rate"),
+    HParam('b2', 'b2', 'optimizer', 0.999, 0.0, 1.0, high_open=True,
+           help="Adam's second-moment decay rate"),
+    HParam('clip_norm', 'clip_norm', 'optimizer', 1.0, 0.0, math.inf, low_open=True,
+           high_open=True, short='clip', help='global-norm gradient clipping threshold'),
+    HParam('label_smoothing', 'label_smoothing', 'loss', 0.0, 0.0, 1.0, high_open=True,
+           short='ls', help='label smoothing of the classification / LM loss'),
+)
+
+BY_FIELD = {h.field: h for h in HPARAMS}
+BY_STATE = {h.state: h for h in HPARAMS}
+
+
+def label(state_name: str) -> str:
+  """The short column / legend name of a state hyperparameter (its own name
+  when it is not in the table, e.g. a user's loss hyperparameter)."""
+  row = BY_STATE.get(state_name)
+  return row.label if row else state_name
+
+
+# -- the config sections generated from the table ------------------------------
+
+#: Fields of the optimizer section that are not tunable hyperparameters.
+_SETTINGS = (
+    ('warmup_steps', int, 50, 'linear warmup length (steps)'),
+    ('microbatches', int, 1, 'gradient accumulation: split each batch into N microbatches '
+     '(batch_size must divide); one optimizer update per batch'),
+    ('loss_scale', float, 2.0 ** 15, 'initial dynamic loss scale when the precision computes '
+     'in float16'),
+    ('max_consecutive_skips', int, 10, 'stop with an error after N consecutive steps with '
+     'non-finite gradients (each is skipped, the state unchanged)'),
+)
+
+_SETTING_CHECKS = {
+    'warmup_steps': (lambda v: v >= 0, '>= 0'),
+    'microbatches': (lambda v: v >= 1, '>= 1'),
+    'loss_scale': (lambda v: math.isfinite(v) and 1 <= v <= 2.0 ** 24, 'in [1, 2**24]'),
+    'max_consecutive_skips': (lambda v: v >= 1, '>= 1'),
+}
+
+
+#: Names of the optimizer section's settings (not tunable hyperparameters).
+SETTINGS = tuple(name for name, *_ in _SETTINGS)
+
+
+def _flag(row: HParam, kind, default, help_text):
+  aliases = (f'--{row.short}',) if row.short else ()
+  return (row.field, Annotated[kind, tyro.conf.arg(help=help_text, aliases=aliases)],
+          dataclasses.field(default=default))
+
+
+def _settings():
+  return [(name, Annotated[kind, tyro.conf.arg(help=text)], dataclasses.field(default=default))
+          for name, kind, default, text in _SETTINGS]
+
+
+def _check_optimizer(self) -> None:
+  for row in HPARAMS:
+    value = getattr(self, row.field)
+    if isinstance(value, (int, float)):
+      row.check(value)
+    else:
+      parse_spec(row, value)
+  for name, (ok, expected) in _SETTING_CHECKS.items():
+    expect(ok(getattr(self, name)), name, expected, getattr(self, name), ConfigError)
+
+
+def _values(self) -> dict[str, float]:
+  """``state name -> value`` of every hyperparameter (``adamw`` / ``Task.hparams``)."""
+  return {row.state: float(getattr(self, row.field)) for row in HPARAMS}
+
+
+OptimizerConfig = dataclasses.make_dataclass(
+    'OptimizerConfig',
+    [_flag(r, float, r.default, r.help) for r in HPARAMS] + _settings(),
+    frozen=True, namespace={'validate': _check_optimizer, 'values': _values,
+                            '__doc__': 'The optimizer (AdamW, warmup + cosine) and the '
+                            'loss hyperparameters: one field per row of HPARAMS, plus '
+                            'the update settings.'})
+
+OptimizerSearch = dataclasses.make_dataclass(
+    'OptimizerSearch',
+    [_flag(r, str, repr(r.default), f"{r.help}: 'v1,v2,...', 'loguniform:LOW:HIGH' or "
+           f"'uniform:LOW:HIGH', values in {r.interval()}") for r in HPARAMS] + _settings(),
+    frozen=True, namespace={'validate': _check_optimizer,
+                            '__doc__': 'The optimizer section of a sweep: each hyperparameter '
+                            'a search spec (a list, or a distribution drawn per member).'})
+
+
+def parse_spec(row: HParam, text: str):
+  """Parses a sweep spec of ``row``: ``a,b,c``, ``loguniform:lo:hi`` or ``uniform:lo:hi``.
+
+  Returns:
+    A tuple of floats, or a :class:`purax.app.search.Uniform`.
+
+  Raises:
+    ConfigError: a malformed spec or a value outside the row's bounds,
+      naming ``--FIELD``, the expected form and the text given.
+  """
+  spec = search.parse_spec(row.field.replace("_", "-"), text)
+  values = spec if isinstance(spec, tuple) else (spec.low, spec.high)
+  expect(all(row.contains(v) for v in values), f'--{row.field.replace("_", "-")}',
+         f'values in {row.interval()}', repr(text), ConfigError)
+  return spec

@@ -1,0 +1,205 @@
+"""Everything a run builds before it writes a file: data, task, plan, shapes.
+
+:func:`build` turns a validated :class:`purax.app.config.TrainConfig` into a
+:class:`Job` — the loaded data, the :class:`purax.Task`, the plan that places
+and steps the state (one device, or a mesh), the abstract checkpoint tree
+(traced: shapes are checked) — and refuses a language model whose step
+cannot fit in memory, all before a run directory is touched. ``purax train``,
+``--dry-run``, ``purax sweep``, ``eval``, ``export`` and ``generate`` share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import purax
+from purax import parallel
+from purax import plan as plan_lib
+from purax.app import data as data_lib
+from purax.app import models
+from purax.app.config import TrainConfig
+from purax.app.hparams import HPARAMS
+from purax.core import flops
+from purax.core.errors import ConfigError, expect
+from purax.core.optim import adamw
+from purax.core.precision import get_policy
+from purax.core.task import Task
+from purax.io.resume import abstract_checkpoint
+from purax.nn.transformer import count_params
+
+
+def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
+  """The Task (model, AdamW, the data set's loss) of a config, checked against
+  the data's shapes.
+
+  Raises:
+    DataError: inputs of ``input_shape`` do not suit the model.
+  """
+  model = models.build(config.model, num_classes=num_classes, seq_len=config.data.seq_len)
+  models.check_input_shape(model, (1, *input_shape), field='x_train')
+  opt, run = config.optimizer, config.run
+  values = opt.values()
+  tx = adamw(learning_rate=values['peak_learning_rate'],
+             total_steps=run.decay_steps or run.steps,
+             warmup_steps=min(opt.warmup_steps, run.decay_steps or run.steps),
+             **{row.state: values[row.state] for row in HPARAM_ROWS['optimizer']
+                if row.state != 'peak_learning_rate'})
+  policy = get_policy(config.model.precision)
+  return Task(model=model, tx=tx, loss=config.data.spec.loss,
+              hparams={row.state: values[row.state] for row in HPARAM_ROWS['loss']},
+              microbatches=opt.microbatches,
+              loss_scale=opt.loss_scale if policy.needs_loss_scaling else None)
+
+
+#: The hyperparameter table's rows by where they live: adamw's arguments, Task.hparams.
+HPARAM_ROWS = {w: tuple(r for r in HPARAMS if r.where == w) for w in ('optimizer', 'loss')}
+
+
+@dataclasses.dataclass
+class Job:
+  """A run, built and checked, nothing written.
+
+  Attributes:
+    config: the validated, resolved config.
+    data: the loaded :class:`purax.app.data.Data` (None for a saved run
+      rebuilt from its recorded shapes).
+    task: the :class:`purax.Task`.
+    sample: a zero batch of the run's shapes ``[batch_size, ...]``.
+    abstract: the abstract checkpoint tree ``{'state', 'train_metrics'}``.
+    plan: the :mod:`purax.plan` plan (a sharded one on a mesh).
+    train_data: the run's training batches, random access by step (None
+      for a saved run rebuilt from its recorded shapes).
+    num_devices: devices one step runs on.
+    num_classes: classes (a language model's vocabulary size).
+  """
+
+  config: TrainConfig
+  data: data_lib.Data
+  task: Task
+  sample: dict
+  abstract: dict
+  plan: Any
+  num_devices: int
+  num_classes: int
+  train_data: Any = None
+
+  def init(self, seed: int):
+    """The fresh state of ``seed``, placed as the plan wants it."""
+    if isinstance(self.plan, plan_lib.SingleDevice):
+      return jax.jit(self.task.init)(jax.random.key(seed), self.sample)
+    return self.plan.init(jax.random.key(seed))
+
+  def metadata(self) -> dict:
+    """What every checkpoint records beside the arrays; with the per-example
+    shapes of the data, so that export and generate need no data file."""
+    return metadata(self.config, self.sample, self.num_classes)
+
+
+def metadata(config: TrainConfig, sample: dict | None = None, num_classes=None) -> dict:
+  meta = {'config': json_config(config), 'purax_version': purax.__version__,
+          'jax_version': jax.__version__, 'device_count': jax.device_count(),
+          'process_count': jax.process_count(), 'mesh': None}
+  if sample is not None:
+    meta['data_shapes'] = {'x': list(sample['x'].shape[1:]), 'x_dtype': str(sample['x'].dtype),
+                           'y': list(sample['y'].shape[1:]), 'y_dtype': str(sample['y'].dtype),
+                           'num_classes': int(num_classes)}
+  return meta
+
+
+def json_config(config: TrainConfig) -> dict:
+  return {'format': 2, **dataclasses.asdict(config)}
+
+
+def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: None,
+          mesh: bool = True) -> Job:
+  """Loads the data and builds the task and plan of a validated config.
+
+  Args:
+    config: validated and resolved.
+    phase: called after each phase with its name (``'loading the data'``,
+      ``'tracing the model'``, ``'building the plan'``), e.g. to stop early.
+    mesh: build the mesh plan when ``config.run.mesh`` is set.
+
+  Raises:
+    ConfigError, DataError: the data, the model's shapes, or the memory estimate.
+  """
+  data = config.data.spec.load(config.data)
+  phase('loading the data')
+  task = build_task(config, num_classes=data.num_classes, input_shape=data.input_shape)
+  sample = data.sample(config.data.batch_size)
+  abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
+  phase('tracing the model')
+  plan, num_devices = plan_lib.SingleDevice(task, config.run.steps_per_call), 1
+  if mesh and config.run.mesh is not None:
+    device_mesh = parallel.make_mesh(**parallel.parse_mesh(config.run.mesh))
+    plan = parallel.sharded(task, device_mesh, parallel.for_mesh(device_mesh), sample)
+    num_devices = device_mesh.devices.size
+  run = config.run
+  train_data = data.train(config.data.batch_size, run.seed, run.steps)   # checks the batch size
+  job = Job(config, data, task, sample, abstract, plan, num_devices, data.num_classes,
+            train_data)
+  check_memory(job)   # before any compilation
+  phase('building the plan')
+  return job
+
+
+def available_bytes(device) -> int | None:
+  """Memory the step may use on ``device``: the accelerator's limit, or on a
+  CPU the host's available memory (None when unknown)."""
+  stats = device.memory_stats() if hasattr(device, 'memory_stats') else None
+  if stats and stats.get('bytes_limit'):
+    return int(stats['bytes_limit'])
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:    # not Linux: no estimate, no refusal
+    return None
+  return None
+
+
+def check_memory(job: Job) -> None:
+  """Refuses a transformer run whose activations cannot fit, before compiling."""
+  config, model = job.config, job.task.model
+  if not hasattr(model, 'num_heads'):
+    return
+  n = job.num_devices
+  state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(job.abstract['state']))
+  need = flops.transformer_step_bytes(
+      batch=max(1, config.data.batch_size // n), seq_len=int(job.sample['x'].shape[1]),
+      d_model=model.d_model, num_layers=model.num_layers, num_heads=model.num_heads,
+      vocab=model.vocab_size if hasattr(model, 'vocab_size') else 0,
+      bytes_per_value=jnp.dtype(model.dtype).itemsize, remat=config.model.remat,
+      microbatches=config.optimizer.microbatches) + state_bytes // n
+  have = available_bytes(jax.devices()[0])
+  expect(have is None or need <= have, 'batch_size',
+         f'a step that fits the {have / 2**30:.1f} GiB available on {jax.devices()[0].device_kind} '
+         '(use a smaller --batch-size or --seq-len, --microbatches, or --remat full)',
+         f'{config.data.batch_size}, estimated to need {need / 2**30:.1f} GiB of activations and '
+         'state (purax.core.flops.transformer_step_bytes)', ConfigError)
+
+
+def with_throughput(writer, job: Job):
+  """Adds tokens/s and MFU (:mod:`purax.core.flops`) to the logs of a language model."""
+  if not job.config.data.spec.tokens:
+    return writer
+  model = job.task.model
+  per_token = flops.flops_per_token(
+      count_params(job.abstract['state'].params), num_layers=model.num_layers,
+      d_model=model.d_model, seq_len=job.config.data.seq_len)
+  return flops.ThroughputWriter(
+      writer, tokens_per_step=job.config.data.batch_size * job.config.data.seq_len,
+      flops_per_tok=per_token, device_kind=jax.devices()[0].device_kind, dtype=model.dtype,
+      num_devices=job.num_devices)
+
+
+def shapes_sample(shapes: dict, batch_size: int) -> dict[str, np.ndarray]:
+  """The zero batch a checkpoint's recorded ``data_shapes`` describe."""
+  return data_lib.sample_batch(shapes['x'], shapes['x_dtype'], shapes['y'], shapes['y_dtype'],
+                               batch_size)

@@ -1,0 +1,164 @@
+"""The model table of the command line, and the ``model`` config section.
+
+:data:`MODELS` maps a name to a flax.linen class. :func:`build` constructs it
+from the :class:`ModelConfig` section: each option of the section that the
+class declares as a field (``dropout_rate``, ``d_model``, ``num_layers``,
+``num_heads``, ``remat``) is passed when set; one it does not declare is
+refused by name. The number of classes goes to ``num_classes`` (or
+``vocab_size``), the sequence length to ``max_len``, and the precision's
+dtypes to ``dtype`` / ``param_dtype``.
+
+Adding a model to the CLI is its module (e.g. ``purax/nn/mine.py``) plus one
+row here; an option of its own is one more field of :class:`ModelConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Literal, Sequence
+
+import flax.linen as nn
+import tyro
+
+from purax.core.errors import ConfigError, expect
+from purax.core.precision import get_policy
+from purax.nn.cnn import CNN
+from purax.nn.mlp import MLP
+from purax.nn.remat import check_remat
+from purax.nn.resnet import ResNet
+from purax.nn.transformer import DecoderLM, TransformerEncoder
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """A row of the table.
+
+  Attributes:
+    cls: the flax.linen class.
+    help: one line for ``--help`` and the README.
+    tokens: takes int32 token ids ``[batch, seq]`` and gives logits
+      ``[batch, seq, vocab]`` (a language model: text data sets only).
+  """
+
+  cls: type[nn.Module]
+  help: str
+  tokens: bool = False
+
+  @property
+  def options(self) -> frozenset[str]:
+    """The :class:`ModelConfig` options this model takes."""
+    return frozenset(f.name for f in dataclasses.fields(self.cls)) & frozenset(OPTIONS)
+
+
+MODELS: dict[str, ModelSpec] = {
+    'mlp': ModelSpec(MLP, 'multilayer perceptron over the flattened features'),
+    'cnn': ModelSpec(CNN, 'two convolutions, max pooling and a dense head (1-D or 2-D inputs)'),
+    'resnet': ModelSpec(ResNet, 'a small ResNet with BatchNorm (1-D or 2-D inputs)'),
+    'transformer': ModelSpec(TransformerEncoder, 'an encoder classifier over the sequence axis'),
+    'lm': ModelSpec(DecoderLM, 'a byte-level decoder language model (text data sets)',
+                    tokens=True),
+}
+
+#: Options of :class:`ModelConfig` that go to the model class when it declares them.
+OPTIONS = ('dropout_rate', 'd_model', 'num_layers', 'num_heads', 'remat')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The model.
+
+  Attributes:
+    name: model name (a key of purax.app.models.MODELS).
+    dropout_rate: dropout rate of the model (mlp, cnn, transformer, lm).
+    d_model: width of transformer/lm; when unset the model's own.
+    num_layers: layers of transformer/lm; when unset the model's own.
+    num_heads: attention heads of transformer/lm; when unset the model's own.
+    remat: gradient checkpointing policy of resnet/transformer/lm blocks:
+      none, full, dots_saveable, dots_with_no_batch_dims_saveable, ...
+    precision: 'fp32', 'bf16' (params float32, compute bfloat16), 'fp16' (with
+      dynamic loss scaling) or 'params=DTYPE,compute=DTYPE,output=DTYPE'.
+  """
+
+  name: Annotated[Literal[tuple(MODELS)], tyro.conf.arg(name='model')] = 'cnn'  # type: ignore[valid-type]
+  dropout_rate: float = 0.0
+  d_model: int | None = None
+  num_layers: int | None = None
+  num_heads: int | None = None
+  remat: str = 'none'
+  precision: str = 'fp32'
+
+  @property
+  def spec(self) -> ModelSpec:
+    return MODELS[self.name]
+
+  def validate(self) -> 'ModelConfig':
+    """Raises ConfigError naming the field, the expected and the actual value."""
+    expect(self.name in MODELS, 'model', f'one of {sorted(MODELS)}', repr(self.name),
+           ConfigError)
+    expect(0 <= self.dropout_rate < 1, 'dropout_rate', 'in [0, 1)', self.dropout_rate,
+           ConfigError)
+    for name in ('d_model', 'num_layers', 'num_heads'):
+      value = getattr(self, name)
+      expect(value is None or 1 <= value < 2 ** 31, name, '>= 1 or unset', value, ConfigError)
+    check_remat(self.remat)
+    get_policy(self.precision)
+    takes = self.spec.options
+    for name in OPTIONS:
+      unset = getattr(self, name) in (None, 'none', 0.0)
+      expect(unset or name in takes, name,
+             f"unset for --model {self.name} (its options: {', '.join(sorted(takes)) or 'none'})",
+             repr(getattr(self, name)), ConfigError)
+    return self
+
+  def with_sizes(self) -> 'ModelConfig':
+    """Sizes left unset taken from the model class's defaults, so that a saved
+    config records the sizes trained (a later change of a model default
+    cannot change what a saved run restores)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(self.spec.cls)}
+    return dataclasses.replace(self, **{k: defaults[k] for k in ('d_model', 'num_layers',
+                                                                 'num_heads')
+                                        if getattr(self, k) is None and k in defaults})
+
+
+def build(config: ModelConfig, *, num_classes: int, seq_len: int | None = None) -> nn.Module:
+  """The model of ``config`` for ``num_classes`` classes (a language model's
+  vocabulary size) and, for a model with ``max_len``, sequences of ``seq_len``."""
+  fields = {f.name for f in dataclasses.fields(config.spec.cls)}
+  kwargs = {k: getattr(config, k) for k in OPTIONS
+            if k in fields and getattr(config, k) is not None}
+  kwargs.update(get_policy(config.precision).model_kwargs())
+  kwargs['vocab_size' if 'vocab_size' in fields else 'num_classes'] = num_classes
+  if 'max_len' in fields and seq_len is not None:
+    kwargs['max_len'] = seq_len
+  return config.spec.cls(**kwargs)
+
+
+def check_input_shape(model: nn.Module, shape: Sequence[int], field: str = 'x') -> None:
+  """Checks that inputs of ``shape`` (``[batch, ...]``) suit ``model``.
+
+  Raises:
+    DataError: e.g. a CNN given ``[batch, features]`` instead of
+      ``[batch, length, channels]`` or ``[batch, height, width, channels]``.
+  """
+  ranks = getattr(type(model), 'input_ranks', None)
+  if ranks is None:
+    expect(len(shape) >= 2, f'{field}.shape', '[batch, ...features]', tuple(shape))
+    return
+  expect(len(shape) in ranks, f'{field}.shape',
+         f'[batch, length, channels] or [batch, height, width, channels] for '
+         f'{type(model).__name__} (add a trailing channel axis of size 1 for '
+         f'single-channel data)', tuple(shape))
+
+
+def get_model(name: str, *, num_classes: int, **kwargs) -> nn.Module:
+  """``MODELS[name].cls(num_classes=..., **kwargs)`` (``vocab_size=`` for a
+  language model), for scripts and benchmarks that name a model.
+
+  Raises:
+    ConfigError: unknown name (the message lists the known ones).
+  """
+  expect(name in MODELS, 'model', f'one of {sorted(MODELS)}', repr(name), ConfigError)
+  cls = MODELS[name].cls
+  fields = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{'vocab_size' if 'vocab_size' in fields else 'num_classes': num_classes},
+             **kwargs)

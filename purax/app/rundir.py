@@ -1,0 +1,265 @@
+"""A run directory: lock, create or resume, write atomically, clean up.
+
+One run at a time per directory: a run holds ``WORKDIR/.purax.lock`` (an
+``flock``, released by the kernel when the process dies, so a stale lock is
+taken over safely); a second run is refused at once, naming the holder.
+
+:class:`RunDir` decides on process 0 and tells every process (multi-host):
+is the directory new, empty, or a purax run to resume (then its saved config
+must agree with this one)? A new directory is created only once everything
+else is built and checked (:meth:`RunDir.create`); if the run then fails
+before any checkpoint is committed, :meth:`RunDir.close` leaves the
+directory as it was found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from purax.app.config import TrainConfig
+from purax.core.errors import ConfigError, expect
+
+LOCK_NAME = '.purax.lock'
+CONFIG = 'config.json'
+
+
+class WorkdirLock:
+  """An exclusive ``flock`` on ``WORKDIR/.purax.lock`` holding ``{pid, host, since}``.
+
+  The kernel releases it when the holder exits or dies (even by SIGKILL), so
+  a lock file left by a dead run is simply taken over; the file is never
+  deleted (deleting a lock file races with a process about to lock it).
+
+  Raises:
+    ConfigError: another live process holds it (named: pid, host, since).
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_NAME)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b'{}')
+      except ValueError:
+        holder = {}
+      os.close(fd)
+      raise ConfigError(
+          f'workdir: expected no other run using {workdir}, got one: process '
+          f'{holder.get("pid", "?")} on host {holder.get("host", "?")} holds {self.path} '
+          f'(since {holder.get("since", "?")}); wait for it to end or stop it') from e
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(),
+                              'since': time.strftime('%Y-%m-%dT%H:%M:%S%z')}).encode(), 0)
+    self._fd = fd
+
+  def release(self) -> None:
+    if self._fd is not None:
+      os.close(self._fd)   # releases the flock
+      self._fd = None
+
+
+def read_config(workdir: str) -> TrainConfig:
+  """The config a run directory saved.
+
+  Raises:
+    ConfigError: ``workdir`` holds no ``config.json``, or it cannot be read.
+  """
+  path = os.path.join(workdir, CONFIG)
+  expect(os.path.isfile(path), 'workdir', 'a run directory with config.json',
+         repr(workdir), ConfigError)
+  with open(path) as f:
+    return TrainConfig.from_json(f.read())
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Writes ``text`` to ``path`` through a temporary file and a rename."""
+  with open(path + '.tmp', 'w') as f:
+    f.write(text)
+  os.replace(path + '.tmp', path)
+
+
+def truncate_jsonl(path: str, last_step: int) -> None:
+  """Drops records written after ``last_step`` (they are recomputed on resume)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  keep = []
+  for line in lines:
+    try:
+      if json.loads(line)['step'] <= last_step:
+        keep.append(line)
+    except (ValueError, KeyError):
+      pass   # a line torn by a kill
+  write_atomic(path, ''.join(keep))
+
+
+def decide_on_primary(decide) -> int:
+  """``decide()`` on process 0, its int answer given to every process.
+
+  So that all go on, or all fail, together: an exception on process 0 is
+  raised there, and on the others as a ConfigError that points to its log.
+  """
+  error, answer = None, 0
+  if jax.process_index() == 0:
+    try:
+      answer = int(decide())
+    except Exception as e:   # any refusal: told to the other processes, then raised
+      error = e
+  if jax.process_count() > 1:
+    got = int(multihost_utils.broadcast_one_to_all(
+        np.int32(-1 if error is not None else answer)))
+    expect(error is not None or got != -1, 'workdir',
+           'a directory process 0 accepts (its log names what it refused)', 'a refusal',
+           ConfigError)
+    answer = got
+  if error is not None:
+    raise error
+  return answer
+
+
+class RunDir:
+  """The directory of one run, from the first check to the last file.
+
+  Use::
+
+    with RunDir(config) as rundir:      # checks (and locks) an existing directory
+      job = build(config)               # nothing written yet
+      rundir.create()                   # config.json; from here a failure cleans up
+      ...
+      rundir.committed()                # a checkpoint exists: keep the directory
+
+  Attributes:
+    path: the directory.
+    resuming: it holds a purax run that this one continues.
+    primary: this process writes the files (process 0).
+  """
+
+  def __init__(self, config: TrainConfig):
+    self.config = config
+    self.path = config.run.workdir
+    self.primary = jax.process_index() == 0
+    self._lock = None
+    self._found = os.path.exists(self.path)
+    self._created = False
+    self._keep = False
+    # An existing directory is locked now: a second run on it stops here.
+    try:
+      self.resuming = bool(decide_on_primary(lambda: self._check(create=False)))
+    except BaseException:
+      self.close(failed=False)     # the lock is released; nothing was written
+      raise
+
+  def __enter__(self) -> 'RunDir':
+    return self
+
+  def __exit__(self, kind, error, tb) -> None:
+    self.close(failed=kind is not None)
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  def saved_config(self) -> TrainConfig | None:
+    return read_config(self.path) if self.resuming else None
+
+  def create(self) -> None:
+    """Creates (if new) and locks a new run's directory and writes ``config.json``;
+    a no-op when resuming."""
+    if self.resuming:
+      return
+    decide_on_primary(lambda: self._check(create=True))
+    self._created = True
+    if self.primary:
+      write_atomic(self.file(CONFIG), self.config.to_json())
+
+  def update_config(self) -> None:
+    """Records a resumed run's config (e.g. a larger ``steps``) in ``config.json``."""
+    if self.primary and self.resuming:
+      write_atomic(self.file(CONFIG), self.config.to_json())
+
+  def committed(self) -> None:
+    """A checkpoint is committed: the directory is kept whatever happens next."""
+    self._keep = True
+
+  def close(self, *, failed: bool) -> None:
+    """Releases the lock; after a failure of a new run with nothing committed,
+    leaves the directory as it was found."""
+    try:
+      if failed and self._created and not self._keep and self.primary:
+        if not self._found:
+          shutil.rmtree(self.path, ignore_errors=True)
+        else:
+          for name in os.listdir(self.path):
+            path = os.path.join(self.path, name)
+            if os.path.isdir(path):
+              shutil.rmtree(path, ignore_errors=True)
+            else:
+              with contextlib.suppress(OSError):
+                os.remove(path)
+    finally:
+      if self._lock is not None:
+        self._lock.release()
+        self._lock = None
+
+  def _check(self, *, create: bool) -> bool:
+    """Whether the directory holds a run to resume (checked against it).
+
+    Locks the directory once it exists and is a purax run or empty; with
+    ``create``, creates it first. Only process 0 calls this.
+
+    Raises:
+      FileExistsError: the directory is neither new, empty, nor a purax run;
+      ConfigError: another run holds the directory; the saved run's config
+        differs in a field that changes the computation; or the path cannot
+        be written.
+    """
+    workdir = self.path
+    expect(not os.path.exists(workdir) or os.path.isdir(workdir), 'workdir',
+           'a directory (new, empty, or a purax run to resume)',
+           f'{workdir!r}, an existing file', FileExistsError)
+    # Unwritable paths are refused here, before data is loaded or anything compiled.
+    ancestor = os.path.abspath(workdir)
+    while not os.path.exists(ancestor):
+      ancestor = os.path.dirname(ancestor)
+    expect(os.path.isdir(ancestor) and os.access(ancestor, os.W_OK | os.X_OK), 'workdir',
+           'a directory this process can write (or create)',
+           f'{workdir!r} ({ancestor!r} is not writable)' if ancestor != os.path.abspath(workdir)
+           else f'{workdir!r}, not writable', ConfigError)
+    if create:
+      try:
+        os.makedirs(workdir, exist_ok=True)
+      except OSError as e:
+        raise ConfigError(f'workdir: expected a directory that can be created, got '
+                          f'{workdir!r} ({e.strerror})') from e
+
+    def check() -> bool:
+      resuming = os.path.isfile(os.path.join(workdir, CONFIG))
+      if not resuming:
+        expect(not os.path.exists(workdir) or not set(os.listdir(workdir)) - {LOCK_NAME},
+               'workdir', 'a new or empty directory, or a purax run directory to resume',
+               repr(workdir), FileExistsError)
+      return resuming
+
+    check()                        # refuse a foreign directory before writing a lock into it
+    if self._lock is None and os.path.isdir(workdir):
+      self._lock = WorkdirLock(workdir)
+    resuming = check()             # again under the lock: another run may have written
+    expect(not (create and resuming), 'workdir',
+           'still new or empty when this run was ready to start',
+           f'{workdir!r}, where another run wrote meanwhile (run again to resume it)',
+           ConfigError)
+    if resuming:
+      self.config.check_resumable(read_config(workdir))
+    return resuming

@@ -1,0 +1,353 @@
+"""A whole run from a config: ``purax train`` (and ``eval``, ``export``,
+``generate``) as a short sequence of named steps.
+
+:func:`train` connects the processes, checks the config, opens the run
+directory (:class:`purax.app.rundir.RunDir`), builds everything
+(:func:`purax.app.job.build`) before a file is written, then creates the
+directory, restores or initialises the state, opens the writers and calls
+:func:`purax.fit` — the one host loop. A run directory that exists is resumed
+from its newest committed checkpoint, with the same data order and
+randomness (batches are random access by step and the step key is
+``fold_in(rng, step)``); with a larger ``--steps`` a finished run trains on.
+SIGTERM and SIGINT finish the current step, save, wait for the commit and
+return normally.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import signal
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from purax import parallel
+from purax.app import job as job_lib
+from purax.app import rundir as rundir_lib
+from purax.app.config import TrainConfig
+from purax.app.dry_run import print_summary
+from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
+from purax.io import export, progress, profile, text, writers
+from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
+from purax.io.resume import abstract_checkpoint
+from purax.loop import StopOnSignal, evaluate, fit
+from purax.nn.generate import generate
+
+
+class StoppedBeforeStart(Exception):
+  """A SIGTERM/SIGINT arrived during start-up (loading, tracing), before anything
+  was written; ``status`` is the documented exit status (128 + signal number)."""
+
+  def __init__(self, signame: str, phase: str):
+    self.signame, self.status = signame, 128 + int(signal.Signals[signame])
+    super().__init__(f'stopped by {signame} during start-up ({phase}); nothing written')
+
+
+def train(config: TrainConfig) -> dict:
+  """Runs ``config`` end to end, or resumes it; returns the final evaluation metrics.
+
+  Writes ``WORKDIR/config.json``, ``metrics.jsonl``, TensorBoard events,
+  ``checkpoints/`` and ``final_metrics.json``. When stopped by SIGTERM/SIGINT
+  it returns ``{'stopped_by': SIGNAL, 'step': s}`` after committing a
+  checkpoint at step ``s``.
+
+  Raises:
+    ConfigError, DataError: before anything is written (also when a resumed
+    run's config differs in a field that changes the computation);
+    FileExistsError: ``workdir`` exists but is not a purax run directory;
+    CheckpointError: a checkpoint cannot be written or read.
+  """
+  config = connect(config)
+  # From here a first SIGTERM/SIGINT only sets a flag: start-up stops at its
+  # next phase boundary (nothing written), training at the next step (a
+  # checkpoint committed).
+  with StopOnSignal() as stop, rundir_lib.RunDir(config) as rundir:
+    starting = _start_phases(stop)
+    starting('checking the run directory')
+    job = job_lib.build(config, phase=starting)
+    if rundir.primary:
+      print_summary(job.abstract['state'], shardings=getattr(job.plan, 'state_sharding', None))
+    rundir.create()
+    if rundir.primary:
+      print(f'purax: run directory {rundir.path}', file=sys.stderr)
+    with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
+                      keep_best=config.run.keep_best, metadata=job.metadata()) as checkpointer:
+      state, window, step = restore_or_init(job, rundir, checkpointer)
+      state, history = _fit(job, rundir, checkpointer, state, window, step, stop)
+      if checkpointer.steps():
+        rundir.committed()
+    return finish(job, rundir, state, history, stop)
+
+
+def connect(config: TrainConfig) -> TrainConfig:
+  """Connects the processes of a multi-host run (a no-op for one process) and
+  returns the validated, resolved config, agreed by every process.
+
+  Raises:
+    ConfigError: on every process, when any process cannot start (named).
+  """
+  run = config.run
+  parallel.distributed.initialize(run.coordinator, run.num_processes, run.process_id,
+                                  timeout_s=120)
+  if jax.process_count() > 1:
+    _agree_to_start(config)
+  config = config.validate()
+  expect(jax.process_count() == 1 or bool(config.run.workdir), 'workdir',
+         'set for a multi-host run (every process must use the same directory)',
+         config.run.workdir, ConfigError)
+  return config.resolved()
+
+
+def _start_phases(stop):
+  def starting(phase: str) -> None:
+    # One process only: several must agree first, which the training loop does.
+    if stop() and jax.process_count() == 1:
+      raise StoppedBeforeStart(stop.received, phase)
+  return starting
+
+
+def restore_or_init(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: Checkpointer):
+  """``(state, metrics window or None, step)``: the newest readable checkpoint
+  of a resumed run (an unreadable one is moved aside), else a fresh state.
+
+  Raises:
+    CheckpointMismatchError: the checkpoint's shapes differ from the model's.
+    ConfigError: ``--steps`` below the checkpoint's step, or a corrupt data position.
+  """
+  restored = None
+  if rundir.resuming and checkpointer.steps():
+    try:
+      restored = checkpointer.restore(job.abstract, move_aside=True)
+    except CheckpointError as e:
+      if isinstance(e, CheckpointMismatchError) or checkpointer.steps():
+        raise    # a mismatch or a failure that is not the files': stop, with its reason
+      print(f'purax: no readable checkpoint in {checkpointer.directory} (all moved '
+            'aside); starting again from step 0', file=sys.stderr)
+  if restored is None:
+    return job.init(job.config.run.seed), None, 0
+  tree, extra, step = restored
+  state = tree['state']
+  reached = int(jax.device_get(state.step))
+  expect(extra['data']['next_step'] == reached, 'checkpoint data position',
+         f'next_step == state.step ({reached}) in checkpoint {step}',
+         extra['data']['next_step'], ConfigError)
+  job.config.check_resumable(rundir.saved_config(), reached=reached)
+  rundir.update_config()
+  print(f'purax: resuming {rundir.path} from step {step}', file=sys.stderr)
+  return state, tree['train_metrics'], step
+
+
+def _fit(job, rundir, checkpointer, state, window, step, stop):
+  """The run's :func:`purax.fit`: writers, evaluation, profiler, signals."""
+  run = job.config.run
+  writer = None
+  try:
+    if rundir.primary:
+      rundir_lib.truncate_jsonl(rundir.file('metrics.jsonl'), step)
+      writer = writers.create_default_writer(rundir.path, console=True,
+                                             wandb_project=run.wandb_project,
+                                             resume_step=step)
+      writers.write_run_info(writer, job.config.flat(), job.config.to_json())
+      writer = job_lib.with_throughput(writer, job)
+    with jax.debug_nans(run.debug_nans), \
+        profile.run_profiler(rundir.path, run.profile, step,
+                             memory=run.profile_memory) as profiler:
+      return fit(job.task, state, job.train_data,
+                 eval_data=job.data.eval(job.config.data.eval_batch_size),
+                 log_every=run.log_every, eval_every=run.eval_every, writer=writer,
+                 progress=run.progress and rundir.primary and progress.interactive(),
+                 checkpointer=checkpointer, checkpoint_every=run.checkpoint_every,
+                 train_metrics=window, plan=job.plan,
+                 should_stop=profiler(_agreed(stop, every=run.log_every)),
+                 max_consecutive_skips=job.config.optimizer.max_consecutive_skips)
+  finally:
+    if writer is not None:
+      writer.close()
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+                           or [jnp.bool_(True)]))
+
+
+def finish(job, rundir, state, history, stop) -> dict:
+  """The run's result: ``final_metrics.json``, or where a signal stopped it.
+
+  Raises:
+    NonFiniteError: the params are not finite at the end (the run diverged).
+  """
+  reached = int(jax.device_get(state.step))
+  if reached < job.config.run.steps:
+    by = stop.received or 'a signal to another process'
+    print(f'purax: stopped by {by} at step {reached}; checkpoint committed in '
+          f'{rundir.file("checkpoints")}; run the same command to resume', file=sys.stderr)
+    return {'stopped_by': by, 'step': reached}
+  final = {k[len('eval/'):]: v for rec in history for k, v in rec.items()
+           if k.startswith('eval/')}
+  if not final:   # resumed a run that had already finished
+    final = evaluate(job.task, state, job.data.eval(job.config.data.eval_batch_size),
+                     plan=job.plan)
+  if not bool(jax.device_get(_all_finite(state.params))):
+    raise NonFiniteError(
+        f'params: expected finite values after step {reached}, got NaN or inf (the run '
+        'diverged; try a lower learning rate, clipping, or --debug-nans to find the source)')
+  # JSON has no NaN/inf: such values are written as strings, as in metrics.jsonl.
+  final = {k: writers.json_number(v) for k, v in final.items()}
+  if rundir.primary:
+    rundir_lib.write_atomic(rundir.file('final_metrics.json'), json.dumps(
+        {'step': job.config.run.steps, **final}, indent=2, allow_nan=False))
+  return final
+
+
+def _agreed(poll, *, every: int):
+  """``poll`` (a stop flag), agreed by all processes of a multi-host run.
+
+  Every process asks at the same steps, every ``every`` calls, and all stop
+  when any was signalled: a process that stopped alone would leave the others
+  waiting in the step's collectives. One process: ``poll`` itself, every call.
+  """
+  if jax.process_count() == 1:
+    return poll
+  calls = itertools.count(1)
+
+  def agreed() -> bool:
+    if next(calls) % every:
+      return False
+    return bool(np.any(multihost_utils.process_allgather(np.int32(poll()))))
+  return agreed
+
+
+def _agree_to_start(config: TrainConfig) -> None:
+  """Multi-host: every process validates its config and loads its data, and all
+  learn every answer (bounded in time) before any collective or file write.
+
+  Raises:
+    ConfigError: on every process, naming the process that cannot start and
+      why, or the first field whose value differs between processes.
+  """
+  error = ''
+  try:
+    checked = config.validate()
+    expect(bool(checked.run.workdir), 'workdir', 'set for a multi-host run (every process '
+           'must use the same directory)', checked.run.workdir, ConfigError)
+    job_lib.build(checked.resolved(), mesh=False)        # the data and the model, checked
+  except Exception as e:   # any refusal: every process is told, then all stop
+    error = str(e) or type(e).__name__
+  per_process = ('process_id',)
+  mine = {k: v for k, v in config.flat().items() if k not in per_process}
+  answers = [json.loads(a) for a in parallel.distributed.agree(
+      'start', json.dumps({'error': error, 'config': mine}, sort_keys=True))]
+  for i, answer in enumerate(answers):
+    if answer['error']:
+      raise ConfigError(f'process {i} cannot start: {answer["error"]}')
+  first = answers[0]['config']
+  for i, answer in enumerate(answers[1:], start=1):
+    for field in sorted(first):
+      expect(answer['config'].get(field) == first[field], field,
+             f'the same value on every process ({first[field]!r} on process 0)',
+             f'{answer["config"].get(field)!r} on process {i}', ConfigError)
+
+
+# -- eval, export, generate: a saved run, restored --------------------------------------
+
+
+def restore_run(workdir: str, *, need_data: bool = True):
+  """``(job, state)`` of a run's newest readable checkpoint.
+
+  Without ``need_data``, a run whose data file is gone is rebuilt from the
+  shapes its checkpoint records (export and generate need no data; then
+  ``job.data`` is None).
+
+  Raises:
+    ConfigError: ``workdir`` is not a purax run directory;
+    CheckpointError: it has no readable checkpoint;
+    CheckpointMismatchError: the code's model differs from the checkpoint's.
+  """
+  config = rundir_lib.read_config(workdir).validate()
+  path = config.data.spec.path(config.data.name)
+  with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+    shapes = None
+    if not need_data and path is not None and not os.path.exists(path):
+      shapes = ckpt.read_extra().get('data_shapes')
+    if shapes is None:
+      job = job_lib.build(config, mesh=False)
+    else:
+      sample = job_lib.shapes_sample(shapes, config.data.batch_size)
+      task = job_lib.build_task(config, num_classes=shapes['num_classes'],
+                                input_shape=tuple(shapes['x']))
+      job = job_lib.Job(config, None, task, sample, abstract_checkpoint(task, sample), None, 1,
+                        shapes['num_classes'])
+    tree, _, _ = ckpt.restore(job.abstract)
+  return job, tree['state']
+
+
+def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
+  """Restores the newest checkpoint of a run and evaluates it on the test split.
+
+  Raises:
+    ConfigError: ``batch_size`` < 1; DataError: the data file (which holds the
+      test split) is gone.
+  """
+  expect(batch_size is None or 1 <= batch_size < 2 ** 31, 'batch_size', '>= 1 or unset',
+         batch_size, ConfigError)
+  job, state = restore_run(workdir)
+  return evaluate(job.task, state, job.data.eval(batch_size or job.config.data.eval_batch_size))
+
+
+def export_run(workdir: str, *, out: str | None = None) -> str:
+  """Exports a run's predict function (newest checkpoint) with a symbolic batch.
+
+  Inputs are float32 ``[batch, *input_shape]``; for a language model int32
+  token ids ``[batch, seq_len]`` (outputs: logits ``[batch, seq_len, 256]``).
+
+  Returns:
+    The artifact's path (default ``WORKDIR/export/predict.jaxexport``).
+  """
+  job, state = restore_run(workdir, need_data=False)
+  tokens = job.config.model.spec.tokens
+  return export.export_predict(
+      lambda x: job.task.predict(state, x), job.sample['x'].shape[1:],
+      out or os.path.join(workdir, 'export'), dtype=jnp.int32 if tokens else jnp.float32,
+      metadata={'model': job.config.model.name, 'dataset': job.config.data.name,
+                'num_classes': job.num_classes,
+                'step': int(jax.device_get(state.step))})
+
+
+#: Longest continuation ``generate`` makes (its KV cache grows with it).
+MAX_NEW_TOKENS = 2 ** 16
+
+
+def generate_run(workdir: str, prompt: str, *, max_new_tokens: int = 200,
+                 temperature: float = 0.8, seed: int = 0) -> str:
+  """Continues ``prompt`` with a trained language model's newest checkpoint.
+
+  Greedy when ``temperature`` is 0; sampling with ``jax.random.key(seed)``
+  otherwise (:func:`purax.nn.generate.generate`, jitted, KV cache).
+
+  Returns:
+    The generated text (without the prompt); invalid UTF-8 becomes U+FFFD.
+
+  Raises:
+    ConfigError: the run is not a language model (``--model lm``), or a bad
+      ``max_new_tokens`` / ``temperature``; DataError: an empty prompt.
+  """
+  expect(len(prompt) > 0, 'prompt', 'a non-empty string', repr(prompt), DataError)
+  expect(1 <= max_new_tokens <= MAX_NEW_TOKENS, 'max_new_tokens',
+         f'in [1, {MAX_NEW_TOKENS}]', max_new_tokens, ConfigError)
+  expect(temperature >= 0, 'temperature', '>= 0 (0: greedy)', temperature, ConfigError)
+  expect(0 <= seed < 2 ** 32, 'seed', 'in [0, 2**32)', seed, ConfigError)
+  config = rundir_lib.read_config(workdir)
+  expect(config.model.spec.tokens, 'workdir', 'a run of --model lm',
+         f'--model {config.model.name}', ConfigError)
+  job, state = restore_run(workdir, need_data=False)
+  tokens = generate(job.task.model, state.params, text.encode(prompt)[None],
+                    key=jax.random.key(seed), max_new_tokens=max_new_tokens,
+                    temperature=temperature)
+  return text.decode(jax.device_get(tokens)[0])

@@ -1,0 +1,149 @@
+"""The application layer's tables and sections: one row adds a model, a data
+set or a hyperparameter; old run directories resume; a run trains longer."""
+
+import ast
+import dataclasses
+import json
+import os
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+import purax
+from purax.app import cli, data, hparams, job, models, runs
+from purax.app.config import FORMAT, SweepConfig, TrainConfig
+from purax.core.errors import ConfigError
+
+FIXTURES = pathlib.Path(__file__).parent.parent / 'fixtures'
+SMALL = ['--model', 'mlp', '--steps', '8', '--batch-size', '16', '--log-every', '4',
+         '--eval-every', '8', '--checkpoint-every', '4', '--no-progress']
+
+
+def test_sections_follow_the_hyperparameter_table():
+  fields = [f.name for f in dataclasses.fields(hparams.OptimizerConfig)]
+  assert fields == [r.field for r in hparams.HPARAMS] + list(hparams.SETTINGS)
+  assert [f.name for f in dataclasses.fields(hparams.OptimizerSearch)] == fields
+  values = hparams.OptimizerConfig().values()
+  assert values == {r.state: r.default for r in hparams.HPARAMS}
+  # Every table row reaches the state under its state name.
+  job_task = TrainConfig.of(model='mlp')
+  state_names = set(purax.core.population.hparam_names(jax.eval_shape(
+      _task(job_task).init, jax.random.key(0), data.sample_batch((8, 8, 1), np.float32, (),
+                                                                 np.int32, 2))))
+  assert {r.state for r in hparams.HPARAMS} <= state_names
+
+
+def _task(config):
+  return job.build_task(config, num_classes=10, input_shape=(8, 8, 1))
+
+
+@pytest.mark.parametrize('row', hparams.HPARAMS, ids=lambda r: r.field)
+def test_each_bound_is_checked_once_for_train_sweep_and_pbt(row):
+  outside = row.low if row.low_open else (row.high if row.high_open else row.high * 2 + 1)
+  with pytest.raises(ConfigError, match=f'{row.field}: expected a finite value in'):
+    TrainConfig.of(**{row.field: outside}).validate()
+  with pytest.raises(ConfigError, match=f"--{row.field.replace('_', '-')}: expected values in"):
+    SweepConfig.of(**{row.field: f'{row.default},{outside}'}).validate()
+  lo, hi = row.clip_bounds()
+  assert row.contains(lo) and row.contains(hi)
+
+
+def test_a_model_row_is_all_the_cli_needs(tmp_path, monkeypatch):
+  import flax.linen as nn
+
+  class Tiny(nn.Module):
+    num_classes: int
+    dropout_rate: float = 0.0
+    dtype: object = None
+    param_dtype: object = None
+
+    @nn.compact
+    def __call__(self, x, train=False):
+      return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1))
+
+  monkeypatch.setitem(models.MODELS, 'tiny', models.ModelSpec(Tiny, 'a test model'))
+  final = runs.train(TrainConfig.of(model='tiny', steps=3, batch_size=8, eval_every=0,
+                                    workdir=str(tmp_path / 'r'), progress=False))
+  assert final['examples'] == 360
+  with pytest.raises(ConfigError, match=r'num_layers: expected unset for --model tiny'):
+    TrainConfig.of(model='tiny', num_layers=2).validate()
+
+
+def test_a_data_set_row_is_all_the_cli_needs(tmp_path, monkeypatch):
+  rng = np.random.default_rng(0)
+  arrays = purax.io.datasets.ArrayDataset(
+      'blobs', rng.normal(size=(64, 5)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int32),
+      rng.normal(size=(16, 5)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32), 3)
+  monkeypatch.setitem(data.DATASETS, 'blobs', data.DataSpec(
+      lambda config: data._arrays(arrays), 'three gaussian blobs'))   # pylint: disable=protected-access
+  final = runs.train(TrainConfig.of(model='mlp', dataset='blobs', steps=3, batch_size=8,
+                                    eval_every=0, workdir=str(tmp_path / 'r'), progress=False))
+  assert final['examples'] == 16
+
+
+def test_a_run_written_before_the_sections_resumes(tmp_path, capsys):
+  """config.json of format 1 (purax 0.1's flat TrainConfig, a fixture written by it)."""
+  workdir = tmp_path / 'old'
+  assert cli.main(['train', *SMALL, '--workdir', str(workdir)]) == 0
+  old = (FIXTURES / 'config_v1_mlp.json').read_text().replace('WORKDIR', str(workdir))
+  assert '"format"' not in old and json.loads(old)['model'] == 'mlp'
+  (workdir / 'config.json').write_text(old)
+  capsys.readouterr()
+  # Resumed (and trained longer): the old config is read, then saved in format 2.
+  assert cli.main(['train', '--workdir', str(workdir), '--steps', '12']) == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])['final']['examples'] == 360
+  saved = json.loads((workdir / 'config.json').read_text())
+  assert saved['format'] == FORMAT and saved['run']['steps'] == 12
+
+
+def test_a_config_from_a_newer_purax_is_refused_naming_the_version():
+  text = json.dumps({'format': FORMAT + 1, 'model': {'name': 'mlp'}})
+  with pytest.raises(ConfigError, match=rf'config.json format: expected 1 or {FORMAT} \(this '
+                     rf'is purax {purax.__version__}; a newer purax wrote this run\), got '
+                     rf'{FORMAT + 1}'):
+    TrainConfig.from_json(text)
+
+
+def _lr_at_end(workdir):
+  job, state = runs.restore_run(str(workdir), need_data=False)
+  return int(state.step), float(purax.hyperparams(state, job.task.tx)['learning_rate'])
+
+
+def test_train_longer_replans_the_decay_or_keeps_it(tmp_path, capsys):
+  for name in ('replan', 'keep'):
+    assert cli.main(['train', *SMALL, '--warmup-steps', '2', '--workdir',
+                     str(tmp_path / name)]) == 0
+    assert _lr_at_end(tmp_path / name) == (8, 0.0)      # the cosine has decayed to 0
+  assert cli.main(['train', '--workdir', str(tmp_path / 'replan'), '--steps', '12']) == 0
+  step, lr = _lr_at_end(tmp_path / 'replan')
+  assert step == 12 and lr == 0.0
+  # Kept: --decay-steps 8 spans the old schedule; the 4 more steps run at its end value (0),
+  # so the params do not move.
+  keep = tmp_path / 'keep'
+  before = runs.restore_run(str(keep), need_data=False)[1].params
+  assert cli.main(['train', '--workdir', str(keep), '--steps', '12', '--decay-steps', '8']) == 0
+  after = runs.restore_run(str(keep), need_data=False)[1].params
+  jax.tree.map(np.testing.assert_array_equal, before, after)
+  replanned = runs.restore_run(str(tmp_path / 'replan'), need_data=False)[1].params
+  assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, before, replanned)))
+  capsys.readouterr()
+  assert cli.main(['train', '--workdir', str(keep), '--steps', '6']) == 2
+  assert 'steps: expected >= 12 (the step of the newest checkpoint' in capsys.readouterr().err
+
+
+def test_no_package_import_inside_a_function():
+  """Package-internal imports sit at the top of modules (none inside functions)."""
+  root = pathlib.Path(purax.__file__).parent
+  found = []
+  for path in root.rglob('*.py'):
+    tree = ast.parse(path.read_text())
+    for fn in ast.walk(tree):
+      if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for node in ast.walk(fn):
+          module = (node.module or '') if isinstance(node, ast.ImportFrom) else (
+              ' '.join(a.name for a in node.names) if isinstance(node, ast.Import) else '')
+          if module == 'purax' or module.startswith('purax.'):
+            found.append(f'{path.relative_to(root)}:{node.lineno} {module}')
+  assert found == []
