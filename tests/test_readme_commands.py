@@ -70,3 +70,37 @@ def test_memory_benchmark_with_a_batch_that_16_does_not_divide(tmp_path):
   import json
   result = json.loads((tmp_path / 'memory.json').read_text())
   assert sorted(result['accumulation']) == ['1', '4'] and result['accumulation_skipped'] == [16]
+
+
+def readme_commands(program: str) -> list[list[str]]:
+  """Every ``PROGRAM ...`` command line of the README's bash blocks, as argv
+  (comments dropped, ``\\`` continuations joined)."""
+  import shlex
+  commands = []
+  for block in re.findall(r'```bash\n(.*?)```', README, re.S):
+    for line in block.replace('\\\n', ' ').splitlines():
+      words = shlex.split(line, comments=True)
+      if words[:1] == [program]:
+        commands.append(words[1:])
+  return commands
+
+
+def test_every_purax_command_of_the_readme_parses_and_validates():
+  """Each `purax ...` line of the README is accepted by the parser, and a
+  train or sweep config passes validation (flags, bounds, specs, cadences)."""
+  from purax.app.config import SweepConfig, TrainConfig
+  commands = readme_commands('purax')
+  assert len(commands) >= 20
+  seen = set()
+  for argv in commands:
+    if '--help' in argv:
+      continue
+    argv = [a for a in argv if a != '--dry-run'] + (['--dry-run'] if '--dry-run' in argv else [])
+    command = cli.parse(argv)
+    seen.add(argv[0])
+    if isinstance(command, (TrainConfig, SweepConfig)):
+      try:
+        command.validate()
+      except Exception as e:    # the data file of an example (data.npz) is not here
+        raise AssertionError(f'README: purax {" ".join(argv)}: {e}') from e
+  assert seen == {'train', 'eval', 'export', 'sweep', 'generate', 'plot'}

@@ -138,15 +138,23 @@ def main(argv: Sequence[str] | None = None) -> int:
       signal.signal(s, handler)
 
 
-def _main(argv: list[str]) -> int:
+def parse(argv: Sequence[str]):
+  """The command object of ``argv`` (a config dataclass), without running it.
+
+  ``train --workdir DIR`` on an existing run takes the run's saved config as
+  the defaults, so a bare ``purax train --workdir DIR`` continues it and
+  explicit options are checked against it.
+  """
+  argv = list(argv)
   saved = _saved_config(argv)
   if saved is not None:
-    # Resuming: the run's own config supplies the defaults, so a bare
-    # `purax train --workdir DIR` continues it and explicit options are checked.
-    command = tyro.cli(Train, args=argv[1:], default=saved, prog='purax train')
-  else:
-    command = tyro.cli(Command, args=argv, prog='purax',
-                       description='purax: a pure-functional training core for JAX.')
+    return tyro.cli(Train, args=argv[1:], default=saved, prog='purax train')
+  return tyro.cli(Command, args=argv, prog='purax',
+                  description='purax: a pure-functional training core for JAX.')
+
+
+def _main(argv: list[str]) -> int:
+  command = parse(argv)
   try:
     if isinstance(command, TrainConfig) and command.run.dry_run:
       print(json.dumps({'dry_run': dry_run.dry_run(command)}))
