@@ -241,11 +241,15 @@ class EMA:
   params' devices and shardings; one jitted update per sample (no host sync).
   With ``every = k`` the effective horizon is ``k / (1 - decay)`` steps.
 
-  Read it with :attr:`params`; evaluate it with :meth:`state_with_average`::
+  Read it with :attr:`params`; evaluate it with :meth:`state_with_average`,
+  or at every evaluation of the run with ``evaluate``::
 
     ema = purax.hooks.EMA(decay=0.99, every=1)
     state, _ = purax.fit(task, state, data, steps=1000, hooks=[ema])
     purax.evaluate(task, ema.state_with_average(state), eval_batches)
+
+    # eval_ema/* next to eval/* at every evaluation (when a sample falls on it):
+    ema = purax.hooks.EMA(decay=0.99, evaluate=lambda s: purax.evaluate(task, s, eval_batches))
 
   A resumed run restores the average with the state
   (``purax.restore_or_init(..., hooks=[ema])`` then ``fit(restored, ...,
@@ -260,6 +264,11 @@ class EMA:
       runs no hook with ``at_end=False`` at the last step); the last step
       off the cadence is never sampled, so a run trained longer later
       continues the same average.
+    evaluate: optional ``state -> {name: number}`` (e.g. :func:`purax.evaluate`
+      over the eval batches, with the run's ``plan``): called on the state
+      with the average at each sample that falls on an evaluation of the run
+      (``eval/*`` in the record); its numbers are written as ``eval_ema/*``.
+      Costs one evaluation pass each time.
     arrays: ``{'params': float32 params-shaped tree, 'count': int32 []}``
       (samples taken); set by ``fit``.
 
@@ -271,6 +280,7 @@ class EMA:
   every: int = 1
   at_end: bool = True
   name: str = 'ema'
+  evaluate: Any = None
   arrays: Any = None
 
   def __post_init__(self):
@@ -290,7 +300,10 @@ class EMA:
     arrays = self.arrays if self.arrays is not None else self.init_arrays(state)
     arrays = _placed_like(arrays, {'params': params, 'count': arrays['count']})
     self.arrays = _ema_update(arrays, params, jnp.float32(self.decay))
-    return state, {}
+    if self.evaluate is None or not any(k.startswith('eval/') for k in record):
+      return state, {}
+    return state, {f'eval_ema/{k}': v for k, v in
+                   self.evaluate(self.state_with_average(state)).items()}
 
   @property
   def params(self):

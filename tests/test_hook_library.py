@@ -49,8 +49,11 @@ class Recorder:
 def test_ema_is_the_decayed_average_of_the_sampled_params():
   state = fresh_state()
   start = jax.tree.map(lambda p: np.asarray(p, np.float64), state.params)
-  ema, recorder = hooks_lib.EMA(decay=0.75, every=2), Recorder(every=2)
-  final, _ = purax.fit(TASK, state, DATA, progress=False, hooks=[recorder, ema])
+  evaluate = lambda s: purax.evaluate(TASK, s, [DATA[0]])             # noqa: E731
+  ema = hooks_lib.EMA(decay=0.75, every=2, evaluate=evaluate)
+  recorder = Recorder(every=2)
+  final, history = purax.fit(TASK, state, DATA, progress=False, hooks=[recorder, ema],
+                             eval_data=[DATA[0]], eval_every=4)
   assert sorted(recorder.seen) == [2, 4, 6] and int(ema.arrays['count']) == 3
   expected = start
   for s in (2, 4, 6):
@@ -65,6 +68,11 @@ def test_ema_is_the_decayed_average_of_the_sampled_params():
   on_average = purax.evaluate(TASK, averaged, [DATA[0]])
   on_last = purax.evaluate(TASK, final, [DATA[0]])
   assert np.isfinite(on_average['loss']) and on_average['loss'] != on_last['loss']
+  # evaluate=: eval_ema/* at the samples that fall on an evaluation (4, and 6 at the end).
+  written = {r['step']: r for r in history if 'eval_ema/loss' in r}
+  assert sorted(written) == [4, 6]
+  assert written[6]['eval_ema/loss'] == pytest.approx(on_average['loss'], rel=1e-6)
+  assert written[6]['eval_ema/accuracy'] == pytest.approx(on_average['accuracy'])
 
 
 def test_ema_checks_its_settings():
@@ -135,3 +143,28 @@ def test_the_user_hook_of_the_module_docstring_runs_as_written():
   again = namespace['StopAtLoss'](target=0.0)
   again.load_state_dict(hook.state_dict())
   assert again.reached == 2
+
+
+def test_ema_on_a_mesh_resumes_onto_the_sharded_params(tmp_path):
+  """A sharded run (FSDP on 4 devices) with an EMA, checkpointed at step 4 and
+  restored (the average lands on one device, then follows the params'
+  shardings) ends with the straight sharded run's average."""
+  from purax import parallel
+  from purax.io.checkpoint import Checkpointer
+  mesh = parallel.make_mesh(data=2, fsdp=2, devices=jax.devices()[:4])
+  plan = parallel.sharded(TASK, mesh, parallel.for_mesh(mesh, fsdp_min_size=8), DATA[0])
+  straight = hooks_lib.EMA(decay=0.5, every=2)
+  purax.fit(TASK, plan.init(jax.random.key(0)), DATA, plan=plan, progress=False,
+            hooks=[straight])
+  first = hooks_lib.EMA(decay=0.5, every=2)
+  with Checkpointer(str(tmp_path)) as ckpt:
+    purax.fit(TASK, plan.init(jax.random.key(0)), DATA, steps=4, plan=plan, progress=False,
+              hooks=[first], checkpointer=ckpt)
+  resumed = hooks_lib.EMA(decay=0.5, every=2)
+  restored = purax.restore_or_init(str(tmp_path), TASK, jax.random.key(0), DATA[0], plan=plan,
+                                   hooks=[resumed])
+  assert int(restored.hook_arrays['ema']['count']) == 2
+  purax.fit(TASK, restored, DATA, plan=plan, progress=False, hooks=[resumed])
+  assert int(resumed.arrays['count']) == int(straight.arrays['count']) == 3
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.params),
+               jax.device_get(straight.params))

@@ -95,6 +95,14 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
     abstract['state'] = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract['state'],
         plan.state_sharding)
+    # The metrics window and the hooks' arrays: replicated on the plan's mesh,
+    # so that all the restored arrays live on the same devices (the hooks
+    # place theirs as they need, e.g. EMA onto the params' shardings).
+    mesh = jax.tree.leaves(plan.state_sharding)[0].mesh
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    for name in [n for n in abstract if n != 'state']:
+      abstract[name] = jax.tree.map(
+          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), abstract[name])
   checkpointer = directory
   if not isinstance(directory, Checkpointer):
     checkpointer = (Checkpointer(directory) if os.path.isdir(directory) and os.listdir(directory)
