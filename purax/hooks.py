@@ -221,15 +221,6 @@ def _ema_update(average, params, decay):
           'count': average['count'] + 1}
 
 
-def _placed_like(average, params):
-  """``average`` on the devices and shardings of ``params`` (a restored
-  average lands on one device; the params may be sharded on a mesh)."""
-  def one(a, p):
-    same = getattr(a, 'sharding', None) == getattr(p, 'sharding', None)
-    return a if same else jax.device_put(a, p.sharding)
-  return jax.tree.map(one, average, params)
-
-
 @dataclasses.dataclass
 class EMA:
   """An exponential moving average of the params, sampled every ``every`` steps:
@@ -237,8 +228,10 @@ class EMA:
   starting from the params the run starts with; checkpointed, so a resumed run
   continues the same average.
 
-  The average is float32 (bfloat16 params are averaged in float32), on the
-  params' devices and shardings; one jitted update per sample (no host sync).
+  The average is float32 (bfloat16 params are averaged in float32) and
+  follows the params' shardings (the jitted update propagates them; a
+  restored average comes replicated on the plan's mesh from
+  ``restore_or_init(plan=...)``); one jitted update per sample (no host sync).
   With ``every = k`` the effective horizon is ``k / (1 - decay)`` steps.
 
   Read it with :attr:`params`; evaluate it with :meth:`state_with_average`,
@@ -298,7 +291,6 @@ class EMA:
   def __call__(self, step, state, record):
     params = _params_of(state)
     arrays = self.arrays if self.arrays is not None else self.init_arrays(state)
-    arrays = _placed_like(arrays, {'params': params, 'count': arrays['count']})
     self.arrays = _ema_update(arrays, params, jnp.float32(self.decay))
     if self.evaluate is None or not any(k.startswith('eval/') for k in record):
       return state, {}

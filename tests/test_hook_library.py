@@ -145,6 +145,11 @@ def test_the_user_hook_of_the_module_docstring_runs_as_written():
   assert again.reached == 2
 
 
+def assert_same_sharding(a, b, what):
+  assert a.sharding.is_equivalent_to(b.sharding, a.ndim), (
+      f'{what}: sharding {a.sharding} != the params\' {b.sharding}')
+
+
 def test_ema_on_a_mesh_resumes_onto_the_sharded_params(tmp_path):
   """A sharded run (FSDP on 4 devices) with an EMA, checkpointed at step 4 and
   restored (the average lands on one device, then follows the params'
@@ -164,7 +169,11 @@ def test_ema_on_a_mesh_resumes_onto_the_sharded_params(tmp_path):
   restored = purax.restore_or_init(str(tmp_path), TASK, jax.random.key(0), DATA[0], plan=plan,
                                    hooks=[resumed])
   assert int(restored.hook_arrays['ema']['count']) == 2
-  purax.fit(TASK, restored, DATA, plan=plan, progress=False, hooks=[resumed])
+  final, _ = purax.fit(TASK, restored, DATA, plan=plan, progress=False, hooks=[resumed])
   assert int(resumed.arrays['count']) == int(straight.arrays['count']) == 3
+  # The average follows the params' shardings (FSDP: not a full copy per device).
+  sharded_leaves = [p for p in jax.tree.leaves(final.params) if not p.sharding.is_fully_replicated]
+  assert sharded_leaves
+  jax.tree.map(lambda a, p: assert_same_sharding(a, p, 'ema'), resumed.params, final.params)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.params),
                jax.device_get(straight.params))
