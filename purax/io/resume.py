@@ -96,8 +96,9 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract['state'],
         plan.state_sharding)
     # The metrics window and the hooks' arrays: replicated on the plan's mesh,
-    # so that all the restored arrays live on the same devices (the hooks
-    # place theirs as they need, e.g. EMA onto the params' shardings).
+    # so that all the restored arrays live on the same devices (one device
+    # otherwise, and the first jitted copy refuses the mix). EMA's jitted
+    # update then carries the params' shardings over to its average.
     mesh = jax.tree.leaves(plan.state_sharding)[0].mesh
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     for name in [n for n in abstract if n != 'state']:

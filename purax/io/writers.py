@@ -48,7 +48,7 @@ class MetricWriter(Protocol):
   Which writer takes what: :class:`TensorBoardWriter` all three;
   :class:`JsonlWriter` and :class:`ConsoleWriter` scalars only (histograms
   would be megabytes of JSON per log point, or unreadable lines); the
-  Weights & Biases writer scalars, hparams and text.
+  Weights & Biases writer scalars and hparams.
   """
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
