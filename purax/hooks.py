@@ -16,13 +16,60 @@ A hook is any object with
   every checkpoint (``extra['hooks'][name]``) and restores it from
   ``hook_state=`` (``restore_or_init(...).extra.get('hooks')``).
 
+- optionally ``init_arrays(state) -> pytree`` and an ``arrays`` attribute:
+  array state too large for JSON (an average of the params). ``fit`` sets
+  ``hook.arrays = hook.init_arrays(state)`` at the start of a fresh run,
+  saves ``hook.arrays`` in the checkpoint's array tree (under
+  ``hooks/<name>``, next to ``state`` and ``train_metrics``) and, on resume,
+  sets it from ``hook_arrays=`` (``restore_or_init(..., hooks=[...])``,
+  which restores it: ``init_arrays`` must be traceable, for ``jax.eval_shape``);
+- ``info`` may hold ``'histograms'``: ``{tag: numpy array}``, sent to the
+  writer's ``write_histograms`` when it has one (TensorBoard), not to the
+  scalar writers nor to ``fit``'s history.
+
 Provided: :class:`EarlyStopping` (one run), :class:`PopulationEarlyStopping`
-and :class:`PBT` (populations).
+and :class:`PBT` (populations), :class:`EMA` (an average of the params,
+checkpointed) and :class:`Histograms` (per-layer parameter and gradient
+histograms at log points).
+
+Your own hook is a plain class. This one writes the global parameter norm
+every 10 steps and stops the run when the training loss falls below a
+target; its one number of state (the step it first got there) survives a
+resume::
+
+  import numpy as np
+  import optax
+
+  class StopAtLoss:
+    every = 10            # run at steps 10, 20, ... (0: after every evaluation)
+    at_end = False        # not again at the last step
+    name = 'stop_at_loss' # its key in the checkpoint's hook state
+
+    def __init__(self, target):
+      self.target, self.reached = target, None
+
+    def __call__(self, step, state, record):
+      info = {'params/global_norm': float(optax.global_norm(state.params))}
+      loss = record.get('train/loss')      # written at this step when it is a log point
+      if loss is not None and loss < self.target:
+        self.reached = step if self.reached is None else self.reached
+        info['stop'] = True
+      return state, info
+
+    def state_dict(self):
+      return {'reached': self.reached}
+
+    def load_state_dict(self, d):
+      self.reached = d['reached']
+
+  hook = StopAtLoss(target=0.5)
+  state, history = purax.fit(task, state, data, steps=1000, log_every=10, hooks=[hook])
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Literal
 
@@ -31,6 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from purax.core import pbt
+from purax.core import update
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 
@@ -148,3 +196,203 @@ class PBT:
                                     key=jax.random.fold_in(key, step), fraction=self.fraction,
                                     names=self.names, bounds=self.bounds)
     return pop, {'pbt/source': np.asarray(info['source'])}
+
+
+def _params_of(state):
+  """The params of a :class:`TrainState`, or the stacked ``[members]`` params
+  of a :class:`purax.core.population.Population`."""
+  return state.state.params if isinstance(state, pop_lib.Population) else state.params
+
+
+def _with_params(state, params):
+  if isinstance(state, pop_lib.Population):
+    return state.replace(state=state.state.replace(params=params))
+  return state.replace(params=params)
+
+
+def _average_dtype(x):
+  """float32 for floating params (bfloat16 ones included), their own dtype otherwise."""
+  return jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+
+
+@jax.jit
+def _ema_update(average, params, decay):
+  """``decay * average + (1 - decay) * params`` in float32, leaf by leaf."""
+  def one(a, p):
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+      return p.astype(a.dtype)
+    return decay * a + (1 - decay) * p.astype(a.dtype)
+  return {'params': jax.tree.map(one, average['params'], params),
+          'count': average['count'] + 1}
+
+
+@dataclasses.dataclass
+class EMA:
+  """An exponential moving average of the params, sampled every ``every`` steps:
+  ``average <- decay * average + (1 - decay) * params`` (Polyak averaging),
+  starting from the params the run starts with; checkpointed, so a resumed run
+  continues the same average.
+
+  The average is float32 (bfloat16 params are averaged in float32) and
+  follows the params' shardings (the jitted update propagates them; a
+  restored average comes replicated on the plan's mesh from
+  ``restore_or_init(plan=...)``); one jitted update per sample (no host sync).
+  With ``every = k`` the effective horizon is ``k / (1 - decay)`` steps.
+
+  Read it with :attr:`params`; evaluate it with :meth:`state_with_average`,
+  or at every evaluation of the run with ``evaluate``::
+
+    ema = purax.hooks.EMA(decay=0.99, every=1)
+    state, _ = purax.fit(task, state, data, steps=1000, hooks=[ema])
+    purax.evaluate(task, ema.state_with_average(state), eval_batches)
+
+    # eval_ema/* next to eval/* at every evaluation (when a sample falls on it):
+    ema = purax.hooks.EMA(decay=0.99, evaluate=lambda s: purax.evaluate(task, s, eval_batches))
+
+  A resumed run restores the average with the state
+  (``purax.restore_or_init(..., hooks=[ema])`` then ``fit(restored, ...,
+  hooks=[ema])``). Works on a :class:`TrainState` (one device or sharded)
+  and on a :class:`purax.core.population.Population` (per-member averages of
+  the stacked params).
+
+  Attributes:
+    decay: in ``[0, 1)``.
+    every: sample every this many steps (>= 1), or 0: after every evaluation.
+    at_end: sample at the last step when it falls on the cadence (``fit``
+      runs no hook with ``at_end=False`` at the last step); the last step
+      off the cadence is never sampled, so a run trained longer later
+      continues the same average.
+    evaluate: optional ``state -> {name: number}`` (e.g. :func:`purax.evaluate`
+      over the eval batches, with the run's ``plan``): called on the state
+      with the average at each sample that falls on an evaluation of the run
+      (``eval/*`` in the record); its numbers are written as ``eval_ema/*``.
+      Costs one evaluation pass each time.
+    arrays: ``{'params': float32 params-shaped tree, 'count': int32 []}``
+      (samples taken); set by ``fit``.
+
+  Raises:
+    ConfigError: ``decay`` outside ``[0, 1)`` or ``every < 0``.
+  """
+
+  decay: float = 0.999
+  every: int = 1
+  at_end: bool = True
+  name: str = 'ema'
+  evaluate: Any = None
+  arrays: Any = None
+
+  def __post_init__(self):
+    expect(0.0 <= self.decay < 1.0, 'EMA.decay', 'in [0, 1)', self.decay, ConfigError)
+    expect(isinstance(self.every, int) and self.every >= 0, 'EMA.every',
+           'an integer >= 0', self.every, ConfigError)
+
+  def init_arrays(self, state) -> dict:
+    """The average at the start of a run: a float32 copy of the params (traceable)."""
+    params = _params_of(state)
+    return {'params': jax.tree.map(lambda p: jnp.array(p, _average_dtype(p), copy=True),
+                                   params),
+            'count': jnp.zeros((), jnp.int32)}
+
+  def __call__(self, step, state, record):
+    params = _params_of(state)
+    arrays = self.arrays if self.arrays is not None else self.init_arrays(state)
+    self.arrays = _ema_update(arrays, params, jnp.float32(self.decay))
+    if self.evaluate is None or not any(k.startswith('eval/') for k in record):
+      return state, {}
+    return state, {f'eval_ema/{k}': v for k, v in
+                   self.evaluate(self.state_with_average(state)).items()}
+
+  @property
+  def params(self):
+    """The averaged params (float32), or None before ``fit`` ran."""
+    return None if self.arrays is None else self.arrays['params']
+
+  def state_with_average(self, state):
+    """``state`` with its params replaced by the average, cast to the params'
+    dtypes: what :func:`purax.evaluate` or ``task.predict`` take."""
+    expect(self.arrays is not None, 'EMA.arrays', 'an average (run fit with this hook first)',
+           None, ConfigError)
+    params = jax.tree.map(lambda a, p: a.astype(p.dtype), self.params, _params_of(state))
+    return _with_params(state, params)
+
+
+def _path_name(path) -> str:
+  """``'Dense_0/kernel'`` for the key path of a params leaf."""
+  parts = []
+  for k in path:
+    parts.append(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))))
+  return '/'.join(parts)
+
+
+@functools.lru_cache(maxsize=8)
+def _gradients_fn(task):
+  """The gradients the step would apply to ``batch`` (unscaled; one compile per task)."""
+  return jax.jit(lambda state, batch: update.gradients(task, state, batch)[0])
+
+
+@dataclasses.dataclass
+class Histograms:
+  """Per-layer parameter histograms and gradient norms at log points, through
+  the writer's ``write_histograms`` (TensorBoard's Histograms tab; writers
+  without it ignore them).
+
+  At each call, for a :class:`TrainState`:
+
+  - ``params/<layer>/<name>``: the histogram of each params leaf's values;
+  - with ``task`` and ``batch`` given: ``grads/<layer>/<name>``, the
+    histogram of each leaf's gradient on ``batch``, the scalars
+    ``grad_norm/<layer>`` (the L2 norm over the layer's leaves) and the
+    histogram ``grad_norm`` of those per-layer norms.
+
+  Gradients: the state holds none (the step does not keep them: that would
+  cost a params-sized buffer every step), so they are computed here, at the
+  current params, on the fixed ``batch`` you pass (e.g. the first training
+  batch): the gradients ``task.step`` would apply to it (``purax.core.update
+  .gradients``: microbatches, loss scale removed), with the step's dropout key.
+  Cost per call: one forward and backward pass of ``batch`` (one extra
+  compilation in the run) and a host copy of the params and gradients — run
+  it every few hundred steps, not every step.
+
+  One process reads the arrays (``jax.device_get``): on a multi-host mesh the
+  params must be addressable by process 0 (not checked here).
+
+  Attributes:
+    every: steps between calls (>= 1; put it on the log cadence).
+    task, batch: both or neither: the gradient histograms.
+    at_end: run at the last step when it falls on the cadence.
+
+  Raises:
+    ConfigError: ``every < 1``, or only one of ``task`` and ``batch``.
+  """
+
+  every: int = 100
+  task: Any = None
+  batch: Any = None
+  at_end: bool = True
+  name: str = 'histograms'
+
+  def __post_init__(self):
+    expect(isinstance(self.every, int) and self.every >= 1, 'Histograms.every',
+           'an integer >= 1', self.every, ConfigError)
+    expect((self.task is None) == (self.batch is None), 'Histograms.task/batch',
+           'both (gradient histograms) or neither', 'only '
+           + ('task' if self.batch is None else 'batch'), ConfigError)
+
+  def __call__(self, step, state, record):
+    expect(not isinstance(state, pop_lib.Population), 'Histograms state',
+           'a TrainState (one run)', 'a Population', ConfigError)
+    histograms = {f'params/{_path_name(path)}': np.asarray(x, np.float32) for path, x in
+                  jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]}
+    info = {}
+    if self.task is not None:
+      grads = jax.device_get(_gradients_fn(self.task)(state, self.batch))
+      squares = {}
+      for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        g = np.asarray(g, np.float32)
+        histograms[f'grads/{_path_name(path)}'] = g
+        layer = _path_name(path[:-1]) or _path_name(path)
+        squares[layer] = squares.get(layer, 0.0) + float(np.sum(np.square(g, dtype=np.float64)))
+      norms = {layer: math.sqrt(s) for layer, s in squares.items()}
+      info.update({f'grad_norm/{layer}': n for layer, n in norms.items()})
+      histograms['grad_norm'] = np.asarray(list(norms.values()), np.float32)
+    return state, {**info, 'histograms': histograms}

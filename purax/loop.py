@@ -173,6 +173,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         max_consecutive_skips: int | None = 10, data_state: Any = None,
         iterator_resume: Literal['error', 'warn', 'skip'] = 'error',
         steps_per_call: int = 1, hooks=(), hook_state: dict | None = None,
+        hook_arrays: dict | None = None,
         checks: Literal['first', 'every', 'none'] = 'first',
         ) -> tuple[Any, list[dict[str, Any]]]:
   """Trains from ``state.step`` to ``steps``.
@@ -232,10 +233,18 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       must be multiples of ``k``; ``should_stop`` is polled per call. Single
       device only (no ``plan``).
     hooks: :mod:`purax.hooks` run at log/eval points on their own cadence
-      (early stopping, PBT, your callbacks); their ``state_dict()`` is saved
-      in every checkpoint (``extra['hooks']``).
+      (early stopping, PBT, EMA, histograms, your callbacks); their
+      ``state_dict()`` is saved in every checkpoint (``extra['hooks']``), their
+      ``arrays`` (hooks with ``init_arrays``) in its array tree; an
+      ``info['histograms']`` goes to ``writer.write_histograms`` when the
+      writer has it.
     hook_state: the hooks' saved state to continue from
       (``restore_or_init(...).extra.get('hooks')``).
+    hook_arrays: the array state of the hooks that have ``init_arrays``
+      (:class:`purax.hooks.EMA`), ``{name: tree}``, to continue from
+      (``restore_or_init(..., hooks=hooks).hook_arrays``); a hook without
+      saved arrays starts from ``hook.init_arrays(state)``. Saved in every
+      checkpoint's array tree under ``'hooks'``.
     checks: value checks of the batches on the host (:meth:`Task.check_values`:
       labels and token ids in range, weights finite and >= 0, for the provided
       losses): ``'first'`` batch only (default: before anything compiles),
@@ -255,6 +264,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     train_metrics = state.train_metrics if train_metrics is None else train_metrics
     data_state = state.data_state if data_state is None else data_state
     hook_state = state.extra.get('hooks') if hook_state is None else hook_state
+    hook_arrays = state.hook_arrays if hook_arrays is None else hook_arrays
     state = state.state
   deleted = [jax.tree_util.keystr(path) for path, x in
              jax.tree_util.tree_flatten_with_path(state)[0]
@@ -310,6 +320,11 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       host_batches = _checked(host_batches, lambda b: task.check_values(b, abstract))
   acc = train_metrics
   state = plan.place(state)
+  array_hooks = {getattr(h, 'name', type(h).__name__): h for h in hooks
+                 if callable(getattr(h, 'init_arrays', None))}
+  for name, hook in array_hooks.items():
+    saved = (hook_arrays or {}).get(name)
+    hook.arrays = hook.init_arrays(state) if saved is None else saved
   if first is not None and acc is None:
     acc = plan.zero_metrics(state, first)
   host_batches = itertools.chain([first], host_batches) if first is not None else iter(())
@@ -322,8 +337,10 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
                 if hasattr(h, 'state_dict')}
       if states:
         extra['hooks'] = states
-      checkpointer.save(step, {'state': state, 'train_metrics': acc}, metrics=metrics,
-                        extra=extra)
+      tree = {'state': state, 'train_metrics': acc}
+      if array_hooks:
+        tree['hooks'] = {name: h.arrays for name, h in array_hooks.items()}
+      checkpointer.save(step, tree, metrics=metrics, extra=extra)
 
   def log(step, window_start):
     """The loop's one host sync: fetch the merged metrics of the window."""
@@ -364,6 +381,10 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         state, info = hook(step, state, record)
         info = dict(info or {})
         stop = bool(info.pop('stop', False)) or stop
+        histograms = info.pop('histograms', None)
+        if histograms and writer is not None and jax.process_index() == 0 and hasattr(
+            writer, 'write_histograms'):
+          writer.write_histograms(step, histograms)
         if info:
           write(step, info)
     return stop

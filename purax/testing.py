@@ -32,7 +32,14 @@ compared bitwise across meshes.
 The assertions take any state pytree (a purax ``TrainState``, a flax
 ``TrainState``, a dict) and compare every leaf kind: floats (bfloat16 in
 float64), integers and booleans exactly, typed PRNG keys by implementation
-and key data, ``None`` as structure; a difference names its path.
+and key data, ``None`` as structure; a difference names its path. They are
+chex assertions (``chex.assert_trees_all_close``, ``assert_trees_all_equal``,
+``assert_trees_all_equal_shapes_and_dtypes``, ``assert_tree_all_finite``)
+applied leaf by leaf, extended where chex falls short: typed keys, which chex
+cannot read; floats (bfloat16 too) compared in float64; the path
+of the leaf within the state and the step it differs at. The reference run of
+every comparison must stay finite (:func:`assert_finite`): NaN equals NaN in
+the comparisons, so two diverged runs would otherwise match.
 
 Strategies touch devices only when drawn, never at import.
 """
@@ -42,6 +49,7 @@ import functools
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,7 +66,8 @@ from purax.parallel import spmd
 
 __all__ = [
     'TOLERANCES', 'Tolerance', 'mesh_shapes', 'mesh_of', 'meshes', 'batch_sizes',
-    'classification_batches', 'small_pytrees', 'assert_trees_close', 'grads_of',
+    'classification_batches', 'small_pytrees', 'assert_trees_close', 'assert_finite',
+    'grads_of',
     'learning_rate_of',
     'assert_step_matches_single_device', 'assert_pmap_matches_jit', 'assert_same_training',
 ]
@@ -179,60 +188,88 @@ def small_pytrees(max_leaves: int = 4, max_dim: int = 8):
 
 # -- assertions --
 
-def _host_leaf(x):
-  """A leaf as a numpy array to compare: typed keys become ``(impl, key data)``."""
-  if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-    return ('prng_key', str(jax.random.key_impl(x)), np.asarray(jax.random.key_data(x)))
-  return np.asarray(x)
+def _is_key(x) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _leaves(tree):
-  return jax.tree_util.tree_flatten_with_path(tree)
+def _chex(check: Callable, *args, name: str, detail: str = '', **kwargs) -> None:
+  """Runs a chex assertion; its failure is re-raised naming the leaf path
+  (chex names the path inside the tree it was given, not the caller's)."""
+  try:
+    check(*args, **kwargs)
+  except AssertionError as e:
+    raise AssertionError(f'{name}: {detail or "differs"}\n{e}') from None
 
 
 def assert_trees_close(actual: Any, expected: Any, tol: Tolerance, *, what: str = 'tree'):
   """Same structure, shapes, dtypes and values within ``tol``, leaf by leaf.
 
-  Every kind of leaf compares: floating leaves (bfloat16 and float16 in
-  float64) within ``tol``; integers and booleans exactly; typed PRNG keys by
-  implementation and key data, exactly; ``None`` is structure (both sides must
-  have it at the same place).
+  Built on chex (``assert_trees_all_equal_structs``,
+  ``assert_trees_all_equal_shapes_and_dtypes``, ``assert_trees_all_close``,
+  ``assert_trees_all_equal``), extended where chex falls short:
+
+  - typed PRNG keys (chex cannot convert them to numpy) compare by
+    implementation and key data, exactly;
+  - floating leaves compare in float64 (chex 0.1.92 upcasts bfloat16 to
+    float32 only; in float64 the tolerance arithmetic ``atol + rtol * |e|``
+    itself does not round);
+  - integers and booleans exactly; ``None`` is structure (both sides must
+    have it at the same place); a Python scalar (e.g. flax TrainState's
+    ``step`` outside jit) has no dtype of its own: only its value compares;
+  - every failure names the leaf's full path prefixed by ``what`` (e.g.
+    ``step 2 state.params['Dense_0']['kernel']``) and, for floats, the
+    largest difference; chex's own report follows.
 
   Raises:
     AssertionError: naming the leaf path, the largest difference and the tolerance.
   """
-  (a_leaves, a_def), (e_leaves, e_def) = _leaves(actual), _leaves(expected)
-  assert a_def == e_def, f'{what}: structure {a_def} != expected {e_def}'
-  for (path, a_raw), (_, e_raw) in zip(a_leaves, e_leaves):
+  _chex(chex.assert_trees_all_equal_structs, actual, expected, name=what,
+        detail='structure differs from the expected structure')
+  a_leaves = jax.tree_util.tree_flatten_with_path(actual)[0]
+  e_leaves = jax.tree.leaves(expected)
+  for (path, a), e in zip(a_leaves, e_leaves):
     name = f'{what}{jax.tree_util.keystr(path)}'
-    a, e = _host_leaf(a_raw), _host_leaf(e_raw)
-    if isinstance(a, tuple) or isinstance(e, tuple):
-      assert isinstance(a, tuple) and isinstance(e, tuple), (
-          f'{name}: a typed PRNG key on one side only ({a!r} vs {e!r})')
-      assert a[1] == e[1], f'{name}: key implementation {a[1]} != expected {e[1]}'
-      assert np.array_equal(a[2], e[2]), (
-          f'{name}: PRNG key data {a[2].tolist()} != expected {e[2].tolist()}')
+    if _is_key(a) or _is_key(e):
+      assert _is_key(a) and _is_key(e), f'{name}: a typed PRNG key on one side only ({a!r} vs {e!r})'
+      a_impl, e_impl = str(jax.random.key_impl(a)), str(jax.random.key_impl(e))
+      assert a_impl == e_impl, f'{name}: key implementation {a_impl} != expected {e_impl}'
+      a_data, e_data = np.asarray(jax.random.key_data(a)), np.asarray(jax.random.key_data(e))
+      _chex(chex.assert_trees_all_equal, a_data, e_data, name=name,
+            detail=f'PRNG key data {a_data.tolist()} != expected {e_data.tolist()}')
       continue
-    assert a.shape == e.shape, f'{name}: shape {a.shape} != expected {e.shape}'
-    # A Python scalar (e.g. flax TrainState's step outside jit) has no dtype of
-    # its own: only its value is compared.
-    weak = isinstance(a_raw, (int, float, bool)) or isinstance(e_raw, (int, float, bool))
-    assert weak or a.dtype == e.dtype, f'{name}: dtype {a.dtype} != expected {e.dtype}'
+    weak = isinstance(a, (int, float, bool)) or isinstance(e, (int, float, bool))
+    a, e = np.asarray(a), np.asarray(e)
     if weak:
       a, e = a.astype(np.float64), e.astype(np.float64)
+    _chex(chex.assert_trees_all_equal_shapes_and_dtypes, a, e, name=name,
+          detail=(f'shape {a.shape} != expected {e.shape}' if a.shape != e.shape else
+                  f'dtype {a.dtype} != expected {e.dtype}'))
     if not jnp.issubdtype(a.dtype, jnp.inexact):
-      if not np.array_equal(a, e):
-        bad = np.argwhere(a != e)[:3].tolist()
-        raise AssertionError(f'{name}: {a.dtype} values differ at {bad} '
-                             f'({a[tuple(np.argwhere(a != e)[0])] if a.ndim else a} vs '
-                             f'{e[tuple(np.argwhere(a != e)[0])] if e.ndim else e})')
+      differ = np.argwhere(a != e) if a.ndim else np.zeros((int(a != e), 0), int)
+      first = tuple(differ[0]) if len(differ) else ()
+      _chex(chex.assert_trees_all_equal, a, e, name=name,
+            detail=f'{a.dtype} values differ at {differ[:3].tolist()} '
+                   f'({a[first] if len(differ) else ""} vs {e[first] if len(differ) else ""})')
       continue
     wide = np.complex128 if jnp.issubdtype(a.dtype, jnp.complexfloating) else np.float64
     a64, e64 = a.astype(wide), e.astype(wide)
-    if not np.allclose(a64, e64, rtol=tol.rtol, atol=tol.atol, equal_nan=True):
-      diff = np.nanmax(np.abs(a64 - e64)) if a64.size else 0.0
-      raise AssertionError(f'{name}: max |actual - expected| = {diff:.3g} exceeds '
-                           f'atol={tol.atol:g} + rtol={tol.rtol:g} * |expected|')
+    diff = np.nanmax(np.abs(a64 - e64)) if a64.size and not np.isnan(a64 - e64).all() else 0.0
+    _chex(chex.assert_trees_all_close, a64, e64, rtol=tol.rtol, atol=tol.atol, name=name,
+          detail=f'max |actual - expected| = {diff:.3g} exceeds '
+                 f'atol={tol.atol:g} + rtol={tol.rtol:g} * |expected|')
+
+
+def assert_finite(tree: Any, *, what: str = 'tree') -> None:
+  """Every floating leaf is finite: ``chex.assert_tree_all_finite`` over a
+  tree that may hold typed PRNG keys (chex cannot read them; they are skipped)
+  and bfloat16 leaves.
+
+  Raises:
+    AssertionError: naming ``what`` and the paths of the non-finite leaves.
+  """
+  floats = jax.tree.map(lambda x: None if _is_key(x) or not jnp.issubdtype(
+      np.asarray(x).dtype, jnp.inexact) else np.asarray(x), tree)
+  _chex(chex.assert_tree_all_finite, floats, name=what, detail='non-finite values')
 
 
 def grads_of(task: Task, state: TrainState, batch: Any):
@@ -281,6 +318,9 @@ def _tolerance_of(field: str, tolerances) -> Tolerance:
 def _compare_runs(reference: list, actual: list, tolerances, learning_rate: float | None):
   for i, (ref, got) in enumerate(zip(reference, actual)):
     where = f'step {i + 1}'
+    # NaN equals NaN in the comparisons below: a reference run that diverged
+    # would match any other that diverged, so it must stay finite.
+    assert_finite(ref['state'], what=f'{where} reference state')
     if got['loss'] is not None and ref['loss'] is not None:
       assert_trees_close(got['loss'], ref['loss'], tolerances['loss'], what=f'{where} loss sum')
     if got['grads'] is not None and ref['grads'] is not None:

@@ -54,3 +54,35 @@ def test_a_population_with_pbt_and_loss_scales_resumes_bitwise_in_a_fresh_proces
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
   hp = [n for n in a.files if 'peak_learning_rate' in n]
   assert hp and not np.allclose(a[hp[0]], [1e-3, 3e-3, 1e-2, 3e-2])   # PBT changed them
+
+
+# -- EMA: the average survives a restart --
+
+EMA_SCRIPT = os.path.join(ROOT, 'tests', 'scripts', 'ema_run.py')
+
+
+def run_ema(directory, stop_at, out):
+  # PYTHONPATH: this checkout's purax, whichever one the environment installed.
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='', PYTHONPATH=ROOT)
+  done = subprocess.run([sys.executable, EMA_SCRIPT, str(directory), str(stop_at), str(out)],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_ema_resumed_in_a_fresh_process_equals_the_uninterrupted_run(tmp_path):
+  """Stopped at step 5 (samples at 2 and 4 taken), resumed in a new process to
+  step 10: the average, its count and the params equal the straight run's,
+  bitwise (CPU). Without the saved average the resumed run would restart it
+  from the step-5 params."""
+  import numpy as np
+  assert run_ema(tmp_path / 'a', 0, tmp_path / 'a.npz') == 'final step 10 samples 5'
+  assert run_ema(tmp_path / 'b', 5, tmp_path / 'b5.npz') == 'final step 5 samples 2'
+  assert run_ema(tmp_path / 'b', 0, tmp_path / 'b.npz') == 'final step 10 samples 5'
+  a, b = np.load(tmp_path / 'a.npz'), np.load(tmp_path / 'b.npz')
+  assert sorted(a.files) == sorted(b.files) and any(n.startswith('ema') for n in a.files)
+  for name in a.files:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+  ema = [n for n in a.files if n.startswith('ema')]
+  assert not all(np.array_equal(a[n], a['params' + n[3:]]) for n in ema)   # an average

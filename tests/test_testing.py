@@ -191,3 +191,40 @@ def test_resync_compares_each_step_from_the_same_state():
   with pytest.raises(AssertionError, match=r'step [2-9] '):
     testing.assert_same_training(step, copy(), drifting, copy(), [batch] * 6)
   testing.assert_same_training(step, copy(), drifting, copy(), [batch] * 6, resync=True)
+
+
+# -- built on chex, extended where chex falls short --
+
+def test_chex_cannot_read_typed_keys_so_purax_compares_their_data():
+  """The extension is needed: chex raises a TypeError on a typed key; purax
+  compares implementation and key data, and names the leaf."""
+  import chex
+  with pytest.raises(TypeError):
+    chex.assert_trees_all_close({'k': jax.random.key(0)}, {'k': jax.random.key(0)})
+  testing.assert_trees_close({'k': jax.random.key(3)}, {'k': jax.random.key(3)},
+                             testing.TOLERANCES['params'])
+
+
+def test_failures_carry_chex_report_under_the_leaf_path():
+  tol = testing.TOLERANCES['params']
+  with pytest.raises(AssertionError, match=r"(?s)state\['w'\]: max .*\[Chex\] Assertion "
+                                           r"assert_trees_all_close failed"):
+    testing.assert_trees_close({'w': np.zeros(2, np.float32)}, {'w': np.ones(2, np.float32)},
+                               tol, what='state')
+
+
+def test_assert_finite_skips_keys_and_names_the_bad_leaf():
+  testing.assert_finite(_mixed_tree())
+  bad = dict(_mixed_tree(), bf16=jnp.array([1.0, jnp.nan, 0.0], jnp.bfloat16))
+  with pytest.raises(AssertionError, match=r"(?s)state: non-finite values.*'bf16'"):
+    testing.assert_finite(bad, what='state')
+
+
+def test_two_runs_that_diverge_alike_are_not_called_equal():
+  """NaN equals NaN leaf by leaf; the reference run must stay finite."""
+  def nan_step(state, batch):
+    return jax.tree.map(lambda x: x * jnp.nan, state), {}
+
+  state = {'w': jnp.ones((2,), jnp.float32)}
+  with pytest.raises(AssertionError, match='step 1 reference state: non-finite'):
+    testing.assert_same_training(nan_step, state, nan_step, state, [{}])

@@ -24,11 +24,17 @@ from purax.core.state import TrainState
 from purax.io.checkpoint import Checkpointer
 
 
-def abstract_checkpoint(task, batch) -> dict:
-  """The abstract ``{'state', 'train_metrics'}`` tree that ``fit`` checkpoints."""
+def abstract_checkpoint(task, batch, hooks=()) -> dict:
+  """The abstract ``{'state', 'train_metrics'}`` tree that ``fit`` checkpoints,
+  with ``'hooks': {name: ...}`` when a hook has array state (``init_arrays``)."""
   state = jax.eval_shape(task.init, jax.random.key(0), batch)
   acc = jax.eval_shape(lambda s, b: task.step(s, b)[1], state, batch)
-  return {'state': state, 'train_metrics': acc}
+  tree = {'state': state, 'train_metrics': acc}
+  arrays = {getattr(h, 'name', type(h).__name__): jax.eval_shape(h.init_arrays, state)
+            for h in hooks if callable(getattr(h, 'init_arrays', None))}
+  if arrays:
+    tree['hooks'] = arrays
+  return tree
 
 
 @dataclasses.dataclass
@@ -41,6 +47,8 @@ class Restored:
     step: the checkpoint's step (0 when fresh).
     data_state: an iterable's saved position (``fit(data_state=...)``), or None.
     extra: the checkpoint's JSON extra (``{}`` when fresh).
+    hook_arrays: ``{name: tree}`` of the hooks with array state (``fit``'s
+      ``hook_arrays``), or None (fresh, or no such hook given).
   """
 
   state: TrainState
@@ -48,6 +56,7 @@ class Restored:
   step: int
   data_state: Any
   extra: dict
+  hook_arrays: Any = None
 
   @property
   def fresh(self) -> bool:
@@ -55,7 +64,7 @@ class Restored:
 
 
 def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, *,
-                    plan=None) -> Restored:
+                    plan=None, hooks=()) -> Restored:
   """Restores the newest readable checkpoint in ``directory``, or initialises.
 
   Args:
@@ -67,6 +76,11 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
     batch: a sample batch (only shapes matter).
     plan: a :class:`purax.parallel.Sharded`: the state is restored (or
       created) directly in its sharding.
+    hooks: the hooks the run will use; those with array state
+      (:class:`purax.hooks.EMA`) get it restored (``Restored.hook_arrays``).
+      Give the same hooks as the run that saved: a checkpoint saved with an
+      array hook restored without it (or the reverse) is a
+      :class:`CheckpointMismatchError` naming the ``hooks`` path.
 
   Returns:
     A :class:`Restored`.
@@ -76,11 +90,20 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
       differ from the task's state. ConfigError: a checkpoint whose data
       position disagrees with its state.
   """
-  abstract = abstract_checkpoint(task, batch)
+  abstract = abstract_checkpoint(task, batch, hooks)
   if plan is not None:
     abstract['state'] = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract['state'],
         plan.state_sharding)
+    # The metrics window and the hooks' arrays: replicated on the plan's mesh,
+    # so that all the restored arrays live on the same devices (one device
+    # otherwise, and the first jitted copy refuses the mix). EMA's jitted
+    # update then carries the params' shardings over to its average.
+    mesh = jax.tree.leaves(plan.state_sharding)[0].mesh
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    for name in [n for n in abstract if n != 'state']:
+      abstract[name] = jax.tree.map(
+          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), abstract[name])
   checkpointer = directory
   if not isinstance(directory, Checkpointer):
     checkpointer = (Checkpointer(directory) if os.path.isdir(directory) and os.listdir(directory)
@@ -94,6 +117,7 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
            data.get('next_step'), ConfigError)
     if checkpointer is not directory:
       checkpointer.close()
-    return Restored(tree['state'], tree['train_metrics'], step, data.get('iterator'), extra)
+    return Restored(tree['state'], tree['train_metrics'], step, data.get('iterator'), extra,
+                    tree.get('hooks'))
   state = plan.init(key) if plan is not None else jax.jit(task.init)(key, batch)
   return Restored(state, None, 0, None, {})

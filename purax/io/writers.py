@@ -12,7 +12,8 @@ started), so a killed process loses no record written before its last
 committed checkpoint.
 
 Your own writer is any object with the three methods of :class:`MetricWriter`;
-``write_hparams`` and ``write_text`` are optional (called when present)::
+``write_hparams``, ``write_text`` and ``write_histograms`` are optional
+(called when present; a writer without one ignores that kind of record)::
 
   class LossPrinter:
     def write_scalars(self, step, scalars):
@@ -44,7 +45,15 @@ from purax.io import progress, wandb_writer
 class MetricWriter(Protocol):
   """What ``fit`` writes to. Optional extras, called when a writer has them:
   ``write_hparams(hparams: Mapping[str, Any])`` (once per run, before the first
-  step) and ``write_text(tag: str, text: str)``."""
+  step), ``write_text(tag: str, text: str)`` and
+  ``write_histograms(step: int, histograms: Mapping[str, np.ndarray])`` (value
+  arrays of any shape, flattened; from :class:`purax.hooks.Histograms`).
+
+  Which writer takes what: :class:`TensorBoardWriter` all three;
+  :class:`JsonlWriter` and :class:`ConsoleWriter` scalars only (histograms
+  would be megabytes of JSON per log point, or unreadable lines); the
+  Weights & Biases writer scalars and hparams.
+  """
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     """Records ``scalars`` (``{'train/loss': 0.12, ...}``, Python floats) at ``step``."""
@@ -156,6 +165,24 @@ class TensorBoardWriter:
                                          summary=text_summary(tag, body)))
     self._events.flush()
 
+  def write_histograms(self, step, histograms):
+    """One TensorBoard histogram per ``{tag: array}`` (values flattened;
+    non-finite values are left out, their count written as the scalar
+    ``<tag>/nonfinite`` when there are any: TensorBoard's buckets cannot hold them)."""
+    import numpy as np
+    from tensorboardX.summary import histogram, scalar
+    for tag, values in histograms.items():
+      values = np.asarray(values, np.float64).ravel()
+      finite = values[np.isfinite(values)]
+      if finite.size < values.size:
+        self._events.write_event(self._event(
+            wall_time=time.time(), step=int(step),
+            summary=scalar(f'{tag}/nonfinite', float(values.size - finite.size))))
+      if finite.size:
+        self._events.write_event(self._event(wall_time=time.time(), step=int(step),
+                                             summary=histogram(tag, finite, 'auto')))
+    self._events.flush()
+
   def flush(self):
     self._events.flush()
 
@@ -200,6 +227,11 @@ class MultiWriter:
     for w in self._writers:
       if hasattr(w, 'write_text'):
         w.write_text(tag, text)
+
+  def write_histograms(self, step, histograms):
+    for w in self._writers:
+      if hasattr(w, 'write_histograms'):
+        w.write_histograms(step, histograms)
 
   def flush(self):
     for w in self._writers:

@@ -1,0 +1,179 @@
+"""The provided hooks in one process: EMA is the average of the params it
+samples and is evaluable; Histograms writes TensorBoard histograms that
+TensorBoard's own reader reads; the user hook of the hooks module docstring
+runs as written. (Resume of each: tests/test_hooks.py.)"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import purax
+from purax import hooks as hooks_lib
+from purax.io import writers as writers_lib
+from purax.nn import MLP
+
+
+def batch(i):
+  rng = np.random.default_rng(i)
+  return {'x': rng.normal(size=(8, 4)).astype(np.float32),
+          'y': rng.integers(0, 3, 8).astype(np.int32)}
+
+
+TASK = purax.Task(model=MLP(num_classes=3, features=(8,)),
+                  tx=purax.adamw(learning_rate=3e-2, total_steps=20))
+DATA = [batch(i) for i in range(6)]
+
+
+def fresh_state():
+  return jax.jit(TASK.init)(jax.random.key(0), DATA[0])
+
+
+class Recorder:
+  """Copies the params at its cadence (a user hook)."""
+
+  at_end = True
+  name = 'recorder'
+
+  def __init__(self, every):
+    self.every, self.seen = every, {}
+
+  def __call__(self, step, state, record):
+    self.seen[step] = jax.tree.map(lambda p: np.asarray(p, np.float64), state.params)
+    return state, {}
+
+
+def test_ema_is_the_decayed_average_of_the_sampled_params():
+  state = fresh_state()
+  start = jax.tree.map(lambda p: np.asarray(p, np.float64), state.params)
+  evaluate = lambda s: purax.evaluate(TASK, s, [DATA[0]])             # noqa: E731
+  ema = hooks_lib.EMA(decay=0.75, every=2, evaluate=evaluate)
+  recorder = Recorder(every=2)
+  final, history = purax.fit(TASK, state, DATA, progress=False, hooks=[recorder, ema],
+                             eval_data=[DATA[0]], eval_every=4)
+  assert sorted(recorder.seen) == [2, 4, 6] and int(ema.arrays['count']) == 3
+  expected = start
+  for s in (2, 4, 6):
+    expected = jax.tree.map(lambda a, p: 0.75 * a + 0.25 * p, expected, recorder.seen[s])
+  # float32 arithmetic of three updates against float64: a few ulps.
+  jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7),
+               jax.device_get(ema.params), expected)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(ema.params))
+  # Evaluable: the state with the average evaluates, and differs from the last params.
+  averaged = ema.state_with_average(final)
+  assert jax.tree.structure(averaged) == jax.tree.structure(final)
+  on_average = purax.evaluate(TASK, averaged, [DATA[0]])
+  on_last = purax.evaluate(TASK, final, [DATA[0]])
+  assert np.isfinite(on_average['loss']) and on_average['loss'] != on_last['loss']
+  # evaluate=: eval_ema/* at the samples that fall on an evaluation (4, and 6 at the end).
+  written = {r['step']: r for r in history if 'eval_ema/loss' in r}
+  assert sorted(written) == [4, 6]
+  assert written[6]['eval_ema/loss'] == pytest.approx(on_average['loss'], rel=1e-6)
+  assert written[6]['eval_ema/accuracy'] == pytest.approx(on_average['accuracy'])
+
+
+def test_ema_checks_its_settings():
+  with pytest.raises(purax.ConfigError, match=r'EMA.decay: expected in \[0, 1\), got 1.0'):
+    hooks_lib.EMA(decay=1.0)
+  with pytest.raises(purax.ConfigError, match='EMA.arrays: expected an average'):
+    hooks_lib.EMA().state_with_average(fresh_state())
+
+
+def test_histograms_are_read_back_by_tensorboards_event_reader(tmp_path):
+  from tensorboard.backend.event_processing import event_accumulator
+  writer = writers_lib.MultiWriter([writers_lib.TensorBoardWriter(str(tmp_path)),
+                                    writers_lib.JsonlWriter(str(tmp_path / 'metrics.jsonl'))])
+  hook = hooks_lib.Histograms(every=3, task=TASK, batch=DATA[0])
+  state = fresh_state()
+  recorder = Recorder(every=3)
+  _, history = purax.fit(TASK, state, DATA, log_every=3, writer=writer, progress=False,
+                         hooks=[recorder, hook])
+  writer.close()
+  reader = event_accumulator.EventAccumulator(
+      str(tmp_path), size_guidance={event_accumulator.HISTOGRAMS: 0})
+  reader.Reload()
+  tags = set(reader.Tags()['histograms'])
+  layers = ('Dense_0', 'Dense_1')
+  assert {f'{kind}/{layer}/{leaf}' for kind in ('params', 'grads') for layer in layers
+          for leaf in ('kernel', 'bias')} | {'grad_norm'} <= tags
+  kernel = reader.Histograms('params/Dense_0/kernel')
+  assert [e.step for e in kernel] == [3, 6]
+  seen = recorder.seen[6]['Dense_0']['kernel']
+  assert kernel[-1].histogram_value.num == seen.size
+  assert kernel[-1].histogram_value.min == pytest.approx(seen.min(), rel=1e-6)
+  assert kernel[-1].histogram_value.max == pytest.approx(seen.max(), rel=1e-6)
+  # Per-layer gradient norms: the gradients the step applies at those params.
+  grads = jax.jit(lambda s, b: purax.core.update.gradients(TASK, s, b)[0])
+  params6 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), recorder.seen[6])
+  at6 = fresh_state().replace(params=params6, step=jnp.int32(6))
+  want = {layer: float(optax.global_norm(g)) for layer, g in
+          grads(at6, DATA[0]).items()}
+  last = [r for r in history if 'grad_norm/Dense_0' in r][-1]
+  for layer, norm in want.items():
+    assert last[f'grad_norm/{layer}'] == pytest.approx(norm, rel=1e-4)
+  assert reader.Histograms('grad_norm')[-1].histogram_value.num == len(want)
+  # The scalar writer took the norms and ignored the histograms.
+  text = (tmp_path / 'metrics.jsonl').read_text()
+  assert 'grad_norm/Dense_0' in text and 'params/Dense_0/kernel' not in text
+
+
+def test_histograms_check_their_settings():
+  with pytest.raises(purax.ConfigError, match='Histograms.task/batch: expected both'):
+    hooks_lib.Histograms(task=TASK)
+  with pytest.raises(purax.ConfigError, match='Histograms.every: expected an integer >= 1'):
+    hooks_lib.Histograms(every=0)
+
+
+def test_the_user_hook_of_the_module_docstring_runs_as_written():
+  """The example class in purax.hooks' docstring, executed from the docstring."""
+  code = re.search(r'one number of state.*?::\n\n(.*?)\n\n  hook = ', hooks_lib.__doc__,
+                   re.S).group(1)
+  namespace = {}
+  exec(compile('\n'.join(line[2:] for line in code.splitlines()), 'hooks-doc', 'exec'),
+       namespace)
+  hook = namespace['StopAtLoss'](target=100.0)       # any loss is below it: stops at once
+  hook.every = 2
+  state, history = purax.fit(TASK, fresh_state(), DATA, log_every=2, progress=False,
+                             hooks=[hook])
+  assert int(state.step) == 2 and hook.reached == 2
+  assert any('params/global_norm' in r for r in history)
+  again = namespace['StopAtLoss'](target=0.0)
+  again.load_state_dict(hook.state_dict())
+  assert again.reached == 2
+
+
+def assert_same_sharding(a, b, what):
+  assert a.sharding.is_equivalent_to(b.sharding, a.ndim), (
+      f'{what}: sharding {a.sharding} != the params\' {b.sharding}')
+
+
+def test_ema_on_a_mesh_resumes_onto_the_sharded_params(tmp_path):
+  """A sharded run (FSDP on 4 devices) with an EMA, checkpointed at step 4 and
+  restored (the average lands on one device, then follows the params'
+  shardings) ends with the straight sharded run's average."""
+  from purax import parallel
+  from purax.io.checkpoint import Checkpointer
+  mesh = parallel.make_mesh(data=2, fsdp=2, devices=jax.devices()[:4])
+  plan = parallel.sharded(TASK, mesh, parallel.for_mesh(mesh, fsdp_min_size=8), DATA[0])
+  straight = hooks_lib.EMA(decay=0.5, every=2)
+  purax.fit(TASK, plan.init(jax.random.key(0)), DATA, plan=plan, progress=False,
+            hooks=[straight])
+  first = hooks_lib.EMA(decay=0.5, every=2)
+  with Checkpointer(str(tmp_path)) as ckpt:
+    purax.fit(TASK, plan.init(jax.random.key(0)), DATA, steps=4, plan=plan, progress=False,
+              hooks=[first], checkpointer=ckpt)
+  resumed = hooks_lib.EMA(decay=0.5, every=2)
+  restored = purax.restore_or_init(str(tmp_path), TASK, jax.random.key(0), DATA[0], plan=plan,
+                                   hooks=[resumed])
+  assert int(restored.hook_arrays['ema']['count']) == 2
+  final, _ = purax.fit(TASK, restored, DATA, plan=plan, progress=False, hooks=[resumed])
+  assert int(resumed.arrays['count']) == int(straight.arrays['count']) == 3
+  # The average follows the params' shardings (FSDP: not a full copy per device).
+  sharded_leaves = [p for p in jax.tree.leaves(final.params) if not p.sharding.is_fully_replicated]
+  assert sharded_leaves
+  jax.tree.map(lambda a, p: assert_same_sharding(a, p, 'ema'), resumed.params, final.params)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.params),
+               jax.device_get(straight.params))
