@@ -80,6 +80,11 @@ class RunConfig:
       (memory.prof, pprof) when the trace stops.
     wandb_project: also log to Weights & Biases under this project (offline
       unless WANDB_MODE says otherwise; needs pip install 'purax[wandb]').
+    ema_decay: keep an exponential moving average of the params with this decay
+      per sample, in (0, 1) (checkpointed; evaluated as eval_ema/* at evaluations).
+    ema_every: sample the params for the average every N steps.
+    histograms: write per-layer parameter and gradient histograms (TensorBoard)
+      every N steps (0: off; costs a forward and backward pass on a fixed batch).
   """
 
   steps: int = 500
@@ -102,6 +107,9 @@ class RunConfig:
   profile: str | None = None
   profile_memory: bool = False
   wandb_project: str | None = None
+  ema_decay: float | None = None
+  ema_every: int = 1
+  histograms: int = 0
 
   def validate(self) -> 'RunConfig':
     """Raises ConfigError naming the field, the expected and the actual value."""
@@ -114,8 +122,13 @@ class RunConfig:
     expect(self.decay_steps is None or 1 <= self.decay_steps < INT32_LIMIT, 'decay_steps',
            '>= 1 or unset', self.decay_steps, ConfigError)
     expect(0 <= self.seed < 2 ** 32, 'seed', 'in [0, 2**32)', self.seed, ConfigError)
+    expect(self.ema_decay is None or 0 < self.ema_decay < 1, 'ema_decay', 'in (0, 1) or unset',
+           self.ema_decay, ConfigError)
+    expect(1 <= self.ema_every < INT32_LIMIT, 'ema_every', '>= 1', self.ema_every, ConfigError)
+    expect(0 <= self.histograms < INT32_LIMIT, 'histograms', '>= 0', self.histograms,
+           ConfigError)
     k = self.steps_per_call
-    for name in ('log_every', 'eval_every', 'checkpoint_every'):
+    for name in ('log_every', 'eval_every', 'checkpoint_every', 'ema_every', 'histograms'):
       expect(getattr(self, name) % k == 0, name, f'a multiple of steps_per_call={k}',
              getattr(self, name), ConfigError)
     expect(k == 1 or self.mesh is None, 'steps_per_call', '1 with --mesh (multi-step calls '
@@ -135,7 +148,7 @@ RESUMABLE_CHANGES = frozenset({
     'run.checkpoint_every', 'run.keep_last', 'run.keep_best', 'run.mesh', 'run.coordinator',
     'run.num_processes', 'run.process_id', 'optimizer.max_consecutive_skips',
     'run.debug_nans', 'run.dry_run', 'run.profile', 'run.profile_memory',
-    'run.wandb_project', 'run.steps_per_call',
+    'run.wandb_project', 'run.steps_per_call', 'run.histograms',
     # Train longer: more steps (the decay re-planned unless decay_steps is set).
     'run.steps', 'run.decay_steps'})
 
@@ -368,7 +381,7 @@ class PopulationConfig:
 #: Run options a sweep does not have (it checkpoints only its best member, at the end).
 SWEEP_UNSUPPORTED = ('checkpoint_every', 'keep_best', 'steps_per_call', 'coordinator',
                      'num_processes', 'process_id', 'dry_run', 'profile', 'wandb_project',
-                     'decay_steps')
+                     'decay_steps', 'ema_decay', 'histograms')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import purax
+from purax import hooks as hooks_lib
+from purax import loop
 from purax import parallel
 from purax import plan as plan_lib
 from purax.app import data as data_lib
@@ -74,6 +76,8 @@ class Job:
     plan: the :mod:`purax.plan` plan (a sharded one on a mesh).
     train_data: the run's training batches, random access by step (None
       for a saved run rebuilt from its recorded shapes).
+    hooks: the run's :mod:`purax.hooks` (EMA, histograms); an EMA's arrays
+      are part of ``abstract``.
     num_devices: devices one step runs on.
     num_classes: classes (a language model's vocabulary size).
   """
@@ -87,6 +91,7 @@ class Job:
   num_devices: int
   num_classes: int
   train_data: Any = None
+  hooks: tuple = ()
 
   def init(self, seed: int):
     """The fresh state of ``seed``, placed as the plan wants it."""
@@ -134,18 +139,33 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
   sample = data.sample(config.data.batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
   phase('tracing the model')
+  run = config.run
+  train_data = data.train(config.data.batch_size, run.seed, run.steps)   # checks the batch size
   plan, num_devices = plan_lib.SingleDevice(task, config.run.steps_per_call), 1
   if mesh and config.run.mesh is not None:
     device_mesh = parallel.make_mesh(**parallel.parse_mesh(config.run.mesh))
     plan = parallel.sharded(task, device_mesh, parallel.for_mesh(device_mesh), sample)
     num_devices = device_mesh.devices.size
-  run = config.run
-  train_data = data.train(config.data.batch_size, run.seed, run.steps)   # checks the batch size
+  hooks = run_hooks(config, task, plan, data, train_data)
+  if hooks:
+    abstract = abstract_checkpoint(task, sample, hooks=hooks)
   job = Job(config, data, task, sample, abstract, plan, num_devices, data.num_classes,
-            train_data)
+            train_data, hooks)
   check_memory(job)   # before any compilation
   phase('building the plan')
   return job
+
+
+def run_hooks(config: TrainConfig, task, plan, data, train_data) -> tuple:
+  """The hooks ``--ema-decay`` and ``--histograms`` ask for."""
+  run, hooks = config.run, []
+  if run.ema_decay is not None:
+    eval_batches = data.eval(config.data.eval_batch_size)
+    hooks.append(hooks_lib.EMA(decay=run.ema_decay, every=run.ema_every, evaluate=lambda s: (
+        loop.evaluate(task, s, eval_batches, plan=plan))))
+  if run.histograms:
+    hooks.append(hooks_lib.Histograms(every=run.histograms, task=task, batch=train_data[0]))
+  return tuple(hooks)
 
 
 def available_bytes(device) -> int | None:

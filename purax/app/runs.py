@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from purax import hooks as hooks_lib
 from purax import parallel
 from purax.app import job as job_lib
 from purax.app import rundir as rundir_lib
@@ -78,8 +79,8 @@ def train(config: TrainConfig) -> dict:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
     with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
                       keep_best=config.run.keep_best, metadata=job.metadata()) as checkpointer:
-      state, window, step = restore_or_init(job, rundir, checkpointer)
-      state, history = _fit(job, rundir, checkpointer, state, window, step, stop)
+      state, window, arrays, step = restore_or_init(job, rundir, checkpointer)
+      state, history = _fit(job, rundir, checkpointer, state, window, arrays, step, stop)
       if checkpointer.steps():
         rundir.committed()
     return finish(job, rundir, state, history, stop)
@@ -113,7 +114,7 @@ def _start_phases(stop):
 
 
 def restore_or_init(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: Checkpointer):
-  """``(state, metrics window or None, step)``: the newest readable checkpoint
+  """``(state, metrics window or None, hook arrays or None, step)``: the newest readable checkpoint
   of a resumed run (an unreadable one is moved aside), else a fresh state.
 
   Raises:
@@ -130,7 +131,7 @@ def restore_or_init(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: C
       print(f'purax: no readable checkpoint in {checkpointer.directory} (all moved '
             'aside); starting again from step 0', file=sys.stderr)
   if restored is None:
-    return job.init(job.config.run.seed), None, 0
+    return job.init(job.config.run.seed), None, None, 0
   tree, extra, step = restored
   state = tree['state']
   reached = int(jax.device_get(state.step))
@@ -140,10 +141,10 @@ def restore_or_init(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: C
   job.config.check_resumable(rundir.saved_config(), reached=reached)
   rundir.update_config()
   print(f'purax: resuming {rundir.path} from step {step}', file=sys.stderr)
-  return state, tree['train_metrics'], step
+  return state, tree['train_metrics'], tree.get('hooks'), step
 
 
-def _fit(job, rundir, checkpointer, state, window, step, stop):
+def _fit(job, rundir, checkpointer, state, window, arrays, step, stop):
   """The run's :func:`purax.fit`: writers, evaluation, profiler, signals."""
   run = job.config.run
   writer = None
@@ -163,7 +164,7 @@ def _fit(job, rundir, checkpointer, state, window, step, stop):
                  log_every=run.log_every, eval_every=run.eval_every, writer=writer,
                  progress=run.progress and rundir.primary and progress.interactive(),
                  checkpointer=checkpointer, checkpoint_every=run.checkpoint_every,
-                 train_metrics=window, plan=job.plan,
+                 train_metrics=window, plan=job.plan, hooks=job.hooks, hook_arrays=arrays,
                  should_stop=profiler(_agreed(stop, every=run.log_every)),
                  max_consecutive_skips=job.config.optimizer.max_consecutive_skips)
   finally:
@@ -282,7 +283,10 @@ def restore_run(workdir: str, *, need_data: bool = True):
       sample = job_lib.shapes_sample(shapes, config.data.batch_size)
       task = job_lib.build_task(config, num_classes=shapes['num_classes'],
                                 input_shape=tuple(shapes['x']))
-      job = job_lib.Job(config, None, task, sample, abstract_checkpoint(task, sample), None, 1,
+      ema = config.run.ema_decay    # its arrays are in the checkpoint: restored, not used
+      hooks = (hooks_lib.EMA(decay=ema, every=config.run.ema_every),) if ema else ()
+      job = job_lib.Job(config, None, task, sample,
+                        abstract_checkpoint(task, sample, hooks=hooks), None, 1,
                         shapes['num_classes'])
     tree, _, _ = ckpt.restore(job.abstract)
   return job, tree['state']
