@@ -182,7 +182,9 @@ def export_onnx(predict: Callable[[jax.Array], jax.Array], input_shape: Sequence
   try:
     # onnx_ir warns, per reshape of the CNN, that it leaves a shape tensor's
     # value_info untyped: nothing the graph needs (onnxruntime infers it).
-    with _quiet('onnx_ir.serde'):
+    # jax2onnx's flax Conv adds its bias by rank promotion, which a
+    # jax_numpy_rank_promotion='raise' setting would refuse.
+    with _quiet('onnx_ir.serde'), jax.numpy_rank_promotion('allow'):
         model = jax2onnx.to_onnx(traced, [spec], model_name='purax_predict', opset=opset,
                                input_names=['x'])
   except (NotImplementedError, TypeError, ValueError) as e:
