@@ -140,6 +140,32 @@ def compare(format: str, run: Callable[[np.ndarray], Sequence[np.ndarray]],
   return worst
 
 
+def host_callbacks(predict: Callable, spec: jax.ShapeDtypeStruct) -> list[str]:
+  """Names of the host-callback primitives (``pure_callback``, ...) ``predict`` traces to.
+
+  A serialized artifact cannot hold Python; with a symbolic batch jax fails
+  to lower a callback with a bare ``std::bad_cast``, so exporters name them.
+  """
+  try:
+    jaxpr = jax.make_jaxpr(predict)(spec)
+  except Exception:   # predict does not even trace: the caller reports the exporter's error
+    return []
+  names: set[str] = set()
+
+  def walk(j):
+    for eqn in j.eqns:
+      if 'callback' in eqn.primitive.name:
+        names.add(eqn.primitive.name)
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          sub = getattr(sub, 'jaxpr', sub)
+          if hasattr(sub, 'eqns'):
+            walk(sub)
+
+  walk(jaxpr.jaxpr)
+  return sorted(names)
+
+
 def write_signature(directory: str, signature: dict) -> None:
   """Writes ``signature.json`` (through a temporary name) into ``directory``."""
   path = os.path.join(directory, SIGNATURE)

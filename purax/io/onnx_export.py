@@ -131,6 +131,9 @@ def _session(onnxruntime, payload: bytes):
 
 def _unsupported(e: Exception) -> str:
   """The op named in a jax2onnx failure, as the error message's 'got' part."""
+  if isinstance(e, jax.errors.InconclusiveDimensionOperation):
+    return (f'a computation that needs a concrete batch size (the batch is symbolic): '
+            f'{type(e).__name__}: {e}')
   match = re.search(r"primitive '([^']+)'", str(e))
   op = f"the jax primitive '{match.group(1)}'" if match else 'an op'
   return f'{op} that ONNX (jax2onnx) cannot express: {type(e).__name__}: {e}'
@@ -187,10 +190,12 @@ def export_onnx(predict: Callable[[jax.Array], jax.Array], input_shape: Sequence
     with _quiet('onnx_ir.serde'), jax.numpy_rank_promotion('allow'):
         model = jax2onnx.to_onnx(traced, [spec], model_name='purax_predict', opset=opset,
                                input_names=['x'])
-  except (NotImplementedError, TypeError, ValueError) as e:
+  except (NotImplementedError, TypeError, ValueError,
+          jax.errors.InconclusiveDimensionOperation) as e:
     # jax2onnx's "No plugins registered for primitive ..." and the shape and
-    # dtype errors of its lowerings; a purax error raised by predict itself
-    # (a ValueError subclass) passes through unchanged.
+    # dtype errors of its lowerings, and jax's for code that is not
+    # polymorphic in the batch; a purax error raised by predict itself (a
+    # ValueError subclass) passes through unchanged.
     if isinstance(e, PuraxError):
       raise
     raise ExportError(f'onnx export of predict: expected ops ONNX can express, got '

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from purax.core.errors import ConfigError, PuraxError, expect
-from purax.io.export import ExportError, check_inputs, check_shape, compare, write_signature
+from purax.io.export import (ExportError, check_inputs, check_shape, compare, host_callbacks,
+                             write_signature)
 
 INSTALL = "pip install 'purax[savedmodel]'"
 
@@ -107,8 +108,13 @@ def export_savedmodel(predict: Callable[[jax.Array], jax.Array], input_shape: Se
     except PuraxError:   # predict's own validation (a wrong input shape): as raised
       raise
     except Exception as e:   # jax's export errors and TensorFlow's own classes alike
+      (batch,) = jax.export.symbolic_shape('batch')
+      callbacks = host_callbacks(predict, jax.ShapeDtypeStruct((batch, *input_shape), dtype))
+      got = (f"the jax primitive(s) {', '.join(map(repr, callbacks))} (host callbacks: a "
+             f"SavedModel cannot hold Python)" if callbacks else '')
       raise ExportError(f'savedmodel export of predict: expected a function jax2tf and '
-                        f'TensorFlow can express, got {type(e).__name__}: {e}') from e
+                        f'TensorFlow can express, got {got or ""}{"; " if got else ""}'
+                        f'{type(e).__name__}: {e}') from e
     loaded = tf.saved_model.load(staging)
     worst = compare('savedmodel',
                     lambda x: [np.asarray(a) for a in jax.tree.leaves(

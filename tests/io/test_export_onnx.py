@@ -93,12 +93,17 @@ def test_onnxruntime_equals_predict_at_batch_1_and_7(tmp_path, name):
 
 @needs_onnx
 def test_an_op_onnx_cannot_express_is_named_and_nothing_is_written(tmp_path):
+  """A host callback (named), and a function of the batch size (not batch-polymorphic)."""
+
   def predict(x):   # a host callback: no ONNX op can run Python
     return jax.pure_callback(lambda a: np.tanh(a), jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
   with pytest.raises(ExportError, match=r"onnx export of predict: expected ops ONNX can "
                                         r"express, got the jax primitive 'pure_callback'"):
     export(predict, (3,), str(tmp_path / 'out'), format='onnx')
+  with pytest.raises(ExportError, match=r'onnx export of predict: expected ops ONNX can express, '
+                                        r'got a computation that needs a concrete batch size'):
+    export(lambda x: x.reshape(2, -1), (3,), str(tmp_path / 'out'), format='onnx')
   assert not (tmp_path / 'out').exists()
 
 
