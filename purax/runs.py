@@ -559,25 +559,33 @@ def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
   return evaluate(task, state, batches)
 
 
-def export_run(workdir: str, *, out: str | None = None) -> str:
+def export_run(workdir: str, *, out: str | None = None, format: str = 'jax') -> str:
   """Exports a run's predict function (newest checkpoint) with a symbolic batch.
 
   Inputs are float32 ``[batch, *input_shape]``; for a language model int32
   token ids ``[batch, seq_len]`` (outputs: logits ``[batch, seq_len, 256]``).
+  ``format``: ``'jax'`` (jax.export), ``'onnx'`` or ``'savedmodel'``
+  (:func:`purax.io.export.export`; the last two checked against the
+  in-process predict before they are written).
 
   Returns:
-    The artifact's path (default ``WORKDIR/export/predict.jaxexport``).
+    The artifact's path (default ``WORKDIR/export/predict.jaxexport``,
+    ``WORKDIR/export-onnx/predict.onnx``, ``WORKDIR/export-savedmodel``).
   """
-  from purax.io.export import export_predict
+  from purax.io.export import export
   config, _, task, state, sample, num_classes = _restore(workdir, need_data=False)
   # A language model takes int32 token ids [batch, seq_len] and gives logits
   # [batch, seq_len, vocab]; the other models take float32 features.
   dtype = jnp.int32 if config.model == 'lm' else jnp.float32
-  return export_predict(lambda x: task.predict(state, x), sample['x'].shape[1:],
-                        out or os.path.join(workdir, 'export'), dtype=dtype,
-                        metadata={'model': config.model, 'dataset': config.dataset,
-                                  'num_classes': num_classes,
-                                  'step': int(jax.device_get(state.step))})
+  shape = sample['x'].shape[1:]
+  checked = {}
+  if format != 'jax' and config.model == 'lm':   # the check's token ids: below the vocabulary
+    checked['inputs'] = np.random.default_rng(0).integers(0, 256, (7, *shape))
+  return export(lambda x: task.predict(state, x), shape,
+                out or os.path.join(workdir, 'export' if format == 'jax' else f'export-{format}'),
+                format=format, dtype=dtype, **checked,
+                metadata={'model': config.model, 'dataset': config.dataset,
+                          'num_classes': num_classes, 'step': int(jax.device_get(state.step))})
 
 
 #: Longest continuation ``generate`` makes (its KV cache grows with it).
