@@ -62,9 +62,9 @@ def test_a_function_savedmodel_cannot_express_is_an_export_error(tmp_path):
   def predict(x):   # a host callback: jax.export serializes no Python
     return jax.pure_callback(lambda a: np.tanh(a), jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
-  with pytest.raises(ExportError, match=r'savedmodel export of predict: expected a function '
-                                        r"jax2tf and TensorFlow can express, got the jax primitive\(s\) "
-                                        r"'pure_callback' \(host callbacks"):
+  with pytest.raises(ExportError, match=r"savedmodel export of predict: expected a function "
+                                        r"jax2tf and TensorFlow can express, got the jax "
+                                        r"primitive\(s\) 'pure_callback' \(host callbacks"):
     export(predict, (3,), str(tmp_path / 'out'), format='savedmodel')
   assert os.listdir(tmp_path) == []
   with pytest.raises(ExportError, match=r'savedmodel export of predict: expected .* got '
