@@ -88,3 +88,6 @@ def test_a_savedmodel_that_computes_otherwise_is_refused_and_the_old_one_stays(t
                                         r'the in-process predict within atol=1e-05'):
     export(lambda x: 2.0 * jnp.tanh(x), (3,), str(out), format='savedmodel')
   assert sorted(os.listdir(tmp_path)) == ['sm'] and (out / 'signature.json').read_text() == before
+  from purax.io.tf_export import _digest     # and the files are those signature.json records
+  os.replace(out / 'signature.json', tmp_path / 'signature.json')
+  assert _digest(str(out)) == json.loads(before)['sha256']
