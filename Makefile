@@ -13,6 +13,7 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[all,test]'
+	$(BIN)/python -m pip install --quiet --no-deps 'jax2onnx>=0.17.1,<0.18'   # see setup.cfg [onnx]
 	touch $@
 
 venv: $(BIN)/.installed

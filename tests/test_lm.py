@@ -54,7 +54,8 @@ def test_default_corpus_lm_learns_and_generates(tmp_path, capsys):
   assert run('export', '--workdir', str(workdir)) == 0
   predict = load_predict(str(workdir / 'export'))
   tokens = np.frombuffer(b'def f(x):\n    return x + 1\n' * 2, np.uint8)[:32][None]
-  _, _, task, state = restore_run(str(workdir))
+  job, state = restore_run(str(workdir))
+  task = job.task
   np.testing.assert_allclose(predict(tokens), task.predict(state, jnp.asarray(tokens, jnp.int32)),
                              rtol=1e-5, atol=1e-5)
 

@@ -8,6 +8,7 @@ Examples::
   purax eval --workdir runs/mine
   purax train --workdir runs/mine               # resume an interrupted run
   purax export --workdir runs/mine              # jax.export artifact, symbolic batch
+  purax export --workdir runs/mine --format onnx   # or savedmodel (TensorFlow)
   purax sweep --lr 1e-4,3e-4,1e-3 --seeds 0,1,2       # 9 runs, one program
   purax sweep --lr loguniform:1e-5:1e-2 --members 16
   purax train --model lm --dataset pystdlib --workdir runs/lm   # byte-level LM
@@ -23,7 +24,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Annotated, Sequence, Union
+from typing import Annotated, Literal, Sequence, Union
 
 import tyro
 
@@ -51,15 +52,18 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
-  """Export a run's predict function (jax.export, symbolic batch dimension).
+  """Export a run's predict function (symbolic batch dimension).
 
   Attributes:
     workdir: the run directory written by `purax train`.
-    out: output directory; when unset WORKDIR/export.
+    out: output directory; when unset WORKDIR/export (jax) or WORKDIR/export-FORMAT.
+    format: jax (jax.export), onnx (jax2onnx, checked by onnxruntime; the onnx
+      extra) or savedmodel (jax2tf, checked by loading it back; TensorFlow).
   """
 
   workdir: str
   out: str | None = None
+  format: Literal['jax', 'onnx', 'savedmodel'] = 'jax'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +103,7 @@ Command = Union[
     Annotated[Train, tyro.conf.subcommand('train', description='Train a model.')],
     Annotated[EvalConfig, tyro.conf.subcommand('eval', description='Evaluate a run.')],
     Annotated[ExportConfig, tyro.conf.subcommand(
-        'export', description="Export a run's predict function with jax.export.")],
+        'export', description="Export a run's predict function: jax.export, ONNX or SavedModel.")],
     Annotated[Sweep, tyro.conf.subcommand(
         'sweep', description='Train a population of runs over hyperparameters and seeds.')],
     Annotated[GenerateConfig, tyro.conf.subcommand(
@@ -171,7 +175,7 @@ def _main(argv: list[str]) -> int:
     elif isinstance(command, PlotConfig):
       print(json.dumps({'plot': plot.plot(command.workdir, command.out)}))
     elif isinstance(command, ExportConfig):
-      path = runs.export_run(command.workdir, out=command.out)
+      path = runs.export_run(command.workdir, out=command.out, format=command.format)
       print(json.dumps({'exported': path}))
     else:
       metrics = runs.evaluate_run(command.workdir, batch_size=command.batch_size)

@@ -305,23 +305,31 @@ def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
   return evaluate(job.task, state, job.data.eval(batch_size or job.config.data.eval_batch_size))
 
 
-def export_run(workdir: str, *, out: str | None = None) -> str:
+def export_run(workdir: str, *, out: str | None = None, format: str = 'jax') -> str:  # pylint: disable=redefined-builtin
   """Exports a run's predict function (newest checkpoint) with a symbolic batch.
 
   Inputs are float32 ``[batch, *input_shape]``; for a language model int32
   token ids ``[batch, seq_len]`` (outputs: logits ``[batch, seq_len, 256]``).
+  ``format``: ``'jax'`` (jax.export), ``'onnx'`` or ``'savedmodel'``
+  (:func:`purax.io.export.export`; the last two checked against the
+  in-process predict before they are written).
 
   Returns:
-    The artifact's path (default ``WORKDIR/export/predict.jaxexport``).
+    The artifact's path (default ``WORKDIR/export/predict.jaxexport``,
+    ``WORKDIR/export-onnx/predict.onnx``, ``WORKDIR/export-savedmodel``).
   """
   job, state = restore_run(workdir, need_data=False)
   tokens = job.config.model.spec.tokens
-  return export.export_predict(
-      lambda x: job.task.predict(state, x), job.sample['x'].shape[1:],
-      out or os.path.join(workdir, 'export'), dtype=jnp.int32 if tokens else jnp.float32,
+  shape = job.sample['x'].shape[1:]
+  checked = {}
+  if format != 'jax' and tokens:   # the check's token ids: below the vocabulary
+    checked['inputs'] = np.random.default_rng(0).integers(0, job.num_classes, (7, *shape))
+  return export.export(
+      lambda x: job.task.predict(state, x), shape,
+      out or os.path.join(workdir, 'export' if format == 'jax' else f'export-{format}'),
+      format=format, dtype=jnp.int32 if tokens else jnp.float32, **checked,
       metadata={'model': job.config.model.name, 'dataset': job.config.data.name,
-                'num_classes': job.num_classes,
-                'step': int(jax.device_get(state.step))})
+                'num_classes': job.num_classes, 'step': int(jax.device_get(state.step))})
 
 
 #: Longest continuation ``generate`` makes (its KV cache grows with it).

@@ -1,10 +1,18 @@
-"""Serialized prediction functions through ``jax.export``, with a symbolic batch.
+"""Serialized prediction functions with a symbolic batch: jax.export, ONNX, SavedModel.
 
 ``export_predict`` bakes the parameters into a StableHLO artifact whose input
 is ``[batch, ...features]`` with ``batch`` symbolic, so one file serves every
 batch size; ``load_predict`` runs it with nothing but jax — no model code.
 ``signature.json`` records the artifact's SHA-256; ``load_predict`` checks it,
 so a flipped, truncated or replaced file is refused, never run.
+
+:func:`export` picks the format: ``'jax'`` (this module, the default),
+``'onnx'`` (:mod:`purax.io.onnx_export`, through jax2onnx, checked by
+onnxruntime) or ``'savedmodel'`` (:mod:`purax.io.tf_export`, through jax2tf,
+checked by loading it back). The ONNX and SavedModel exporters run the file
+they wrote against the in-process ``predict`` at batch sizes 1 and 7 before
+putting it in place, and refuse (:class:`ExportError`) a model that the format
+cannot express or that it computes differently.
 """
 
 from __future__ import annotations
@@ -18,10 +26,152 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.core.errors import DataError, expect
+from purax.core.errors import ConfigError, DataError, PuraxError, expect
 
 ARTIFACT = 'predict.jaxexport'
 SIGNATURE = 'signature.json'
+#: The export formats: name -> (module, function); the module is imported on use.
+FORMATS = {'jax': ('purax.io.export', 'export_predict'),
+           'onnx': ('purax.io.onnx_export', 'export_onnx'),
+           'savedmodel': ('purax.io.tf_export', 'export_savedmodel')}
+#: Batch sizes at which the ONNX and SavedModel exporters check their artifact.
+CHECK_BATCH_SIZES = (1, 7)
+
+
+class ExportError(PuraxError):
+  """A format cannot express the model (an op, a dtype, a dynamic shape), or
+  its artifact computes something else than the in-process ``predict``."""
+
+
+def export(predict: Callable[[jax.Array], jax.Array], input_shape: Sequence[int],
+           directory: str, *, format: str = 'jax', **kwargs) -> str:
+  """Exports ``predict`` in ``format`` (a key of :data:`FORMATS`) to ``directory``.
+
+  Args:
+    predict: ``[batch, *input_shape] -> outputs``, a pure function of the
+      inputs (close over the parameters).
+    input_shape: the per-example shape.
+    directory: where the artifact and ``signature.json`` go.
+    format: ``'jax'`` (:func:`export_predict`), ``'onnx'``
+      (:func:`purax.io.onnx_export.export_onnx`) or ``'savedmodel'``
+      (:func:`purax.io.tf_export.export_savedmodel`).
+    **kwargs: passed to the format's exporter (``dtype``, ``metadata``, ...).
+
+  Returns:
+    The artifact's path.
+
+  Raises:
+    ConfigError: an unknown format, or its extra is not installed;
+    ExportError: the format cannot express the model.
+  """
+  expect(format in FORMATS, 'export format', ' or '.join(map(repr, FORMATS)), repr(format),
+         ConfigError)
+  module, name = FORMATS[format]
+  import importlib
+  return getattr(importlib.import_module(module), name)(predict, input_shape, directory,
+                                                         **kwargs)
+
+
+def check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+  """``input_shape`` as a tuple of positive ints, or a ConfigError naming it."""
+  shape = tuple(input_shape)
+  expect(all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape), 'input_shape',
+         'positive integers (the per-example shape, without the batch)', shape, ConfigError)
+  return tuple(map(int, shape))
+
+
+def check_inputs(inputs, input_shape: tuple[int, ...], dtype,
+                 batch_sizes: Sequence[int] = CHECK_BATCH_SIZES) -> dict[int, np.ndarray]:
+  """The inputs an exporter checks its artifact on: batch size -> ``[n, *input_shape]``.
+
+  ``inputs`` (``[m, *input_shape]``, or None) gives the rows, repeated when
+  ``m`` is smaller than a batch size; None draws a standard normal for float
+  dtypes and 0/1 for integer and bool ones (pass token ids below the
+  vocabulary size for a language model).
+  """
+  dtype = np.dtype(dtype)
+  if inputs is None:
+    rng = np.random.default_rng(0)
+    n = max(batch_sizes)
+    if np.issubdtype(dtype, np.floating):
+      inputs = rng.standard_normal((n, *input_shape))
+    else:
+      inputs = rng.integers(0, 2, (n, *input_shape))
+  inputs = np.asarray(inputs)
+  expect(inputs.ndim == len(input_shape) + 1 and inputs.shape[1:] == input_shape
+         and inputs.shape[0] >= 1, 'check_inputs.shape',
+         f'[n >= 1, {", ".join(map(str, input_shape))}]', inputs.shape, ConfigError)
+  inputs = inputs.astype(dtype)
+  reps = -(-max(batch_sizes) // inputs.shape[0])
+  inputs = np.concatenate([inputs] * reps)
+  return {n: inputs[:n] for n in batch_sizes}
+
+
+def compare(format: str, run: Callable[[np.ndarray], Sequence[np.ndarray]],
+            predict: Callable, inputs: dict[int, np.ndarray], *, atol: float,
+            rtol: float) -> float:
+  """Runs the artifact (``run``) and ``predict`` on ``inputs``; the max abs difference.
+
+  The reference runs jitted at ``'highest'`` matmul precision (no TF32 on a GPU).
+
+  Raises:
+    ExportError: an output's count, shape or dtype differs, or a value differs
+      by more than ``atol + rtol * |reference|``; the message names the batch
+      size, the output and the difference.
+  """
+  reference = jax.jit(predict)
+  worst = 0.0
+  for n, x in inputs.items():
+    with jax.default_matmul_precision('highest'):
+      want = [np.asarray(a) for a in jax.tree.leaves(reference(x))]
+    got = [np.asarray(a) for a in run(x)]
+    expect(len(got) == len(want), f'{format} export: number of outputs at batch size {n}',
+           len(want), len(got), ExportError)
+    for i, (g, w) in enumerate(zip(got, want)):
+      expect(g.shape == w.shape and g.dtype == w.dtype,
+             f'{format} export: output {i} at batch size {n}', f'{w.dtype}{list(w.shape)}',
+             f'{g.dtype}{list(g.shape)}', ExportError)
+      diff = np.abs(g.astype(np.float64) - w.astype(np.float64))
+      worst = max(worst, float(diff.max(initial=0.0)))
+      expect(bool(np.all(diff <= atol + rtol * np.abs(w.astype(np.float64)))),
+             f'{format} export: output {i} at batch size {n}',
+             f'the in-process predict within atol={atol}, rtol={rtol}',
+             f'a max abs difference of {float(diff.max(initial=0.0)):.3g}', ExportError)
+  return worst
+
+
+def host_callbacks(predict: Callable, spec: jax.ShapeDtypeStruct) -> list[str]:
+  """Names of the host-callback primitives (``pure_callback``, ...) ``predict`` traces to.
+
+  A serialized artifact cannot hold Python; with a symbolic batch jax fails
+  to lower a callback with a bare ``std::bad_cast``, so exporters name them.
+  """
+  try:
+    jaxpr = jax.make_jaxpr(predict)(spec)
+  except Exception:   # predict does not even trace: the caller reports the exporter's error
+    return []
+  names: set[str] = set()
+
+  def walk(j):
+    for eqn in j.eqns:
+      if 'callback' in eqn.primitive.name:
+        names.add(eqn.primitive.name)
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          sub = getattr(sub, 'jaxpr', sub)
+          if hasattr(sub, 'eqns'):
+            walk(sub)
+
+  walk(jaxpr.jaxpr)
+  return sorted(names)
+
+
+def write_signature(directory: str, signature: dict) -> None:
+  """Writes ``signature.json`` (through a temporary name) into ``directory``."""
+  path = os.path.join(directory, SIGNATURE)
+  with open(path + '.tmp', 'w') as f:
+    json.dump(signature, f, indent=2)
+  os.replace(path + '.tmp', path)
 
 
 def export_predict(predict: Callable[[jax.Array], jax.Array], input_shape: Sequence[int],

@@ -1,3 +1,6 @@
+import importlib.util
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -13,13 +16,22 @@ def test_exported_predict_matches_the_model_for_several_batch_sizes(tmp_path):
   runs.train(TrainConfig.of(model='cnn', steps=5, batch_size=16, eval_every=0, workdir=workdir,
                          progress=False))
   path = runs.export_run(workdir)
-  _, ds, task, state = runs.restore_run(workdir)
+  job, state = runs.restore_run(workdir)
+  ds, task = job.data, job.task
   predict = load_predict(path)          # jax only: no purax model code involved
   for n in (1, 7, 64):
     x = ds.x_test[:n]
     np.testing.assert_allclose(predict(x), task.predict(state, x), rtol=1e-5, atol=1e-6)
   with pytest.raises(purax.DataError, match=r'x.shape: expected \[batch, 8, 8, 1\], got \(2, 64\)'):
     predict(np.zeros((2, 64), np.float32))
+  if importlib.util.find_spec('jax2onnx') and importlib.util.find_spec('onnxruntime'):
+    from purax.io.onnx_export import load_onnx   # the same run as ONNX (the onnx extra)
+    path = runs.export_run(workdir, format='onnx')
+    assert path == os.path.join(workdir, 'export-onnx', 'predict.onnx')
+    run = load_onnx(path)
+    for n in (1, 7):
+      x = ds.x_test[:n]
+      assert np.max(np.abs(run(x)[0] - task.predict(state, x))) <= 1e-5
 
 
 def _flip(data):
