@@ -195,10 +195,14 @@ class Population:
     task: the task every member runs.
     batch_index: int32 ``[members]`` into stacked batches ``[n, batch, ...]``
       (member ``i`` reads stack ``batch_index[i]``), or None: one shared batch.
+    strategy: how members share the machine (``'auto'``, ``'vmap'``,
+      ``'chunked'``, ``'sequential'`` or a chunk size; see
+      :func:`purax.core.population.chunk_size`); the same result whichever.
   """
 
   task: Any
   batch_index: Any = None
+  strategy: Any = 'auto'
 
   def start_step(self, pop) -> int:
     return int(np.max(jax.device_get(pop.state.step)))
@@ -213,14 +217,15 @@ class Population:
     return ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
 
   def train_step(self, pop, acc, batch):
-    return pop_lib.train_step(self.task, pop, acc, batch, self.batch_index)
+    return pop_lib.train_step(self.task, pop, acc, batch, self.batch_index,
+                              strategy=self.strategy)
 
   def evaluate(self, pop, batches):
     acc = None
     for batch in batches:
       if acc is None:
         acc = pop_lib.zero_eval_metrics(self.task, pop, batch)
-      acc = pop_lib.eval_step(self.task, pop, acc, batch, None)
+      acc = pop_lib.eval_step(self.task, pop, acc, batch, None, strategy=self.strategy)
     expect(acc is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
     return acc
 

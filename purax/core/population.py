@@ -32,7 +32,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Union
 
 import jax
 import jax.numpy as jnp
@@ -187,7 +187,74 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   return state, metrics, ~finite & ~frozen
 
 
-def step(task, pop: Population, batch, batch_index: jax.Array | None = None):
+# -- how members share the machine ---------------------------------------------
+
+Strategy = Union[Literal['auto', 'vmap', 'chunked', 'sequential'], int]
+STRATEGIES = ('auto', 'vmap', 'chunked', 'sequential')
+
+# The 'auto' rule, measured (benchmarks/population.py --strategies, see
+# AUTO_RULE_MEASURED): on CPU, XLA's batched matmul over many members is slower
+# than the same work in chunks that stay in cache, so members run in vmapped
+# chunks of CPU_CHUNK; on GPU/TPU one vmapped program over all members fills
+# the device, so every member is vmapped.
+CPU_CHUNK = 16
+AUTO_RULE_MEASURED = 'see benchmarks/population.py'
+
+
+def chunk_size(strategy: Strategy, members: int, platform: str | None = None) -> int:
+  """Members per vmapped chunk that ``strategy`` runs (``members``: all vmapped, 1: one by one).
+
+  Args:
+    strategy: ``'vmap'`` (every member in one vmapped program), ``'sequential'``
+      (``lax.map`` over members, one at a time), ``'chunked'`` (``lax.map`` over
+      vmapped chunks of the platform's chunk size), an int ``C >= 1`` (chunks of
+      ``C`` members; the last chunk holds the remainder), or ``'auto'``: on CPU
+      chunks of :data:`CPU_CHUNK` members, elsewhere all members vmapped (the
+      measured rule, see :data:`CPU_CHUNK`).
+    members: the population size ``K >= 1``.
+    platform: ``'cpu'``, ``'gpu'``, ``'tpu'``; default ``jax.default_backend()``.
+
+  Returns:
+    ``C`` in ``[1, members]``. Every strategy computes the same values (bitwise
+    on CPU: each member's step is the same program whatever its neighbours).
+
+  Raises:
+    ConfigError: an unknown strategy or a chunk size < 1.
+  """
+  if isinstance(strategy, (int, np.integer)) and not isinstance(strategy, bool):
+    expect(strategy >= 1, 'strategy', 'a chunk size >= 1', strategy, ConfigError)
+    return min(int(strategy), members)
+  expect(strategy in STRATEGIES, 'strategy', f'one of {list(STRATEGIES)} or a chunk size '
+         '>= 1', repr(strategy), ConfigError)
+  platform = platform or jax.default_backend()
+  if strategy == 'vmap':
+    return members
+  if strategy == 'sequential':
+    return 1
+  if platform == 'cpu' or strategy == 'chunked':
+    return min(CPU_CHUNK, members)
+  return members
+
+
+def _map_members(fn, chunk: int, *xs):
+  """``jax.vmap(fn)(*xs)`` computed ``chunk`` members at a time (``xs``: ``[members, ...]``)."""
+  members = jnp.shape(jax.tree.leaves(xs)[0])[0]
+  if members == 1:   # the single-model program itself: no batched ops, no loop
+    out = fn(*jax.tree.map(lambda x: x[0], xs))
+    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), out)
+  if chunk >= members:
+    return jax.vmap(fn)(*xs)
+  if chunk == 1:
+    return jax.lax.map(lambda a: fn(*a), xs)
+  return jax.lax.map(lambda a: fn(*a), xs, batch_size=chunk)
+
+
+def _member_batches(batch, batch_index):
+  return jax.tree.map(lambda b: jnp.take(b, batch_index, axis=0), batch)
+
+
+def step(task, pop: Population, batch, batch_index: jax.Array | None = None, *,
+         strategy: Strategy = 'auto'):
   """One optimizer update of every active member: ``task.step`` vmapped.
 
   Args:
@@ -198,36 +265,43 @@ def step(task, pop: Population, batch, batch_index: jax.Array | None = None):
       of which member ``i`` uses number ``batch_index[i]``.
     batch_index: int32 ``[members]`` indices into ``batch``'s first axis, or
       None. ``jnp.arange(members)`` gives every member its own batch.
+    strategy: how members share the machine (:func:`chunk_size`): all
+      vmapped, vmapped chunks, one at a time, or ``'auto'``. The result is the
+      same whichever (bitwise on CPU); only speed and memory differ.
 
   Returns:
     ``(pop, metrics)``: metrics as :meth:`Task.step`'s with a leading
     ``[members]`` axis (zero for frozen members), plus ``'diverged'``, an
     ``Average`` of the member's diverged flag after the step (1 once frozen by
     divergence).
+
+  Raises:
+    ConfigError: an unknown ``strategy``.
   """
   frozen = pop.frozen
+  chunk = chunk_size(strategy, pop.num_members)
   if batch_index is None:
-    state, metrics, newly = jax.vmap(_member_step, in_axes=(None, 0, 0, None))(
-        task, pop.state, frozen, batch)
+    state, metrics, newly = _map_members(lambda s, f: _member_step(task, s, f, batch), chunk,
+                                         pop.state, frozen)
   else:
-    member_batches = jax.tree.map(lambda b: jnp.take(b, batch_index, axis=0), batch)
-    state, metrics, newly = jax.vmap(_member_step, in_axes=(None, 0, 0, 0))(
-        task, pop.state, frozen, member_batches)
+    state, metrics, newly = _map_members(lambda s, f, b: _member_step(task, s, f, b), chunk,
+                                         pop.state, frozen, _member_batches(batch, batch_index))
   diverged = pop.diverged | newly
   metrics = dict(metrics)
   metrics['diverged'] = jax.vmap(metrics_lib.Average.of)(diverged.astype(jnp.float32))
   return pop.replace(state=state, diverged=diverged), metrics
 
 
-def evaluate(task, pop: Population, batch, batch_index: jax.Array | None = None) -> dict:
+def evaluate(task, pop: Population, batch, batch_index: jax.Array | None = None, *,
+             strategy: Strategy = 'auto') -> dict:
   """``task.evaluate`` of every member (frozen ones too), ``[members]`` metrics.
 
-  ``batch`` and ``batch_index`` as in :func:`step`.
+  ``batch``, ``batch_index`` and ``strategy`` as in :func:`step`.
   """
+  chunk = chunk_size(strategy, pop.num_members)
   if batch_index is None:
-    return jax.vmap(task.evaluate, in_axes=(0, None))(pop.state, batch)
-  member_batches = jax.tree.map(lambda b: jnp.take(b, batch_index, axis=0), batch)
-  return jax.vmap(task.evaluate)(pop.state, member_batches)
+    return _map_members(lambda s: task.evaluate(s, batch), chunk, pop.state)
+  return _map_members(task.evaluate, chunk, pop.state, _member_batches(batch, batch_index))
 
 
 def score(metrics, name: str = 'loss', mode: Literal['min', 'max'] = 'min') -> jax.Array:
@@ -296,32 +370,36 @@ def stack(states: list[TrainState]) -> TrainState:
 # -- jitted entry points for host loops -------------------------------------
 
 
-def _train_step(task, pop, acc, batch, batch_index=None):
-  pop, metrics = step(task, pop, batch, batch_index)
+def _train_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
+  pop, metrics = step(task, pop, batch, batch_index, strategy=strategy)
   return pop, metrics_lib.merge(acc, metrics)
 
 
-def _eval_step(task, pop, acc, batch, batch_index=None):
-  return metrics_lib.merge(acc, evaluate(task, pop, batch, batch_index))
+def _eval_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
+  return metrics_lib.merge(acc, evaluate(task, pop, batch, batch_index, strategy=strategy))
 
 
-# Compiled once per (task, shapes): new hyperparameter values or seeds of the
-# same member count reuse the program. The population and the running metrics
-# are donated.
-train_step = jax.jit(_train_step, static_argnums=0, donate_argnums=(1, 2))
-eval_step = jax.jit(_eval_step, static_argnums=0, donate_argnums=2)
+# Compiled once per (task, strategy, shapes): new hyperparameter values or seeds
+# of the same member count reuse the program. The population and the running
+# metrics are donated.
+train_step = jax.jit(_train_step, static_argnums=0, static_argnames='strategy',
+                     donate_argnums=(1, 2))
+eval_step = jax.jit(_eval_step, static_argnums=0, static_argnames='strategy',
+                    donate_argnums=2)
 
 
 def zero_train_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
   """Zeroed ``[members]`` metrics accumulator of :func:`train_step` (no compute)."""
   return metrics_lib.zeros_like(
-      jax.eval_shape(lambda p, b, i: step(task, p, b, i)[1], pop, batch, batch_index))
+      jax.eval_shape(lambda p, b, i: step(task, p, b, i, strategy='vmap')[1], pop, batch,
+                     batch_index))
 
 
 def zero_eval_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
   """Zeroed ``[members]`` metrics accumulator of :func:`eval_step` (no compute)."""
   return metrics_lib.zeros_like(
-      jax.eval_shape(lambda p, b, i: evaluate(task, p, b, i), pop, batch, batch_index))
+      jax.eval_shape(lambda p, b, i: evaluate(task, p, b, i, strategy='vmap'), pop, batch,
+                     batch_index))
 
 
 def status(pop: Population) -> np.ndarray:
