@@ -1,20 +1,26 @@
-"""Populations: K members vmapped in one program vs K sequential single runs.
+"""Populations: K members in one program vs K sequential single runs.
 
 Both train the same MLP (256, 256) on digits (8x8 = 64 inputs, batch 64) with
 AdamW at K different learning rates (log-spaced 1e-4 .. 1e-2) and K seeds, for
 the same number of steps, in one process:
 
-- ``vmapped``: :func:`purax.core.population.train_step` (divergence checks
-  included), one jitted call per step for all K members;
-- ``sequential``: ``purax.loop.train_step`` (what ``purax.fit`` runs), K runs
-  one after the other, one jitted call per step per run.
+- ``population_<strategy>``: :func:`purax.core.population.train_step`
+  (divergence checks included), one jitted call per step for all K members,
+  with the population strategy ``'auto'`` (what ``fit`` uses; the chunk size
+  it picks is recorded) and each of ``--strategies`` (``vmap``,
+  ``sequential``, ``chunked`` or a chunk size);
+- ``sequential_runs``: ``purax.loop.train_step`` (what ``purax.fit`` runs), K
+  runs one after the other, one jitted call per step per run.
 
-Batches are on the device before timing; compilation is excluded (both paths
-are warmed up) and reported separately. Each measurement is the median of
-``--trials``. Nothing is asserted; the JSON records the platform (CPU, GPU,
-TPU: whatever ``jax.devices()`` has).
+Batches are on the device before timing; compilation is excluded (every path
+is warmed up) and reported separately. Trials are interleaved (every variant
+once per round), so CPU contention and drift hit all alike; each figure is the
+median of ``--trials``. Nothing is asserted; the JSON records the platform
+(CPU, GPU, TPU: whatever ``jax.devices()`` has) and ``speedup`` (sequential
+runs' time over the ``'auto'`` population's), ``speedup_by_strategy``.
 
-Usage: ``python benchmarks/population.py [--steps 50] [--trials 3] [--members 1,8,64]``
+Usage: ``python benchmarks/population.py [--steps 50] [--trials 3] [--members 1,8,64]
+[--strategies vmap,sequential,4,16]``
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ def main():
          'batch_size': 64, 'platform': device.platform, 'device_kind': device.device_kind,
          'device_count': jax.device_count(), 'jax': jax.__version__,
          'python': platform.python_version(), 'cpu_count': os.cpu_count(),
-         'cpu_chunk_rule': P.CPU_CHUNK, 'results': results}
+         'auto_cpu_chunk': P.AUTO_CPU_CHUNK, 'results': results}
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, 'w') as f:
     json.dump(out, f, indent=2)

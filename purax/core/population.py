@@ -21,6 +21,13 @@ guard skips and the halved scale cures: the member goes on. Early stopping
 (:func:`early_stopping`) freezes a member whose eval metric stopped improving.
 Frozen members still cost compute (vmap runs every lane) but never change.
 
+How members share the machine is a ``strategy`` of :func:`step` and
+:func:`evaluate` (:func:`chunk_size`): all vmapped, ``lax.map`` over vmapped
+chunks, one at a time, or ``'auto'`` (a measured per-platform rule). Every
+strategy makes the same decisions and computes the same values up to XLA's
+shape-dependent summation order (bitwise when the program shape is the same:
+``'sequential'`` member ``i`` is the standalone run ``i``).
+
 Example::
 
   keys = jax.vmap(jax.random.key)(jnp.arange(4))
@@ -192,13 +199,26 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
 Strategy = Union[Literal['auto', 'vmap', 'chunked', 'sequential'], int]
 STRATEGIES = ('auto', 'vmap', 'chunked', 'sequential')
 
-# The 'auto' rule, measured (benchmarks/population.py --strategies, see
-# AUTO_RULE_MEASURED): on CPU, XLA's batched matmul over many members is slower
-# than the same work in chunks that stay in cache, so members run in vmapped
-# chunks of CPU_CHUNK; on GPU/TPU one vmapped program over all members fills
-# the device, so every member is vmapped.
-CPU_CHUNK = 16
-AUTO_RULE_MEASURED = 'see benchmarks/population.py'
+# Members per chunk of 'chunked' without a size.
+CHUNK = 8
+
+# The 'auto' rule: members per chunk on CPU (AUTO_CPU_CHUNK); elsewhere all
+# members vmapped (one program fills a GPU/TPU; not measured in this
+# repository yet). Measured on this repository's 2-core CPU, shared with other
+# jobs (+-20% between trials of one program), `benchmarks/population.py
+# --strategies vmap,sequential,4,16` (MLP 256x256, 84k params per member,
+# batch 64), speed-up over K sequential runs:
+#
+#   K    vmap   chunks of 16   chunks of 4   one at a time
+#   8    0.82   (= vmap)       0.87          0.97
+#   64   0.50   1.18           1.05          1.37
+#
+# vmap loses on CPU because every step allocates fresh [K, ...] buffers (the
+# batched temporaries), which cost more than the compute once K x the state
+# outgrows the caches; the chunked loop updates the donated population in
+# place. One member at a time was best at both sizes; parameter count did not
+# enter the rule (one size measured).
+AUTO_CPU_CHUNK = 1
 
 
 def chunk_size(strategy: Strategy, members: int, platform: str | None = None) -> int:
@@ -207,10 +227,10 @@ def chunk_size(strategy: Strategy, members: int, platform: str | None = None) ->
   Args:
     strategy: ``'vmap'`` (every member in one vmapped program), ``'sequential'``
       (``lax.map`` over members, one at a time), ``'chunked'`` (``lax.map`` over
-      vmapped chunks of the platform's chunk size), an int ``C >= 1`` (chunks of
+      vmapped chunks of :data:`CHUNK` members), an int ``C >= 1`` (chunks of
       ``C`` members; the last chunk holds the remainder), or ``'auto'``: on CPU
-      chunks of :data:`CPU_CHUNK` members, elsewhere all members vmapped (the
-      measured rule, see :data:`CPU_CHUNK`).
+      chunks of :data:`AUTO_CPU_CHUNK` (one member at a time), elsewhere all
+      members vmapped (the measured rule, see :data:`AUTO_CPU_CHUNK`).
     members: the population size ``K >= 1``.
     platform: ``'cpu'``, ``'gpu'``, ``'tpu'``; default ``jax.default_backend()``.
 
@@ -231,22 +251,57 @@ def chunk_size(strategy: Strategy, members: int, platform: str | None = None) ->
     return members
   if strategy == 'sequential':
     return 1
-  if platform == 'cpu' or strategy == 'chunked':
-    return min(CPU_CHUNK, members)
-  return members
+  if strategy == 'chunked':
+    return min(CHUNK, members)
+  return min(AUTO_CPU_CHUNK, members) if platform == 'cpu' else members
 
 
-def _map_members(fn, chunk: int, *xs):
-  """``jax.vmap(fn)(*xs)`` computed ``chunk`` members at a time (``xs``: ``[members, ...]``)."""
-  members = jnp.shape(jax.tree.leaves(xs)[0])[0]
+def _slice(tree, start, size: int):
+  return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree)
+
+
+def _update(tree, part, start):
+  return jax.tree.map(lambda x, p: jax.lax.dynamic_update_slice_in_dim(x, p, start, 0),
+                      tree, part)
+
+
+def _map_members(fn, chunk: int, state, *xs, updates_state: bool):
+  """``jax.vmap(fn)(state, *xs)``, computed ``chunk`` members at a time.
+
+  ``fn(state_i, *xs_i)`` returns ``(new_state_i, out_i)`` when ``updates_state``,
+  else ``out_i``; every ``xs`` leaf has a leading ``[members]`` axis. Chunks run
+  in a ``fori_loop`` that writes each chunk's new state into the stacked state
+  in place (the population is donated) and its ``out`` into a ``[members]``
+  buffer: a call allocates no new state-sized buffer (``lax.map`` would stack
+  fresh ones, and on CPU a fresh buffer the size of a large population costs
+  more than the step, measured). A chunk of one member runs ``fn`` unbatched:
+  the single-model program.
+  """
+  members = jnp.shape(jax.tree.leaves(state)[0])[0]
+  unbatched = lambda f, *a: jax.tree.map(   # noqa: E731
+      lambda x: jnp.expand_dims(x, 0), f(*jax.tree.map(lambda x: x[0], a)))
   if members == 1:   # the single-model program itself: no batched ops, no loop
-    out = fn(*jax.tree.map(lambda x: x[0], xs))
-    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), out)
+    return unbatched(fn, state, *xs)
   if chunk >= members:
-    return jax.vmap(fn)(*xs)
-  if chunk == 1:
-    return jax.lax.map(lambda a: fn(*a), xs)
-  return jax.lax.map(lambda a: fn(*a), xs, batch_size=chunk)
+    return jax.vmap(fn)(state, *xs)
+  shapes = jax.eval_shape(jax.vmap(fn), state, *xs)
+  outs = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                      shapes[1] if updates_state else shapes)
+
+  def run(carry, start, size):
+    st, outs = carry
+    part = (_slice(st, start, size), *_slice(xs, start, size))
+    result = unbatched(fn, *part) if size == 1 else jax.vmap(fn)(*part)
+    if updates_state:
+      new, result = result
+      st = _update(st, new, start)
+    return st, _update(outs, result, start)
+
+  n, remainder = divmod(members, chunk)
+  carry = jax.lax.fori_loop(0, n, lambda i, c: run(c, i * chunk, chunk), (state, outs))
+  if remainder:
+    carry = run(carry, n * chunk, remainder)
+  return carry if updates_state else carry[1]
 
 
 def _member_batches(batch, batch_index):
@@ -280,12 +335,12 @@ def step(task, pop: Population, batch, batch_index: jax.Array | None = None, *,
   """
   frozen = pop.frozen
   chunk = chunk_size(strategy, pop.num_members)
-  if batch_index is None:
-    state, metrics, newly = _map_members(lambda s, f: _member_step(task, s, f, batch), chunk,
-                                         pop.state, frozen)
-  else:
-    state, metrics, newly = _map_members(lambda s, f, b: _member_step(task, s, f, b), chunk,
-                                         pop.state, frozen, _member_batches(batch, batch_index))
+  def member_step(state, frozen, *member_batch):
+    state, metrics, newly = _member_step(task, state, frozen, *(member_batch or (batch,)))
+    return state, (metrics, newly)
+
+  xs = (frozen,) if batch_index is None else (frozen, _member_batches(batch, batch_index))
+  state, (metrics, newly) = _map_members(member_step, chunk, pop.state, *xs, updates_state=True)
   diverged = pop.diverged | newly
   metrics = dict(metrics)
   metrics['diverged'] = jax.vmap(metrics_lib.Average.of)(diverged.astype(jnp.float32))
@@ -300,8 +355,10 @@ def evaluate(task, pop: Population, batch, batch_index: jax.Array | None = None,
   """
   chunk = chunk_size(strategy, pop.num_members)
   if batch_index is None:
-    return _map_members(lambda s: task.evaluate(s, batch), chunk, pop.state)
-  return _map_members(task.evaluate, chunk, pop.state, _member_batches(batch, batch_index))
+    return _map_members(lambda s: task.evaluate(s, batch), chunk, pop.state,
+                        updates_state=False)
+  return _map_members(task.evaluate, chunk, pop.state, _member_batches(batch, batch_index),
+                      updates_state=False)
 
 
 def score(metrics, name: str = 'loss', mode: Literal['min', 'max'] = 'min') -> jax.Array:

@@ -101,8 +101,8 @@ def test_chunk_size_rule_and_bad_strategies_are_named():
   assert P.chunk_size('sequential', 64, 'gpu') == 1
   assert P.chunk_size(16, 64, 'cpu') == 16 and P.chunk_size(16, 8, 'cpu') == 8
   assert P.chunk_size('auto', 64, 'gpu') == 64 and P.chunk_size('auto', 64, 'tpu') == 64
-  assert P.chunk_size('auto', 64, 'cpu') == P.chunk_size('chunked', 64, 'cpu')
-  assert P.chunk_size('auto', 1, 'cpu') == 1
+  assert P.chunk_size('auto', 64, 'cpu') == P.AUTO_CPU_CHUNK == 1   # the measured rule
+  assert P.chunk_size('chunked', 64, 'gpu') == P.CHUNK and P.chunk_size('chunked', 3) == 3
   with pytest.raises(ConfigError, match=r"strategy: expected one of \['auto', 'vmap', "
                      r"'chunked', 'sequential'\] or a chunk size >= 1, got 'map'"):
     P.chunk_size('map', 4)
