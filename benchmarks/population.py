@@ -1,20 +1,28 @@
-"""Populations: K members vmapped in one program vs K sequential single runs.
+"""Populations: K members in one program vs K sequential single runs.
 
 Both train the same MLP (256, 256) on digits (8x8 = 64 inputs, batch 64) with
 AdamW at K different learning rates (log-spaced 1e-4 .. 1e-2) and K seeds, for
 the same number of steps, in one process:
 
-- ``vmapped``: :func:`purax.core.population.train_step` (divergence checks
-  included), one jitted call per step for all K members;
-- ``sequential``: ``purax.loop.train_step`` (what ``purax.fit`` runs), K runs
-  one after the other, one jitted call per step per run.
+- ``population_<strategy>``: :func:`purax.core.population.train_step`
+  (divergence checks included), one jitted call per step for all K members,
+  with the population strategy ``'auto'`` (what ``fit`` uses; the chunk size
+  it picks is recorded) and each of ``--strategies`` (``vmap``,
+  ``sequential``, ``chunked`` or a chunk size);
+- ``sequential_runs``: ``purax.loop.train_step`` (what ``purax.fit`` runs), K
+  runs one after the other, one jitted call per step per run.
 
-Batches are on the device before timing; compilation is excluded (both paths
-are warmed up) and reported separately. Each measurement is the median of
-``--trials``. Nothing is asserted; the JSON records the platform (CPU, GPU,
-TPU: whatever ``jax.devices()`` has).
+Populations smaller than 16 repeat the steps (``16 // K`` times; the JSON's
+``steps`` is the total), so every trial is long enough to time on a busy
+machine. Batches are on the device before timing; compilation is excluded (every path
+is warmed up) and reported separately. Trials are interleaved (every variant
+once per round), so CPU contention and drift hit all alike; each figure is the
+median of ``--trials``. Nothing is asserted; the JSON records the platform
+(CPU, GPU, TPU: whatever ``jax.devices()`` has) and ``speedup`` (sequential
+runs' time over the ``'auto'`` population's), ``speedup_by_strategy``.
 
-Usage: ``python benchmarks/population.py [--steps 50] [--trials 3] [--members 1,8,64]``
+Usage: ``python benchmarks/population.py [--steps 50] [--trials 3] [--members 1,8,64]
+[--strategies vmap,sequential,4,16]``
 """
 
 from __future__ import annotations
@@ -37,31 +45,32 @@ from purax.io import datasets
 from purax.loop import train_step, zero_metrics
 
 
-def build(steps: int):
+def build(steps: int, width: int = 256):
   ds = datasets.load('digits')
   # Fixed batches drawn with numpy (compute only, no input pipeline: also runs
   # on a GPU image without grain).
   rng = np.random.default_rng(0)
   batches = [jax.device_put({'x': ds.x_train[i], 'y': ds.y_train[i]})
              for i in (rng.choice(len(ds.x_train), 64, replace=False) for _ in range(steps))]
-  task = purax.Task(model=purax.nn.MLP(num_classes=10, features=(256, 256)),
+  task = purax.Task(model=purax.nn.MLP(num_classes=10, features=(width, width)),
                     tx=purax.adamw(learning_rate=1e-3, total_steps=steps, warmup_steps=0))
   return task, batches
 
 
-def vmapped(task, batches, k):
+def population(task, batches, k, strategy='auto', reps=1):
   lrs = np.geomspace(1e-4, 1e-2, k).astype(np.float32)
   pop = jax.jit(P.init, static_argnums=0)(task, jax.vmap(jax.random.key)(jnp.arange(k)),
                                           {'peak_learning_rate': lrs}, batches[0])
   acc = P.zero_train_metrics(task, pop, batches[0])
+  jax.block_until_ready(pop)
   t = time.perf_counter()
-  for b in batches:
-    pop, acc = P.train_step(task, pop, acc, b, None)
+  for b in batches * reps:
+    pop, acc = P.train_step(task, pop, acc, b, None, strategy=strategy)
   jax.block_until_ready((pop, acc))
   return time.perf_counter() - t
 
 
-def sequential(task, batches, k):
+def sequential(task, batches, k, reps=1):
   lrs = np.geomspace(1e-4, 1e-2, k).astype(np.float32)
   init = jax.jit(lambda key, lr: P.set_hparams(task.init(key, batches[0]),
                                                {'peak_learning_rate': lr}))
@@ -71,10 +80,14 @@ def sequential(task, batches, k):
   t = time.perf_counter()
   for state in states:
     acc = metrics_lib.zeros_like(template)
-    for b in batches:
+    for b in batches * reps:
       state, acc = train_step(task, state, acc, b)
     jax.block_until_ready((state, acc))
   return time.perf_counter() - t
+
+
+def _strategy(text: str):
+  return int(text) if text.isdigit() else text
 
 
 def main():
@@ -82,33 +95,64 @@ def main():
   parser.add_argument('--steps', type=int, default=50)
   parser.add_argument('--trials', type=int, default=3)
   parser.add_argument('--members', default='1,8,64')
+  parser.add_argument('--strategies', default='auto',
+                      help="comma-separated population strategies to time beside 'auto' "
+                           "(vmap, chunked, sequential, or a chunk size), e.g. "
+                           "'vmap,sequential,4,8,16' to measure the rule")
+  parser.add_argument('--width', type=int, default=256, help='MLP hidden width')
   parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                     'population.json'))
   args = parser.parse_args()
-  task, batches = build(args.steps)
+  task, batches = build(args.steps, args.width)
+  strategies = ['auto'] + [_strategy(x) for x in args.strategies.split(',')
+                           if x and x != 'auto']
   results = []
   for k in (int(m) for m in args.members.split(',')):
-    compile_s = {}
-    for name, fn in (('vmapped', vmapped), ('sequential', sequential)):
+    # Small populations repeat the steps, so that every trial trains about 16 x
+    # steps member-steps and lasts long enough to be timed on a busy machine.
+    reps = max(1, 16 // k)
+    variants = {f'population_{s}': (lambda b, s=s: population(task, b, k, s, reps))
+                for s in strategies}
+    variants['sequential_runs'] = lambda b: sequential(task, b, k, reps)
+    warmup_s = {}
+    for name, fn in variants.items():
       t = time.perf_counter()
-      fn(task, batches[:2], k if name == 'vmapped' else 1)   # warm up: compile
-      compile_s[name] = time.perf_counter() - t
-    times = {name: statistics.median(fn(task, batches, k) for _ in range(args.trials))
-             for name, fn in (('vmapped', vmapped), ('sequential', sequential))}
-    row = {'members': k, 'steps': args.steps,
-           'vmapped_s': times['vmapped'], 'sequential_s': times['sequential'],
-           'speedup': times['sequential'] / times['vmapped'],
-           'member_steps_per_s_vmapped': k * args.steps / times['vmapped'],
-           'member_steps_per_s_sequential': k * args.steps / times['sequential'],
-           'warmup_s': compile_s}
-    print(json.dumps(row))
+      if name == 'sequential_runs':
+        sequential(task, batches[:2], 1)   # compile once; K runs share the program
+      else:
+        population(task, batches[:2], k, name[len('population_'):] if not name[-1].isdigit()
+                   else int(name.rsplit('_', 1)[1]))
+      warmup_s[name] = time.perf_counter() - t
+    runs = {name: [] for name in variants}
+    for _ in range(args.trials):   # interleaved: contention and drift hit every variant alike
+      for name, fn in variants.items():
+        runs[name].append(fn(batches))
+    times = {name: statistics.median(v) for name, v in runs.items()}
+    seq = times['sequential_runs']
+    row = {'members': k, 'steps': args.steps * reps,
+           'strategy': 'auto', 'chunk_size': P.chunk_size('auto', k),
+           'population_s': times['population_auto'], 'sequential_s': seq,
+           'speedup': seq / times['population_auto'],
+           # best of the trials: less sensitive to other jobs on a shared machine
+           'speedup_best_of_trials': min(runs['sequential_runs']) / min(runs['population_auto']),
+           'member_steps_per_s_population': k * args.steps * reps / times['population_auto'],
+           'member_steps_per_s_sequential': k * args.steps * reps / seq,
+           'speedup_by_strategy': {
+               f"{s}" + (f" (chunk {P.chunk_size(s, k)})" if not isinstance(s, int) else ''):
+               seq / times[f'population_{s}'] for s in strategies},
+           'seconds_all_trials': runs, 'warmup_s': warmup_s}
+    print(json.dumps({key: row[key] for key in ('members', 'chunk_size', 'speedup',
+                                                 'speedup_by_strategy')}))
     results.append(row)
   device = jax.devices()[0]
-  out = {'benchmark': 'population', 'model': 'MLP(256, 256)', 'dataset': 'digits (64 inputs)',
+  n_params = sum(x.size for x in jax.tree.leaves(
+      jax.eval_shape(task.init, jax.random.key(0), batches[0]).params))
+  out = {'benchmark': 'population', 'model': f'MLP({args.width}, {args.width})',
+         'params_per_member': int(n_params), 'dataset': 'digits (64 inputs)',
          'batch_size': 64, 'platform': device.platform, 'device_kind': device.device_kind,
          'device_count': jax.device_count(), 'jax': jax.__version__,
          'python': platform.python_version(), 'cpu_count': os.cpu_count(),
-         'results': results}
+         'auto_cpu_chunk': P.AUTO_CPU_CHUNK, 'results': results}
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, 'w') as f:
     json.dump(out, f, indent=2)

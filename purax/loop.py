@@ -199,11 +199,14 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     progress: show a progress bar (steps/s, loss, ETA).
     prefetch: batches put on the device ahead of the step.
     checkpointer: saves ``{'state', 'train_metrics'}`` every
-      ``checkpoint_every`` steps (asynchronously; with the evaluation metrics
-      when evaluated at that step, for keep-best), when stopped, and at the end
-      (then waits for the commit); the extra JSON holds the data position
+      ``checkpoint_every`` steps, at log/eval points where its wall-clock
+      cadence says so (:meth:`Checkpointer.should_save`, ``interval_s``: 300 s
+      by default), when stopped, and at the end (then waits for the commit);
+      asynchronously, with the evaluation metrics when evaluated at that step
+      (for keep-best); the extra JSON holds the data position
       (``{'data': {'next_step', 'iterator'}}``).
-    checkpoint_every: steps between checkpoints (0: only at the end).
+    checkpoint_every: steps between checkpoints (0: none besides the
+      checkpointer's wall-clock cadence, the stop and the end).
     train_metrics: the running metrics window to continue (from a
       checkpoint), so a resumed run logs bitwise what the straight run logs.
     should_stop: polled after every step (a cheap host flag, e.g. set by a
@@ -413,7 +416,8 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       record.update(eval_scalars)
     hook_stop = run_hooks(step, at_end, eval_scalars is not None, record)
     stop = hook_stop or (should_stop is not None and should_stop())
-    if (checkpoint_every and step % checkpoint_every == 0) or at_end or stop:
+    if ((checkpoint_every and step % checkpoint_every == 0) or at_end or stop
+        or (record and checkpointer is not None and checkpointer.should_save(step))):
       save(step, eval_scalars if eval_scalars and np.ndim(
           next(iter(eval_scalars.values()))) == 0 else None)
       done['saved'] = step

@@ -206,12 +206,17 @@ class Population:
       (member ``i`` reads stack ``batch_index[i]``), or None: one shared batch.
     mesh: a ``jax.sharding.Mesh``, or None: one device.
     shard: ``'batch'`` or ``'members'`` (with a mesh).
+    strategy: how members share the machine (``'auto'``, ``'vmap'``,
+      ``'chunked'``, ``'sequential'`` or a chunk size; see
+      :func:`purax.core.population.chunk_size`); the same result whichever.
+      With ``shard='members'``, ``'auto'`` vmaps (each device holds its own members).
   """
 
   task: Any
   batch_index: Any = None
   mesh: Any = None
   shard: str = 'batch'
+  strategy: Any = 'auto'
 
   def __post_init__(self):
     expect(self.shard in ('batch', 'members'), 'shard', "'batch' or 'members'",
@@ -219,6 +224,12 @@ class Population:
 
   def _sharding(self, *spec):
     return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec))
+
+  @property
+  def _strategy(self):
+    if self.mesh is not None and self.shard == 'members' and self.strategy == 'auto':
+      return 'vmap'
+    return self.strategy
 
   def start_step(self, pop) -> int:
     return int(np.max(jax.device_get(pop.state.step)))
@@ -248,7 +259,8 @@ class Population:
     return ((b, 1) for b in prefetch_to_device(host_batches, prefetch, self._batch_sharding()))
 
   def train_step(self, pop, acc, batch):
-    return pop_lib.train_step(self.task, pop, acc, batch, self.batch_index)
+    return pop_lib.train_step(self.task, pop, acc, batch, self.batch_index,
+                              strategy=self._strategy)
 
   def evaluate(self, pop, batches):
     acc = None
@@ -258,7 +270,7 @@ class Population:
         batch = jax.device_put(batch, replicated)
       if acc is None:
         acc = pop_lib.zero_eval_metrics(self.task, pop, batch)
-      acc = pop_lib.eval_step(self.task, pop, acc, batch, None)
+      acc = pop_lib.eval_step(self.task, pop, acc, batch, None, strategy=self._strategy)
     expect(acc is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
     return acc
 

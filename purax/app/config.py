@@ -59,7 +59,10 @@ class RunConfig:
     log_every: write training metrics every N steps (the loop's only host sync).
     eval_every: evaluate on the test split every N steps (0: at the end only).
     progress: show a progress bar (on a terminal; one line per log point otherwise).
-    checkpoint_every: save a checkpoint every N steps (0: only at the end).
+    checkpoint_every: also save a checkpoint every N steps (0: by --checkpoint-interval-s,
+      and at the end).
+    checkpoint_interval_s: save at the first log or eval point at least this many
+      seconds after the previous save (orbax's continuous policy; 0: off).
     keep_last: keep the newest N checkpoints.
     keep_best: also keep the best K checkpoints by eval accuracy (0: off).
     steps_per_call: run K steps per dispatch (lax.scan over K stacked batches;
@@ -94,7 +97,8 @@ class RunConfig:
   log_every: int = 50
   eval_every: int = 250
   progress: bool = True
-  checkpoint_every: int = 250
+  checkpoint_every: int = 0
+  checkpoint_interval_s: float = 300.0
   keep_last: int = 2
   keep_best: int = 0
   steps_per_call: int = 1
@@ -119,6 +123,8 @@ class RunConfig:
     for name in ('eval_every', 'checkpoint_every', 'keep_best'):
       value = getattr(self, name)
       expect(0 <= value < INT32_LIMIT, name, '>= 0 and < 2**31', value, ConfigError)
+    expect(0 <= self.checkpoint_interval_s < float('inf'), 'checkpoint_interval_s',
+           '>= 0 and finite', self.checkpoint_interval_s, ConfigError)
     expect(self.decay_steps is None or 1 <= self.decay_steps < INT32_LIMIT, 'decay_steps',
            '>= 1 or unset', self.decay_steps, ConfigError)
     expect(0 <= self.seed < 2 ** 32, 'seed', 'in [0, 2**32)', self.seed, ConfigError)
@@ -145,7 +151,7 @@ class RunConfig:
 #: Fields that may differ when a run is resumed: they do not change the computation.
 RESUMABLE_CHANGES = frozenset({
     'run.workdir', 'run.progress', 'run.log_every', 'run.eval_every', 'data.eval_batch_size',
-    'run.checkpoint_every', 'run.keep_last', 'run.keep_best', 'run.mesh', 'run.coordinator',
+    'run.checkpoint_every', 'run.checkpoint_interval_s', 'run.keep_last', 'run.keep_best', 'run.mesh', 'run.coordinator',
     'run.num_processes', 'run.process_id', 'optimizer.max_consecutive_skips',
     'run.debug_nans', 'run.dry_run', 'run.profile', 'run.profile_memory',
     'run.wandb_project', 'run.steps_per_call', 'run.histograms',
@@ -379,7 +385,7 @@ class PopulationConfig:
 
 
 #: Run options a sweep does not have (it checkpoints only its best member, at the end).
-SWEEP_UNSUPPORTED = ('checkpoint_every', 'keep_best', 'steps_per_call', 'coordinator',
+SWEEP_UNSUPPORTED = ('checkpoint_every', 'checkpoint_interval_s', 'keep_best', 'steps_per_call', 'coordinator',
                      'num_processes', 'process_id', 'dry_run', 'profile', 'wandb_project',
                      'decay_steps', 'ema_decay', 'histograms')
 

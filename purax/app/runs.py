@@ -78,7 +78,8 @@ def train(config: TrainConfig) -> dict:
     if rundir.primary:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
     with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
-                      keep_best=config.run.keep_best, metadata=job.metadata()) as checkpointer:
+                      keep_best=config.run.keep_best, metadata=job.metadata(),
+                      interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
       state, window, arrays, step = restore_or_init(job, rundir, checkpointer)
       state, history = _fit(job, rundir, checkpointer, state, window, arrays, step, stop)
       if checkpointer.steps():

@@ -21,6 +21,13 @@ guard skips and the halved scale cures: the member goes on. Early stopping
 (:func:`early_stopping`) freezes a member whose eval metric stopped improving.
 Frozen members still cost compute (vmap runs every lane) but never change.
 
+How members share the machine is a ``strategy`` of :func:`step` and
+:func:`evaluate` (:func:`chunk_size`): all vmapped, ``lax.map`` over vmapped
+chunks, one at a time, or ``'auto'`` (a measured per-platform rule). Every
+strategy makes the same decisions and computes the same values up to XLA's
+shape-dependent summation order (bitwise when the program shape is the same:
+``'sequential'`` member ``i`` is the standalone run ``i``).
+
 Example::
 
   keys = jax.vmap(jax.random.key)(jnp.arange(4))
@@ -32,7 +39,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Union
 
 import jax
 import jax.numpy as jnp
@@ -187,7 +194,122 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   return state, metrics, ~finite & ~frozen
 
 
-def step(task, pop: Population, batch, batch_index: jax.Array | None = None):
+# -- how members share the machine ---------------------------------------------
+
+Strategy = Union[Literal['auto', 'vmap', 'chunked', 'sequential'], int]
+STRATEGIES = ('auto', 'vmap', 'chunked', 'sequential')
+
+# Members per chunk of 'chunked' without a size.
+CHUNK = 8
+
+# The 'auto' rule: members per chunk on CPU (AUTO_CPU_CHUNK); elsewhere all
+# members vmapped (one program fills a GPU/TPU; not measured in this
+# repository yet). Measured on this repository's 2-core CPU, shared with other
+# jobs (+-20% between trials of one program), `benchmarks/population.py
+# --strategies vmap,sequential,4,16` (MLP 256x256, 84k params per member,
+# batch 64), speed-up over K sequential runs:
+#
+#   K    vmap   chunks of 16   chunks of 4   one at a time
+#   8    0.82   (= vmap)       0.87          0.97
+#   64   0.50   1.18           1.05          1.37
+#
+# vmap loses on CPU because every step allocates fresh [K, ...] buffers (the
+# batched temporaries), which cost more than the compute once K x the state
+# outgrows the caches; the chunked loop updates the donated population in
+# place. One member at a time was best at both sizes; parameter count did not
+# enter the rule (one size measured).
+AUTO_CPU_CHUNK = 1
+
+
+def chunk_size(strategy: Strategy, members: int, platform: str | None = None) -> int:
+  """Members per vmapped chunk that ``strategy`` runs (``members``: all vmapped, 1: one by one).
+
+  Args:
+    strategy: ``'vmap'`` (every member in one vmapped program), ``'sequential'``
+      (``lax.map`` over members, one at a time), ``'chunked'`` (``lax.map`` over
+      vmapped chunks of :data:`CHUNK` members), an int ``C >= 1`` (chunks of
+      ``C`` members; the last chunk holds the remainder), or ``'auto'``: on CPU
+      chunks of :data:`AUTO_CPU_CHUNK` (one member at a time), elsewhere all
+      members vmapped (the measured rule, see :data:`AUTO_CPU_CHUNK`).
+    members: the population size ``K >= 1``.
+    platform: ``'cpu'``, ``'gpu'``, ``'tpu'``; default ``jax.default_backend()``.
+
+  Returns:
+    ``C`` in ``[1, members]``. Every strategy computes the same values (bitwise
+    on CPU: each member's step is the same program whatever its neighbours).
+
+  Raises:
+    ConfigError: an unknown strategy or a chunk size < 1.
+  """
+  if isinstance(strategy, (int, np.integer)) and not isinstance(strategy, bool):
+    expect(strategy >= 1, 'strategy', 'a chunk size >= 1', strategy, ConfigError)
+    return min(int(strategy), members)
+  expect(strategy in STRATEGIES, 'strategy', f'one of {list(STRATEGIES)} or a chunk size '
+         '>= 1', repr(strategy), ConfigError)
+  platform = platform or jax.default_backend()
+  if strategy == 'vmap':
+    return members
+  if strategy == 'sequential':
+    return 1
+  if strategy == 'chunked':
+    return min(CHUNK, members)
+  return min(AUTO_CPU_CHUNK, members) if platform == 'cpu' else members
+
+
+def _slice(tree, start, size: int):
+  return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree)
+
+
+def _update(tree, part, start):
+  return jax.tree.map(lambda x, p: jax.lax.dynamic_update_slice_in_dim(x, p, start, 0),
+                      tree, part)
+
+
+def _map_members(fn, chunk: int, state, *xs, updates_state: bool):
+  """``jax.vmap(fn)(state, *xs)``, computed ``chunk`` members at a time.
+
+  ``fn(state_i, *xs_i)`` returns ``(new_state_i, out_i)`` when ``updates_state``,
+  else ``out_i``; every ``xs`` leaf has a leading ``[members]`` axis. Chunks run
+  in a ``fori_loop`` that writes each chunk's new state into the stacked state
+  in place (the population is donated) and its ``out`` into a ``[members]``
+  buffer: a call allocates no new state-sized buffer (``lax.map`` would stack
+  fresh ones, and on CPU a fresh buffer the size of a large population costs
+  more than the step, measured). A chunk of one member runs ``fn`` unbatched:
+  the single-model program.
+  """
+  members = jnp.shape(jax.tree.leaves(state)[0])[0]
+  unbatched = lambda f, *a: jax.tree.map(   # noqa: E731
+      lambda x: jnp.expand_dims(x, 0), f(*jax.tree.map(lambda x: x[0], a)))
+  if members == 1:   # the single-model program itself: no batched ops, no loop
+    return unbatched(fn, state, *xs)
+  if chunk >= members:
+    return jax.vmap(fn)(state, *xs)
+  shapes = jax.eval_shape(jax.vmap(fn), state, *xs)
+  outs = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                      shapes[1] if updates_state else shapes)
+
+  def run(carry, start, size):
+    st, outs = carry
+    part = (_slice(st, start, size), *_slice(xs, start, size))
+    result = unbatched(fn, *part) if size == 1 else jax.vmap(fn)(*part)
+    if updates_state:
+      new, result = result
+      st = _update(st, new, start)
+    return st, _update(outs, result, start)
+
+  n, remainder = divmod(members, chunk)
+  carry = jax.lax.fori_loop(0, n, lambda i, c: run(c, i * chunk, chunk), (state, outs))
+  if remainder:
+    carry = run(carry, n * chunk, remainder)
+  return carry if updates_state else carry[1]
+
+
+def _member_batches(batch, batch_index):
+  return jax.tree.map(lambda b: jnp.take(b, batch_index, axis=0), batch)
+
+
+def step(task, pop: Population, batch, batch_index: jax.Array | None = None, *,
+         strategy: Strategy = 'auto'):
   """One optimizer update of every active member: ``task.step`` vmapped.
 
   Args:
@@ -198,36 +320,45 @@ def step(task, pop: Population, batch, batch_index: jax.Array | None = None):
       of which member ``i`` uses number ``batch_index[i]``.
     batch_index: int32 ``[members]`` indices into ``batch``'s first axis, or
       None. ``jnp.arange(members)`` gives every member its own batch.
+    strategy: how members share the machine (:func:`chunk_size`): all
+      vmapped, vmapped chunks, one at a time, or ``'auto'``. The result is the
+      same whichever (bitwise on CPU); only speed and memory differ.
 
   Returns:
     ``(pop, metrics)``: metrics as :meth:`Task.step`'s with a leading
     ``[members]`` axis (zero for frozen members), plus ``'diverged'``, an
     ``Average`` of the member's diverged flag after the step (1 once frozen by
     divergence).
+
+  Raises:
+    ConfigError: an unknown ``strategy``.
   """
   frozen = pop.frozen
-  if batch_index is None:
-    state, metrics, newly = jax.vmap(_member_step, in_axes=(None, 0, 0, None))(
-        task, pop.state, frozen, batch)
-  else:
-    member_batches = jax.tree.map(lambda b: jnp.take(b, batch_index, axis=0), batch)
-    state, metrics, newly = jax.vmap(_member_step, in_axes=(None, 0, 0, 0))(
-        task, pop.state, frozen, member_batches)
+  chunk = chunk_size(strategy, pop.num_members)
+  def member_step(state, frozen, *member_batch):
+    state, metrics, newly = _member_step(task, state, frozen, *(member_batch or (batch,)))
+    return state, (metrics, newly)
+
+  xs = (frozen,) if batch_index is None else (frozen, _member_batches(batch, batch_index))
+  state, (metrics, newly) = _map_members(member_step, chunk, pop.state, *xs, updates_state=True)
   diverged = pop.diverged | newly
   metrics = dict(metrics)
   metrics['diverged'] = jax.vmap(metrics_lib.Average.of)(diverged.astype(jnp.float32))
   return pop.replace(state=state, diverged=diverged), metrics
 
 
-def evaluate(task, pop: Population, batch, batch_index: jax.Array | None = None) -> dict:
+def evaluate(task, pop: Population, batch, batch_index: jax.Array | None = None, *,
+             strategy: Strategy = 'auto') -> dict:
   """``task.evaluate`` of every member (frozen ones too), ``[members]`` metrics.
 
-  ``batch`` and ``batch_index`` as in :func:`step`.
+  ``batch``, ``batch_index`` and ``strategy`` as in :func:`step`.
   """
+  chunk = chunk_size(strategy, pop.num_members)
   if batch_index is None:
-    return jax.vmap(task.evaluate, in_axes=(0, None))(pop.state, batch)
-  member_batches = jax.tree.map(lambda b: jnp.take(b, batch_index, axis=0), batch)
-  return jax.vmap(task.evaluate)(pop.state, member_batches)
+    return _map_members(lambda s: task.evaluate(s, batch), chunk, pop.state,
+                        updates_state=False)
+  return _map_members(task.evaluate, chunk, pop.state, _member_batches(batch, batch_index),
+                      updates_state=False)
 
 
 def score(metrics, name: str = 'loss', mode: Literal['min', 'max'] = 'min') -> jax.Array:
@@ -296,32 +427,36 @@ def stack(states: list[TrainState]) -> TrainState:
 # -- jitted entry points for host loops -------------------------------------
 
 
-def _train_step(task, pop, acc, batch, batch_index=None):
-  pop, metrics = step(task, pop, batch, batch_index)
+def _train_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
+  pop, metrics = step(task, pop, batch, batch_index, strategy=strategy)
   return pop, metrics_lib.merge(acc, metrics)
 
 
-def _eval_step(task, pop, acc, batch, batch_index=None):
-  return metrics_lib.merge(acc, evaluate(task, pop, batch, batch_index))
+def _eval_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
+  return metrics_lib.merge(acc, evaluate(task, pop, batch, batch_index, strategy=strategy))
 
 
-# Compiled once per (task, shapes): new hyperparameter values or seeds of the
-# same member count reuse the program. The population and the running metrics
-# are donated.
-train_step = jax.jit(_train_step, static_argnums=0, donate_argnums=(1, 2))
-eval_step = jax.jit(_eval_step, static_argnums=0, donate_argnums=2)
+# Compiled once per (task, strategy, shapes): new hyperparameter values or seeds
+# of the same member count reuse the program. The population and the running
+# metrics are donated.
+train_step = jax.jit(_train_step, static_argnums=0, static_argnames='strategy',
+                     donate_argnums=(1, 2))
+eval_step = jax.jit(_eval_step, static_argnums=0, static_argnames='strategy',
+                    donate_argnums=2)
 
 
 def zero_train_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
   """Zeroed ``[members]`` metrics accumulator of :func:`train_step` (no compute)."""
   return metrics_lib.zeros_like(
-      jax.eval_shape(lambda p, b, i: step(task, p, b, i)[1], pop, batch, batch_index))
+      jax.eval_shape(lambda p, b, i: step(task, p, b, i, strategy='vmap')[1], pop, batch,
+                     batch_index))
 
 
 def zero_eval_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
   """Zeroed ``[members]`` metrics accumulator of :func:`eval_step` (no compute)."""
   return metrics_lib.zeros_like(
-      jax.eval_shape(lambda p, b, i: evaluate(task, p, b, i), pop, batch, batch_index))
+      jax.eval_shape(lambda p, b, i: evaluate(task, p, b, i, strategy='vmap'), pop, batch,
+                     batch_index))
 
 
 def status(pop: Population) -> np.ndarray:

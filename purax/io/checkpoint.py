@@ -36,6 +36,7 @@ stored in its JSON and read back by every new ``Checkpointer``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
@@ -281,8 +282,46 @@ class _BestOfRecorded:
     return [c.step in best for c in checkpoints]
 
 
+class _IntervalSinceStart:
+  """orbax save-decision policy: at least ``seconds`` since the last save, the
+  clock starting at this ``Checkpointer``'s creation.
+
+  orbax's ``ContinuousCheckpointingPolicy(minimum_interval_secs=...)`` decides
+  (no save while one is still being written; on several hosts process 0
+  decides and the others follow it); it is given the later of the newest
+  checkpoint and the creation time as the previous save, because on its own it
+  saves at once in an empty directory and at the first check after every
+  resume — a save that a short run pays for and does not need.
+  """
+
+  def __init__(self, seconds: float):
+    self.inner = policies.ContinuousCheckpointingPolicy(minimum_interval_secs=seconds)
+    self.started = _Info(step=-1, time=datetime.datetime.now(tz=datetime.timezone.utc))
+
+  def should_save(self, step, previous_steps, *, context):
+    last = previous_steps[-1] if previous_steps else None
+    anchor = last if last is not None and last.time >= self.started.time else self.started
+    return self.inner.should_save(step, [anchor], context=context)
+
+
+class _Info:
+  """A ``PolicyCheckpointInfo``: the step, time and metrics of a save."""
+
+  def __init__(self, step: int, time: datetime.datetime, metrics=None):
+    self.step, self.time, self.metrics = step, time, metrics
+
+
+# The wall-clock cadence a Checkpointer saves at by default (see ``interval_s``).
+DEFAULT_INTERVAL_S = 300.0
+
+
 class Checkpointer:
   """Saves and restores purax runs with an orbax ``CheckpointManager``.
+
+  When to save is the caller's (``fit``'s) decision, from two sources: an
+  explicit cadence (``fit(checkpoint_every=N)``), and this object's wall-clock
+  cadence :meth:`should_save` (``interval_s``), which ``fit`` asks at its log
+  points; either saves, and ``fit`` always saves at the end and when stopped.
 
   Args:
     directory: where step directories go (created if missing).
@@ -296,18 +335,30 @@ class Checkpointer:
     metadata: JSON-serialisable data saved with every checkpoint (config,
       versions, mesh).
     async_save: write in a background thread (orbax's async checkpointing).
+    interval_s: :meth:`should_save` is true once this many seconds have passed
+      since the last save (or since this object was made), unless a save is
+      still being written (orbax's ``ContinuousCheckpointingPolicy``). None or
+      0: never (only explicit saves). The default, 300 s, bounds the work a
+      crash loses to about five minutes while a save's fixed cost (~0.1-0.2 s
+      on CPU) stays far below 5% of the training time.
 
   Raises:
-    CheckpointError: bad ``keep_last``/``best_mode``, or an unwritable directory.
+    CheckpointError: bad ``keep_last``/``best_mode``/``interval_s``, or an
+      unwritable directory.
   """
 
   def __init__(self, directory: str, *, keep_last: int = 3, keep_best: int = 0,
                best_metric: str = 'eval/accuracy', best_mode: str = 'max',
-               metadata: Mapping[str, Any] | None = None, async_save: bool = True):
+               metadata: Mapping[str, Any] | None = None, async_save: bool = True,
+               interval_s: float | None = DEFAULT_INTERVAL_S):
     if keep_last < 1:
       raise CheckpointError(f'keep_last: expected >= 1, got {keep_last}')
     if best_mode not in ('max', 'min'):
       raise CheckpointError(f"best_mode: expected 'max' or 'min', got {best_mode!r}")
+    if interval_s is not None and not (isinstance(interval_s, (int, float)) and interval_s >= 0
+                                       and np.isfinite(interval_s)):
+      raise CheckpointError(f'interval_s: expected None or seconds >= 0, got {interval_s!r}')
+    self.interval_s = float(interval_s) if interval_s else None
     self.directory = os.path.abspath(directory)
     self.metadata = dict(metadata or {})
     self.best_metric = best_metric
@@ -317,6 +368,7 @@ class Checkpointer:
       preserve.append(_BestOfRecorded(keep_best, self._scores, best_mode))
     options = ocp.CheckpointManagerOptions(
         preservation_policy=policies.AnyPreservationPolicy(preserve), create=True,
+        save_decision_policy=_IntervalSinceStart(self.interval_s) if self.interval_s else None,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
     try:
       self._manager = ocp.CheckpointManager(self.directory, options=options,
@@ -332,6 +384,18 @@ class Checkpointer:
             self._scores[s] = float(score)
 
   # -- saving --
+
+  def should_save(self, step: int) -> bool:
+    """Whether the wall-clock cadence calls for a save at ``step`` (``interval_s``).
+
+    False when ``interval_s`` is off, when ``step`` is not past the newest
+    checkpoint, or while an earlier save is still being written. A host-side
+    check (a clock read; on several processes, process 0's answer is shared),
+    cheap enough for every log point but not meant for every step.
+    """
+    if self.interval_s is None:
+      return False
+    return bool(self._manager.should_save(int(step)))
 
   def save(self, step: int, tree: PyTree, *, metrics: Mapping[str, float] | None = None,
            extra: Mapping[str, Any] | None = None) -> None:

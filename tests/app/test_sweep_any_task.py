@@ -88,7 +88,7 @@ def test_sweep_in_bf16_and_over_label_smoothing_names_it(tmp_path, capsys):
 
 def test_sweep_refuses_options_it_does_not_have(tmp_path, capsys):
   assert cli.main(['sweep', '--checkpoint-every', '5', '--workdir', str(tmp_path / 's')]) == 2
-  assert 'checkpoint_every: expected 250 (purax sweep has no such option' in \
+  assert 'checkpoint_every: expected 0 (purax sweep has no such option' in \
       capsys.readouterr().err
   assert not (tmp_path / 's').exists()
 
