@@ -19,7 +19,7 @@ def test_api_reference_builds_without_warnings(tmp_path):
   assert (out / 'index.html').is_file()
   page = (out / 'purax' / 'core' / 'summary.html').read_text()
   assert 'bytes_per_device' in page and 'Returns' in page     # Google docstrings rendered
-  for module in ('loop', 'plot', 'io/profile', 'io/writers', 'parallel'):
+  for module in ('loop', 'app/plot', 'app/config', 'io/profile', 'io/writers', 'parallel'):
     assert (out / 'purax' / f'{module}.html').is_file(), module
 
 

@@ -154,7 +154,7 @@ def test_cli_random_sweep_end_to_end(tmp_path, capsys):
 
 
 @pytest.mark.parametrize('args, message', [
-    (['--lr', 'loguniform:1e-5'], "--lr: expected 'v1,v2,...'"),
+    (['--lr', 'loguniform:1e-5'], "--learning-rate: expected 'v1,v2,...'"),
     (['--lr', 'loguniform:1e-5:1e-2', '--members', '0'], 'members: expected >= 1, got 0'),
     (['--seeds', '0,-1'], '--seeds: expected integers >= 0'),
     (['--steps', '0'], 'steps: expected >= 1 and < 2**31, got 0'),

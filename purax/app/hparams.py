@@ -100,6 +100,12 @@ BY_FIELD = {h.field: h for h in HPARAMS}
 BY_STATE = {h.state: h for h in HPARAMS}
 
 
+def order(name: str) -> tuple[int, str]:
+  """A sort key: the table's rows (by state name) in table order, then other names."""
+  rows = [h.state for h in HPARAMS]
+  return (rows.index(name), '') if name in rows else (len(rows), name)
+
+
 def label(state_name: str) -> str:
   """The short column / legend name of a state hyperparameter (its own name
   when it is not in the table, e.g. a user's loss hyperparameter)."""

@@ -150,9 +150,10 @@ def member_labels(rows: Sequence[Mapping[str, Any]],
   (``swept``: state names) and whatever else differs across members (any
   hyperparameter a row holds, the seed), with the table's short names."""
   skip = {'rank', 'member', 'status', 'steps'}
-  varying = list(swept) + [k for k in rows[0] if k not in skip and k not in swept
-                           and not k.startswith('eval_') and len({r.get(k) for r in rows}) > 1
-                           ] if rows else []
+  others = [k for k in rows[0] if k not in skip and k not in swept and not k.startswith('eval_')
+            and len({r.get(k) for r in rows}) > 1] if rows else []
+  # The table's hyperparameters first, in its order; the seed last.
+  varying = list(swept) + sorted(others, key=lambda k: (k == 'seed', hparams_lib.order(k)))
   if not varying and rows and 'peak_learning_rate' in rows[0]:
     varying = ['peak_learning_rate']
   fmt = lambda v: f'{v:.3g}' if isinstance(v, float) else str(v)  # noqa: E731

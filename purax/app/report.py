@@ -42,8 +42,10 @@ def _final_eval(history) -> dict[str, np.ndarray]:
 
 
 def swept(hparams) -> tuple[str, ...]:
-  """State names of the hyperparameters whose values differ across members."""
-  return tuple(n for n, v in hparams.items() if len(np.unique(np.asarray(v))) > 1)
+  """State names of the hyperparameters whose values differ across members,
+  in the table's order (then any other, e.g. a user's loss hyperparameter)."""
+  varying = [n for n, v in hparams.items() if len(np.unique(np.asarray(v))) > 1]
+  return tuple(sorted(varying, key=hparams_lib.order))
 
 
 def rank(scores: np.ndarray, status: np.ndarray) -> np.ndarray:

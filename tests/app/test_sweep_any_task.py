@@ -63,7 +63,7 @@ def test_language_model_sweep_member_equals_its_standalone_run(tmp_path, capsys)
 
 @pytest.mark.slow
 def test_sweep_on_a_mesh_member_equals_its_standalone_mesh_run(tmp_path, capsys):
-  args = [*MLP, '--mesh', 'data=2']
+  args = [*MLP, '--mesh', 'data=8']      # the suite's 8 host devices
   workdir, summary = _sweep(tmp_path, capsys, [*args, '--lr', '1e-3,3e-3'])
   _check_members(tmp_path, capsys, args, summary, workdir, rtol=1e-5)
 

@@ -90,12 +90,12 @@ def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
   workdir = tmp_path / 'run'
   workdir.mkdir()
   holder = subprocess.Popen(
-      [sys.executable, '-c', 'import sys, time; from purax.app.runs import WorkdirLock; '
+      [sys.executable, '-c', 'import sys, time; from purax.app.rundir import WorkdirLock; '
        'lock = WorkdirLock(sys.argv[1]); print("locked", flush=True); time.sleep(600)',
        str(workdir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == 'locked'
-    from purax.app.runs import WorkdirLock
+    from purax.app.rundir import WorkdirLock
     from purax.core.errors import ConfigError
     with pytest.raises(ConfigError, match=f'process {holder.pid} on host '):
       WorkdirLock(str(workdir))

@@ -6,7 +6,7 @@ import pytest
 
 import purax
 from purax import nn as pnn
-from purax.app.models import get_model
+from purax.app.models import check_input_shape, get_model
 
 SHAPES = {'mlp': [(2, 5), (2, 8, 8, 1)], 'cnn': [(2, 40, 1), (2, 8, 8, 1)],
           'resnet': [(2, 40, 1), (2, 8, 8, 1)]}
@@ -30,5 +30,5 @@ def test_unknown_model_and_wrong_input_rank():
   with pytest.raises(purax.ConfigError, match=r"model: expected one of \['cnn', 'lm', 'mlp', 'resnet', 'transformer'\], got 'vit'"):
     get_model('vit', num_classes=2)
   with pytest.raises(purax.DataError, match=r'x.shape: expected \[batch, length, channels\]'):
-    pnn.check_input_shape(pnn.CNN(num_classes=2), (4, 64))
-  pnn.check_input_shape(pnn.MLP(num_classes=2), (4, 64))
+    check_input_shape(pnn.CNN(num_classes=2), (4, 64))
+  check_input_shape(pnn.MLP(num_classes=2), (4, 64))
