@@ -297,8 +297,8 @@ def language_model(logits, batch, hparams):
   expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
          'an integer dtype (token ids)', jnp.result_type(y))
   weight = _weight(batch, 2, y.shape)
-  # One fused pair of passes over the [batch, seq, vocab] logits gives the
-  # loss, the plain NLL and the accuracy (label logit == max; ties count).
+  # The loss, the plain NLL and the accuracy (label logit == max; ties count)
+  # from one shifted copy of the logits: no argmax pass.
   values, nll, correct = losses.token_losses(logits, y, hparams['label_smoothing'])
   token_weight = (jnp.ones(y.shape, jnp.float32) if weight is None else
                   jnp.broadcast_to(jnp.reshape(weight, weight.shape + (1,) * (2 - weight.ndim)),

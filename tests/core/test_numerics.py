@@ -116,10 +116,10 @@ def test_optax_global_norm_overflows_which_is_why_optim_has_its_own():
 
 @pytest.mark.parametrize('s', [0.0, 0.1])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_token_losses_gradient_is_the_autodiff_one_of_the_reference(s, dtype):
-  # token_losses has its own backward pass (one elementwise pass, no one-hot);
-  # it must equal autodiff of the textbook formula, for both outputs that carry
-  # a gradient (the loss and the plain NLL), in the logits' dtype.
+def test_token_losses_and_gradient_match_the_textbook_formula(s, dtype):
+  # Both outputs that carry a gradient (the smoothed loss and the plain NLL)
+  # against log_softmax with smoothed targets, values and gradients, in the
+  # logits' dtype.
   rng = np.random.default_rng(1)
   z = jnp.asarray(3.0 * rng.normal(size=(3, 5, 17)), dtype)
   y = jnp.asarray(rng.integers(0, 17, size=(3, 5)), jnp.int32)
