@@ -183,6 +183,8 @@ class SingleDevice:
   :func:`choose_steps_per_call` with ``cadence`` (a divisor of it, so log,
   eval and checkpoint points stay call boundaries). The result is the same
   whatever ``k`` (bitwise on CPU), so the choice never changes training.
+  The second call of ``k`` is timed too: if the scanned step is slower per
+  step than the single one, the rest of the run goes back to ``k = 1``.
   """
 
   task: Any
@@ -237,18 +239,41 @@ class SingleDevice:
       cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, times[0] - step_s)
       k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1)
     self.chosen['steps_per_call'] = k
-    rest = (prefetch_to_device(host_batches, prefetch) if k == 1 else
-            (b for b, _ in self._batches(host_batches, start + len(probe), num_steps,
-                                         prefetch, k)))
-    for b in rest:
-      yield b, (len(jax.tree.leaves(b.batches)[0]) if isinstance(b, Stacked) else 1)
+    if k == 1:
+      yield from ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
+      return
+    # The first two calls of k are timed: when the scanned step is slower per
+    # step than the single one (XLA:CPU runs convolutions inside a loop
+    # without its fast kernels: a CNN's scanned step can be 10x slower), the
+    # rest runs one step per call (the stacks already built are sliced).
+    self.chosen['check'] = []
+    fallback = False
+    for b, taken in self._batches(host_batches, start + len(probe), num_steps, prefetch, k):
+      if fallback and isinstance(b, Stacked):
+        for i in range(taken):
+          yield jax.tree.map(lambda x: x[i], b.batches), 1
+        continue
+      yield b, taken
+      check = self.chosen.get('check')
+      if check is not None and len(check) == 2:
+        del self.chosen['check']
+        if check[1] / k > step_s:
+          fallback = True
+          self.chosen['steps_per_call'] = 1
 
   def train_step(self, state, acc, batch):
     if isinstance(batch, Stacked):
       stacked = _shapes(batch.batches)
       _multi_compiled.add((self.task, tuple((shape[1:], dtype) for shape, dtype in stacked),
                            stacked[0][0][0]))
-      return multi_train_step(self.task, state, acc, batch.batches)
+      check = self.chosen.get('check')
+      if check is None or len(check) >= 2:
+        return multi_train_step(self.task, state, acc, batch.batches)
+      begin = time.perf_counter()
+      state, acc = multi_train_step(self.task, state, acc, batch.batches)
+      jax.block_until_ready(acc)       # 'auto' checks its choice on the first two calls
+      check.append(time.perf_counter() - begin)
+      return state, acc
     times = self.chosen.get('times')
     if times is None:
       return train_step(self.task, state, acc, batch)

@@ -117,3 +117,28 @@ def test_the_auto_rule(step_s, compile_s, remaining, cadence, expected):
 def test_steps_per_call_is_an_integer_or_auto(k):
   with pytest.raises(purax.ConfigError, match='steps_per_call'):
     run(k)
+
+
+def test_auto_goes_back_to_single_steps_when_the_scanned_step_is_slower(monkeypatch):
+  # Forced k=2 with a scanned step made slow: the first two calls of 2 are
+  # timed, found slower per step than the single steps, and the rest (the
+  # third stack already built: sliced) runs one step per call; same state.
+  import time
+  from purax import plan as plan_lib
+  monkeypatch.setattr(plan_lib, 'choose_steps_per_call', lambda *a, **kw: 2)
+  single, _ = run(1)
+  calls = []
+  real = plan_lib.multi_train_step
+
+  def slow(*a):
+    calls.append(1)
+    time.sleep(0.5)
+    return real(*a)
+
+  monkeypatch.setattr(plan_lib, 'multi_train_step', slow)
+  t = task()
+  plan = plan_lib.SingleDevice(t, 'auto', cadence=4)
+  auto, _ = purax.fit(t, t.init(jax.random.key(0), batches()[0]), batches(), log_every=4,
+                      progress=False, plan=plan)
+  bitwise(auto, single)
+  assert len(calls) == 2 and plan.chosen['steps_per_call'] == 1
