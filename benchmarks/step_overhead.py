@@ -3,15 +3,17 @@
 All three train the same model on the same batches (digits, batch 64) with the
 same optimizer settings, in one process, interleaved over several trials; the
 median steps/s of each is written as JSON. Compilation is excluded (each path
-is warmed up first). Nothing is asserted: the numbers go to the README.
+is warmed up first: purax by one untimed ``fit`` of the same settings). Nothing is asserted: the numbers go to the README.
 
-- ``purax_fit``: ``purax.fit`` with the default task (grain batches, device
+- ``purax_fit``: ``purax.fit`` with its defaults (grain batches, device
   prefetch, donated state, metrics merged on device and fetched every
-  ``log_every`` steps, the skip-on-non-finite guard; no progress bar or
-  writer).
-- ``purax_fit_noguard``: the same with ``Task(skip_nonfinite=False)``: what
-  the guard (a fused select over the state, zeroed metrics of a skipped step,
-  two more counters) costs.
+  ``log_every`` steps, the skip-on-non-finite guard, ``steps_per_call='auto'``:
+  the k its rule picks is recorded as ``auto_steps_per_call``; no progress bar
+  or writer).
+- ``purax_fit_steps1``: the same with ``steps_per_call=1``.
+- ``purax_fit_noguard``: ``steps_per_call=1`` and ``Task(skip_nonfinite=False)``:
+  what the guard (the update under a ``lax.cond``, zeroed metrics of a
+  skipped step, two more counters) costs.
 - ``purax_fit_k16``: ``purax.fit(..., steps_per_call=16)``: 16 steps per
   dispatch (``lax.scan`` over stacked batches), bitwise the same training.
 - ``handwritten``: ``jax.jit(train_step, donate_argnums=0)`` over pre-built numpy
@@ -21,6 +23,9 @@ is warmed up first). Nothing is asserted: the numbers go to the README.
   sync per step), as tutorials do.
 
 Usage: ``python benchmarks/step_overhead.py [--steps 400] [--trials 5] [--out PATH]``
+
+The machine's load is not controlled: on a shared machine compare the
+ratios (interleaved trials), not the absolute steps/s.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import jax.numpy as jnp
 import optax
 
 import purax
+from purax import plan as plan_lib
 from purax.io import datasets, pipeline
 
 
@@ -74,20 +80,21 @@ def run_handwritten(task, state, batches, *, sync_every_step):
   return len(batches) / (time.perf_counter() - start)
 
 
-def run_purax(task, data, *, log_every, steps_per_call=1):
+def run_purax(task, data, *, log_every, steps_per_call='auto'):
+  """Steps/s of one timed ``fit`` after an untimed one with the same settings
+  (which compiles what the timed one runs); also the k that was run."""
   k = steps_per_call
-  log_every = max(k, log_every // k * k)
-  state = task.init(jax.random.key(0), data[0])
-  warm = pipeline.train_dataset(DS.x_train, DS.y_train, batch_size=BATCH, seed=0,
-                                num_steps=2 * k)
-  purax.fit(task, state, warm, log_every=log_every, progress=False,
-            steps_per_call=k)   # compile
-  state = task.init(jax.random.key(0), data[0])
-  start = time.perf_counter()
-  state, _ = purax.fit(task, state, data, log_every=log_every, progress=False,
-                       steps_per_call=k)
-  jax.block_until_ready(state.params)
-  return len(data) / (time.perf_counter() - start)
+  if k != 'auto':
+    log_every = max(k, log_every // k * k)
+  plan = None
+  for timed in (False, True):
+    state = task.init(jax.random.key(0), data[0])
+    # fit(plan=None) builds exactly this plan; built here to read the k it chose.
+    plan = plan_lib.SingleDevice(task, k, cadence=log_every)
+    start = time.perf_counter()
+    state, _ = purax.fit(task, state, data, log_every=log_every, progress=False, plan=plan)
+    jax.block_until_ready(state.params)
+  return len(data) / (time.perf_counter() - start), plan.chosen.get('steps_per_call', k)
 
 
 DS = None
@@ -117,29 +124,39 @@ def main():
     batches = [data[s] for s in range(args.steps)]
     state = task.init(jax.random.key(0), batches[0])
     noguard = dataclasses.replace(task, skip_nonfinite=False)
-    runs = {'purax_fit': [], 'purax_fit_noguard': [], 'purax_fit_k16': [], 'handwritten': [],
-            'tutorial': []}
+    runs = {'purax_fit': [], 'purax_fit_steps1': [], 'purax_fit_noguard': [],
+            'purax_fit_k16': [], 'handwritten': [], 'tutorial': []}
+    chosen = []
     for _ in range(args.trials):   # interleaved, so drift hits all alike
-      runs['purax_fit'].append(run_purax(task, data, log_every=args.log_every))
-      runs['purax_fit_noguard'].append(run_purax(noguard, data, log_every=args.log_every))
+      speed, k = run_purax(task, data, log_every=args.log_every)
+      runs['purax_fit'].append(speed)
+      chosen.append(k)
+      runs['purax_fit_steps1'].append(run_purax(task, data, log_every=args.log_every,
+                                                steps_per_call=1)[0])
+      runs['purax_fit_noguard'].append(run_purax(noguard, data, log_every=args.log_every,
+                                                 steps_per_call=1)[0])
       runs['purax_fit_k16'].append(run_purax(task, data, log_every=args.log_every,
-                                             steps_per_call=16))
+                                             steps_per_call=16)[0])
       runs['handwritten'].append(run_handwritten(task, state, batches, sync_every_step=False))
       runs['tutorial'].append(run_handwritten(task, state, batches, sync_every_step=True))
     med = {k: statistics.median(v) for k, v in runs.items()}
+    hw = med['handwritten']
     results['models'][name] = {
         'steps_per_sec_median': med, 'steps_per_sec_all': runs,
-        'purax_vs_handwritten': med['purax_fit'] / med['handwritten'],
-        'purax_steps1_vs_handwritten': med['purax_fit'] / med['handwritten'],
-        'purax_multistep_vs_handwritten': med['purax_fit_k16'] / med['handwritten'],
-        'purax_noguard_vs_handwritten': med['purax_fit_noguard'] / med['handwritten'],
+        'auto_steps_per_call': chosen,
+        'purax_vs_handwritten': med['purax_fit'] / hw,
+        'purax_steps1_vs_handwritten': med['purax_fit_steps1'] / hw,
+        'purax_multistep_vs_handwritten': med['purax_fit_k16'] / hw,
+        'purax_noguard_vs_handwritten': med['purax_fit_noguard'] / hw,
         'purax_vs_tutorial': med['purax_fit'] / med['tutorial'],
     }
-    print(f"{name}: purax {med['purax_fit']:.1f} steps/s (no guard "
-          f"{med['purax_fit_noguard']:.1f}, k=16 {med['purax_fit_k16']:.1f}), handwritten "
-          f"{med['handwritten']:.1f}, tutorial {med['tutorial']:.1f} -> "
-          f"{results['models'][name]['purax_vs_handwritten']:.3f}x handwritten, "
-          f"{results['models'][name]['purax_vs_tutorial']:.3f}x tutorial")
+    r = results['models'][name]
+    print(f"{name}: purax {med['purax_fit']:.1f} steps/s (auto k={chosen}; k=1 "
+          f"{med['purax_fit_steps1']:.1f}, no guard {med['purax_fit_noguard']:.1f}, k=16 "
+          f"{med['purax_fit_k16']:.1f}), handwritten {hw:.1f}, tutorial {med['tutorial']:.1f} "
+          f"-> {r['purax_vs_handwritten']:.3f}x / k=1 {r['purax_steps1_vs_handwritten']:.3f}x / "
+          f"k=16 {r['purax_multistep_vs_handwritten']:.3f}x handwritten, "
+          f"{r['purax_vs_tutorial']:.3f}x tutorial", flush=True)
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
   with open(args.out, 'w') as f:
     json.dump(results, f, indent=2)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import math
 import signal
 import threading
 import time
@@ -172,7 +173,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
         should_stop: Callable[[], bool] | None = None, plan=None,
         max_consecutive_skips: int | None = 10, data_state: Any = None,
         iterator_resume: Literal['error', 'warn', 'skip'] = 'error',
-        steps_per_call: int = 1, hooks=(), hook_state: dict | None = None,
+        steps_per_call: int | Literal['auto'] = 'auto', hooks=(), hook_state: dict | None = None,
         hook_arrays: dict | None = None,
         checks: Literal['first', 'every', 'none'] = 'first',
         ) -> tuple[Any, list[dict[str, Any]]]:
@@ -231,10 +232,18 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     steps_per_call: ``k`` steps per dispatch (``lax.scan`` of the step over
       ``k`` stacked batches: one host-to-device transfer and one Python
       iteration per ``k`` steps), with exactly the result of ``k`` single
-      steps. Calls end at multiples of ``k`` (a resumed run realigns with one
-      shorter call), so ``log_every``, ``eval_every`` and ``checkpoint_every``
-      must be multiples of ``k``; ``should_stop`` is polled per call. Single
-      device only (no ``plan``).
+      steps (bitwise on CPU). Calls end at multiples of ``k``; the steps
+      before the first (a resumed run) and after the last run one at a time,
+      so ``log_every``, ``eval_every``, ``checkpoint_every`` and the hooks'
+      ``every`` must be multiples of ``k``; ``should_stop`` is polled per
+      call. ``'auto'`` (default): the first 5 steps run singly and are timed
+      (a host sync each), then ``k`` is the largest divisor of the gcd of
+      those cadences that is <= ``min(32, ceil(10 ms / step time))``, and 1
+      unless the rest of the run saves (at 10% of the step time) more than
+      the second compilation costs (:func:`purax.plan.choose_steps_per_call`):
+      a small model stops paying Python and dispatch per step, a large one
+      or a short run keeps ``k = 1``. With a ``plan``, ``'auto'`` is 1 and an
+      integer ``k > 1`` is refused (single device only).
     hooks: :mod:`purax.hooks` run at log/eval points on their own cadence
       (early stopping, PBT, EMA, histograms, your callbacks); their
       ``state_dict()`` is saved in every checkpoint (``extra['hooks']``), their
@@ -287,15 +296,21 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   expect(eval_data is None or eval_every == 0 or iter(eval_data) is not eval_data,
          'eval_data', 'a collection iterated afresh at every evaluation (a list, a grain '
          'dataset)', f'a one-shot {type(eval_data).__name__}', ConfigError)
-  plan = plan_lib.as_plan(plan, task, steps_per_call)
-  k = steps_per_call
-  for name, every in (('log_every', log_every), ('eval_every', eval_every),
-                      ('checkpoint_every', checkpoint_every)):
-    expect(every % k == 0, name, f'a multiple of steps_per_call={k}', every, ConfigError)
   hooks = list(hooks)
+  k = steps_per_call
+  expect(k == 'auto' or (isinstance(k, int) and k >= 1), 'steps_per_call',
+         "an integer >= 1 or 'auto'", k, ConfigError)
+  cadences = [('log_every', log_every), ('eval_every', eval_every),
+              ('checkpoint_every', checkpoint_every)]
+  cadences += [(f'{type(hook).__name__}.every', hook.every) for hook in hooks]
+  for i, (name, every) in enumerate(cadences):
+    multiple = '' if k == 'auto' else f'a multiple of steps_per_call={k}'
+    expect(every >= 0 and (k == 'auto' or every % k == 0), name,
+           ' and '.join(filter(None, ['>= 0' if i >= 3 else '', multiple])) or '>= 0', every,
+           ConfigError)
+  plan = plan_lib.as_plan(plan, task, steps_per_call,
+                          cadence=math.gcd(*[every for _, every in cadences]))
   for hook in hooks:
-    expect(hook.every >= 0 and hook.every % k == 0, f'{type(hook).__name__}.every',
-           f'>= 0 and a multiple of steps_per_call={k}', hook.every, ConfigError)
     saved = (hook_state or {}).get(getattr(hook, 'name', type(hook).__name__))
     if saved is not None and hasattr(hook, 'load_state_dict'):
       hook.load_state_dict(saved)
@@ -317,7 +332,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
   first = next(host_batches, None)
   if first is not None and checks != 'none' and isinstance(
       plan, (plan_lib.SingleDevice, plan_lib.Sharded)):
-    abstract = jax.eval_shape(lambda b: task.init(jax.random.key(0), b), first)   # no transfer
+    abstract = task.abstract_state(first)   # no transfer; traced once per (task, shapes)
     task.check_values(first, abstract)
     if checks == 'every':
       host_batches = _checked(host_batches, lambda b: task.check_values(b, abstract))

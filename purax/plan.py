@@ -15,7 +15,8 @@ A plan is any object with these methods (``fit`` calls nothing else):
 - ``place(state) -> state``: put the state where the step runs;
 - ``zero_metrics(state, batch)``: the zeroed running-metrics tree;
 - ``device_batches(host_batches, *, start, num_steps, prefetch)``: an iterator
-  of ``(batch_on_device, steps_in_it)``;
+  of ``(batch_on_device, steps_in_it)`` (``train_step`` knows which it is:
+  :class:`SingleDevice` marks multi-step calls as :class:`Stacked`);
 - ``train_step(state, acc, batch) -> (state, acc)``: donates state and acc;
 - ``evaluate(state, batches)``: the summed eval metrics tree (on device);
 - ``finished(state) -> bool``: nothing can change any more (checked at log points).
@@ -25,11 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import time
 from typing import Any, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
@@ -63,27 +67,80 @@ multi_train_step = jax.jit(_multi_train_step, static_argnums=0, donate_argnums=(
 eval_step = jax.jit(_eval_step, static_argnums=0, donate_argnums=2)
 
 
+# The step's metrics structure, traced once per (task, shapes) (see _step_metrics use).
+_step_metrics = jax.jit(lambda task, state, batch: task.step(state, batch)[1],
+                        static_argnums=0)
+
+
 def zero_metrics(fn, *args):
   """Zeroed metrics tree of the structure ``fn(*args)`` returns (no compute)."""
   return metrics_lib.zeros_like(jax.eval_shape(fn, *args))
 
 
+class Stacked(struct.PyTreeNode):
+  """``k`` batches stacked for one multi-step call (every leaf ``[k, batch, ...]``)."""
+
+  batches: Any
+
+
 def _stacked(batches: Iterable, start: int, num_steps: int | None, k: int) -> Iterator:
-  """Groups batches into stacks (every leaf ``[n, ...]``) that end at multiples of ``k``."""
+  """Groups batches into :class:`Stacked` calls of ``k`` that end at multiples of
+  ``k``; the steps before the first multiple (a resumed run) and after the last
+  (a tail shorter than ``k``) come as single batches, run by the one-step
+  program: a shorter scan would be another compilation."""
   step, group = start, []
+
+  def shapes(b):
+    return [np.shape(x) for x in jax.tree.leaves(b)]
+
   for batch in batches:
+    if step % k and not group:         # not aligned yet: a single step
+      step += 1
+      yield batch
+      continue
     if group:
-      shapes = lambda b: [np.shape(x) for x in jax.tree.leaves(b)]   # noqa: E731
       expect(shapes(batch) == shapes(group[0]), f'train_data batch of step {step}',
              f'the shapes of the other batches of its call of steps_per_call={k} '
              f'({shapes(group[0])})', shapes(batch), DataError)
     group.append(batch)
     step += 1
-    if step % k == 0 or step == num_steps:
-      yield jax.tree.map(lambda *xs: np.stack(xs), *group)
+    if step % k == 0:
+      yield Stacked(jax.tree.map(lambda *xs: np.stack(xs), *group))
       group = []
-  if group:
-    yield jax.tree.map(lambda *xs: np.stack(xs), *group)
+  yield from group                     # the tail: single steps
+
+
+def choose_steps_per_call(step_s: float, compile_s: float, remaining: int | None,
+                          cadence: int, *, call_s: float = 0.01, max_steps: int = 32,
+                          min_gain: float = 0.1) -> int:
+  """The rule behind ``steps_per_call='auto'``: how many steps one call runs.
+
+  ``k`` is the largest divisor of ``cadence`` (the loop's log / eval /
+  checkpoint / hook steps, so every such point is a call boundary) that is at
+  most ``min(max_steps, ceil(call_s / step_s))``: one call then runs about
+  ``call_s`` (10 ms) of work, against which the per-call cost (Python, the
+  dispatch, one host-to-device transfer) is small, and at most ``max_steps``
+  batches are stacked on the device. ``k > 1`` compiles a second program
+  (the scanned step), so it is chosen only when the run is long enough to pay
+  for it: ``remaining * step_s * min_gain >= compile_s`` (the saving counted
+  as ``min_gain`` of the step time; ``compile_s`` is ~0 when the programs are
+  cached, e.g. a second fit of the same task). With an unknown length
+  (``remaining=None``) only the step time decides.
+
+  Args:
+    step_s: measured seconds per single step (after compilation).
+    compile_s: the first call's extra seconds (its compilation; ~0 if cached).
+    remaining: steps left in the run, or None.
+    cadence: the gcd of the loop's cadences (> 0).
+
+  Returns:
+    ``k >= 1``, a divisor of ``cadence``.
+  """
+  want = max(1, min(max_steps, math.ceil(call_s / max(step_s, 1e-9))))
+  k = max(d for d in range(1, want + 1) if cadence % d == 0)
+  if k > 1 and remaining is not None and remaining * step_s * min_gain < compile_s:
+    return 1
+  return k
 
 
 def _sum_eval(task, state, batches, step_fn, sharding=None):
@@ -98,21 +155,47 @@ def _sum_eval(task, state, batches, step_fn, sharding=None):
   return acc
 
 
+# What 'auto' knows of this process's compilations: the one-step program's
+# compile seconds and the scanned programs built, by (task, batch shapes).
+_compile_s: dict = {}
+_multi_compiled: set = set()
+
+
+def _shapes(batch):
+  return tuple((tuple(np.shape(x)), str(np.result_type(x))) for x in jax.tree.leaves(batch))
+
+
+PROBE_STEPS = 5   # 'auto': single steps timed before choosing k (the first compiles)
+
+
 @dataclasses.dataclass(frozen=True)
 class SingleDevice:
   """``task.step`` jitted on one device; ``steps_per_call`` steps per dispatch.
 
   ``steps_per_call = k > 1`` scans the step over ``k`` stacked batches: one
   host-to-device transfer and one Python iteration per ``k`` steps, with
-  exactly the result of ``k`` single steps.
+  exactly the result of ``k`` single steps. Calls end at multiples of ``k``;
+  steps before the first multiple (a resumed run) and after the last run
+  one at a time (the one-step program: no compilation per tail length).
+
+  ``steps_per_call='auto'`` runs the first :data:`PROBE_STEPS` steps one at a
+  time, timing each (a host sync per probe step), then picks ``k`` by
+  :func:`choose_steps_per_call` with ``cadence`` (a divisor of it, so log,
+  eval and checkpoint points stay call boundaries). The result is the same
+  whatever ``k`` (bitwise on CPU), so the choice never changes training.
+  The second call of ``k`` is timed too: if the scanned step is slower per
+  step than the single one, the rest of the run goes back to ``k = 1``.
   """
 
   task: Any
-  steps_per_call: int = 1
+  steps_per_call: int | str = 1
+  cadence: int = 0
+  chosen: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def __post_init__(self):
-    expect(isinstance(self.steps_per_call, int) and self.steps_per_call >= 1,
-           'steps_per_call', 'an integer >= 1', self.steps_per_call, ConfigError)
+    k = self.steps_per_call
+    expect(k == 'auto' or (isinstance(k, int) and k >= 1),
+           'steps_per_call', "an integer >= 1 or 'auto'", k, ConfigError)
 
   def start_step(self, state) -> int:
     return int(jax.device_get(state.step))
@@ -121,19 +204,84 @@ class SingleDevice:
     return state
 
   def zero_metrics(self, state, batch):
-    return zero_metrics(lambda st, b: self.task.step(st, b)[1], state, batch)
+    # A cached abstract trace: a fresh lambda would trace the whole step again
+    # at every fit (a quarter of a second for a small model).
+    return metrics_lib.zeros_like(_step_metrics.eval_shape(self.task, state, batch))
 
   def device_batches(self, host_batches, *, start, num_steps, prefetch):
     k = self.steps_per_call
+    if k == 'auto':
+      return self._auto_batches(iter(host_batches), start, num_steps, prefetch)
     if k == 1:
       return ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
-    stacks = prefetch_to_device(_stacked(host_batches, start, num_steps, k), prefetch)
-    return ((b, len(jax.tree.leaves(b)[0])) for b in stacks)
+    return self._batches(host_batches, start, num_steps, prefetch, k)
+
+  def _batches(self, host_batches, start, num_steps, prefetch, k):
+    calls = prefetch_to_device(_stacked(host_batches, start, num_steps, k), prefetch)
+    return ((b, len(jax.tree.leaves(b.batches)[0]) if isinstance(b, Stacked) else 1)
+            for b in calls)
+
+  def _auto_batches(self, host_batches, start, num_steps, prefetch):
+    probe = list(itertools.islice(host_batches, PROBE_STEPS))
+    self.chosen['times'] = []
+    for b in prefetch_to_device(probe, prefetch):
+      yield b, 1                       # train_step times these calls
+    times = self.chosen.pop('times')
+    k = 1
+    if len(times) == PROBE_STEPS:
+      step_s = float(np.median(times[1:]))
+      remaining = None if num_steps is None else num_steps - start - PROBE_STEPS
+      key = (self.task, _shapes(probe[0]))
+      if times[0] - step_s > 10 * step_s:      # the first call compiled: remember how long
+        _compile_s[key] = times[0] - step_s
+      ideal = choose_steps_per_call(step_s, 0.0, None, self.cadence or 1)
+      # Its scanned program compiled already (an earlier fit): nothing to weigh.
+      cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, times[0] - step_s)
+      k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1)
+    self.chosen['steps_per_call'] = k
+    if k == 1:
+      yield from ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
+      return
+    # The first two calls of k are timed: when the scanned step is slower per
+    # step than the single one (XLA:CPU runs convolutions inside a loop
+    # without its fast kernels: a CNN's scanned step can be 10x slower), the
+    # rest runs one step per call (the stacks already built are sliced).
+    self.chosen['check'] = []
+    fallback = False
+    for b, taken in self._batches(host_batches, start + len(probe), num_steps, prefetch, k):
+      if fallback and isinstance(b, Stacked):
+        for i in range(taken):
+          yield jax.tree.map(lambda x: x[i], b.batches), 1
+        continue
+      yield b, taken
+      check = self.chosen.get('check')
+      if check is not None and len(check) == 2:
+        del self.chosen['check']
+        if check[1] / k > step_s:
+          fallback = True
+          self.chosen['steps_per_call'] = 1
 
   def train_step(self, state, acc, batch):
-    if self.steps_per_call == 1:
+    if isinstance(batch, Stacked):
+      stacked = _shapes(batch.batches)
+      _multi_compiled.add((self.task, tuple((shape[1:], dtype) for shape, dtype in stacked),
+                           stacked[0][0][0]))
+      check = self.chosen.get('check')
+      if check is None or len(check) >= 2:
+        return multi_train_step(self.task, state, acc, batch.batches)
+      begin = time.perf_counter()
+      state, acc = multi_train_step(self.task, state, acc, batch.batches)
+      jax.block_until_ready(acc)       # 'auto' checks its choice on the first two calls
+      check.append(time.perf_counter() - begin)
+      return state, acc
+    times = self.chosen.get('times')
+    if times is None:
       return train_step(self.task, state, acc, batch)
-    return multi_train_step(self.task, state, acc, batch)
+    begin = time.perf_counter()
+    state, acc = train_step(self.task, state, acc, batch)
+    jax.block_until_ready(acc)         # a probe step of 'auto': timed, so synced
+    times.append(time.perf_counter() - begin)
+    return state, acc
 
   def evaluate(self, state, batches):
     return _sum_eval(self.task, state, batches,
@@ -278,17 +426,20 @@ class Population:
     return bool(np.all(jax.device_get(pop.frozen)))
 
 
-def as_plan(plan, task, steps_per_call: int = 1):
+def as_plan(plan, task, steps_per_call: int | str = 1, cadence: int = 0):
   """The plan ``fit`` drives: ``plan`` itself, a :class:`Sharded` around a
   ``purax.parallel.Sharded``, or :class:`SingleDevice` when None.
+
+  ``steps_per_call='auto'`` with a plan is 1 (multi-step calls run on one
+  device); ``cadence`` is what ``'auto'`` picks a divisor of.
 
   Raises:
     ConfigError: ``steps_per_call > 1`` with a plan other than single device.
   """
   if plan is None:
-    return SingleDevice(task, steps_per_call)
-  expect(steps_per_call == 1, 'steps_per_call', '1 with a plan (multi-step calls run on '
-         'one device)', steps_per_call, ConfigError)
+    return SingleDevice(task, steps_per_call, cadence)
+  expect(steps_per_call in (1, 'auto'), 'steps_per_call', "1 or 'auto' with a plan "
+         '(multi-step calls run on one device)', steps_per_call, ConfigError)
   if hasattr(plan, 'state_sharding') and hasattr(plan, 'mesh'):
     return Sharded(plan)
   return plan

@@ -1,5 +1,6 @@
 """fit(steps_per_call=k): k steps per dispatch equal k single steps bitwise on
-CPU, a non-finite batch among them included, and resume mid-run is exact."""
+CPU, a non-finite batch among them included, and resume mid-run is exact;
+'auto' probes, then runs the k its rule picks, with the same result."""
 
 import jax
 import numpy as np
@@ -67,3 +68,77 @@ def test_multi_step_resume_from_a_mid_run_checkpoint_is_exact(tmp_path):
 def test_steps_per_call_must_divide_the_cadences():
   with pytest.raises(purax.ConfigError, match='log_every: expected a multiple of steps_per_call=3'):
     run(3)
+
+
+def test_a_tail_shorter_than_k_runs_as_single_steps_bitwise():
+  # 10 steps at k=4: two calls of 4, then steps 8 and 9 one at a time (the
+  # one-step program, not a scan of 2); the same state as 10 single steps.
+  single, h1 = run(1, steps=10)
+  multi, hk = run(4, steps=10)
+  bitwise(multi, single)
+  assert [r['step'] for r in hk] == [r['step'] for r in h1] == [4, 8, 10]
+
+
+def test_auto_runs_probe_steps_then_the_chosen_k_bitwise(monkeypatch):
+  # 'auto' times 5 single steps, then runs k per call; steps 5-7 realign one
+  # at a time, 8-11 are one call. The choice is forced to 4 here (the timing
+  # rule itself is tested below), so the test does not depend on the machine.
+  from purax import plan as plan_lib
+  chosen = []
+  monkeypatch.setattr(plan_lib, 'choose_steps_per_call',
+                      lambda *a, **kw: chosen.append(a) or 4)
+  single, h1 = run(1)
+  calls = []
+  real = plan_lib.multi_train_step
+  monkeypatch.setattr(plan_lib, 'multi_train_step',
+                      lambda *a: calls.append(len(jax.tree.leaves(a[3])[0])) or real(*a))
+  auto, ha = run('auto')
+  bitwise(auto, single)
+  assert calls == [4]                                       # steps 8-11; 0-7 one at a time
+  assert chosen and all(c[3] == 4 for c in chosen)          # the cadence: log_every=4
+
+
+@pytest.mark.parametrize('step_s, compile_s, remaining, cadence, expected', [
+    (1e-3, 0.0, None, 100, 10),      # 10 ms per call: 10 steps, a divisor of 100
+    (1e-3, 0.0, None, 50, 10),
+    (1e-3, 0.0, None, 4, 4),         # the largest divisor of the cadence <= 10
+    (3e-3, 0.0, None, 100, 4),       # ceil(10 / 3) = 4
+    (1e-5, 0.0, None, 64, 32),       # capped at 32 batches per call
+    (0.2, 0.0, None, 100, 1),        # a large step: one per call
+    (1e-3, 2.0, 300, 100, 1),        # 300 steps do not pay a 2 s compilation
+    (1e-3, 2.0, 100_000, 100, 10),   # 100k steps do
+])
+def test_the_auto_rule(step_s, compile_s, remaining, cadence, expected):
+  from purax.plan import choose_steps_per_call
+  assert choose_steps_per_call(step_s, compile_s, remaining, cadence) == expected
+
+
+@pytest.mark.parametrize('k', [0, -1, 2.0, 'fast'])
+def test_steps_per_call_is_an_integer_or_auto(k):
+  with pytest.raises(purax.ConfigError, match='steps_per_call'):
+    run(k)
+
+
+def test_auto_goes_back_to_single_steps_when_the_scanned_step_is_slower(monkeypatch):
+  # Forced k=2 with a scanned step made slow: the first two calls of 2 are
+  # timed, found slower per step than the single steps, and the rest (the
+  # third stack already built: sliced) runs one step per call; same state.
+  import time
+  from purax import plan as plan_lib
+  monkeypatch.setattr(plan_lib, 'choose_steps_per_call', lambda *a, **kw: 2)
+  single, _ = run(1)
+  calls = []
+  real = plan_lib.multi_train_step
+
+  def slow(*a):
+    calls.append(1)
+    time.sleep(0.5)
+    return real(*a)
+
+  monkeypatch.setattr(plan_lib, 'multi_train_step', slow)
+  t = task()
+  plan = plan_lib.SingleDevice(t, 'auto', cadence=4)
+  auto, _ = purax.fit(t, t.init(jax.random.key(0), batches()[0]), batches(), log_every=4,
+                      progress=False, plan=plan)
+  bitwise(auto, single)
+  assert len(calls) == 2 and plan.chosen['steps_per_call'] == 1

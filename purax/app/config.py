@@ -67,7 +67,8 @@ class RunConfig:
     keep_best: also keep the best K checkpoints by eval accuracy (0: off).
     steps_per_call: run K steps per dispatch (lax.scan over K stacked batches;
       bitwise the same training; log/eval/checkpoint cadences must be
-      multiples of K; one device only).
+      multiples of K; one device only), or 'auto': K from the measured step
+      time when a second compilation pays for itself (purax.plan.choose_steps_per_call).
     debug_nans: turn on jax_debug_nans (slow: re-runs an op that makes a NaN
       un-jitted and raises where it happened).
     mesh: run on a device mesh, e.g. 'data=4,fsdp=2' (axes data, fsdp, tensor;
@@ -101,7 +102,7 @@ class RunConfig:
   checkpoint_interval_s: float = 300.0
   keep_last: int = 2
   keep_best: int = 0
-  steps_per_call: int = 1
+  steps_per_call: int | Literal['auto'] = 'auto'
   debug_nans: bool = False
   mesh: str | None = None
   coordinator: str | None = None
@@ -117,7 +118,7 @@ class RunConfig:
 
   def validate(self) -> 'RunConfig':
     """Raises ConfigError naming the field, the expected and the actual value."""
-    for name in ('steps', 'log_every', 'keep_last', 'steps_per_call'):
+    for name in ('steps', 'log_every', 'keep_last'):
       value = getattr(self, name)
       expect(1 <= value < INT32_LIMIT, name, '>= 1 and < 2**31', value, ConfigError)
     for name in ('eval_every', 'checkpoint_every', 'keep_best'):
@@ -134,11 +135,14 @@ class RunConfig:
     expect(0 <= self.histograms < INT32_LIMIT, 'histograms', '>= 0', self.histograms,
            ConfigError)
     k = self.steps_per_call
-    for name in ('log_every', 'eval_every', 'checkpoint_every', 'ema_every', 'histograms'):
-      expect(getattr(self, name) % k == 0, name, f'a multiple of steps_per_call={k}',
-             getattr(self, name), ConfigError)
-    expect(k == 1 or self.mesh is None, 'steps_per_call', '1 with --mesh (multi-step calls '
-           'run on one device)', k, ConfigError)
+    if k != 'auto':
+      expect(isinstance(k, int) and 1 <= k < INT32_LIMIT, 'steps_per_call',
+             "'auto' or an integer >= 1", k, ConfigError)
+      for name in ('log_every', 'eval_every', 'checkpoint_every', 'ema_every', 'histograms'):
+        expect(getattr(self, name) % k == 0, name, f'a multiple of steps_per_call={k}',
+               getattr(self, name), ConfigError)
+      expect(k == 1 or self.mesh is None, 'steps_per_call', "1 or 'auto' with --mesh "
+             '(multi-step calls run on one device)', k, ConfigError)
     if self.mesh is not None:
       parse_mesh(self.mesh)
     if self.profile is not None:
@@ -341,8 +345,10 @@ def _section_type(cls, section: str):
 
 def check_type(name: str, value, hint) -> None:
   """Raises ConfigError unless ``value`` is of the type ``hint`` names."""
-  allowed = tuple(a for a in typing.get_args(hint) if isinstance(a, type)) or (
-      (str,) if typing.get_origin(hint) is Literal else (hint,))
+  args = typing.get_args(hint)
+  allowed = tuple(a for a in args if isinstance(a, type)) + tuple(
+      {type(v) for a in args if typing.get_origin(a) is Literal for v in typing.get_args(a)})
+  allowed = allowed or ((str,) if typing.get_origin(hint) is Literal else (hint,))
   ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
   if float in allowed and isinstance(value, int) and not isinstance(value, bool):
     ok = True

@@ -53,7 +53,7 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
   job = job_lib.build(config)
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), job.sample)
   state, acc = job.abstract['state'], job.abstract['train_metrics']
-  if isinstance(job.plan, plan_lib.SingleDevice):
+  if job.plan is None:
     lowered = plan_lib.train_step.lower(job.task, state, acc, batch)
   else:
     with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731

@@ -167,7 +167,8 @@ def _fit(job, rundir, checkpointer, state, window, arrays, step, stop):
                  checkpointer=checkpointer, checkpoint_every=run.checkpoint_every,
                  train_metrics=window, plan=job.plan, hooks=job.hooks, hook_arrays=arrays,
                  should_stop=profiler(_agreed(stop, every=run.log_every)),
-                 max_consecutive_skips=job.config.optimizer.max_consecutive_skips)
+                 max_consecutive_skips=job.config.optimizer.max_consecutive_skips,
+                 steps_per_call=run.steps_per_call)
   finally:
     if writer is not None:
       writer.close()

@@ -286,7 +286,8 @@ def language_model(logits, batch, hparams):
     hparams: ``{'label_smoothing': float32 []}``.
 
   Returns:
-    ``(values [batch, seq], weight, metrics)``: metrics ``accuracy`` per token,
+    ``(values [batch, seq], weight, metrics)``: metrics ``accuracy`` per token
+    (the next token's logit is the largest; a tie for the largest counts),
     ``bits_per_byte`` (the plain negative log-likelihood / ln 2, without label
     smoothing: bits per token, per byte for byte-level data), ``tokens``.
   """
@@ -296,8 +297,9 @@ def language_model(logits, batch, hparams):
   expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
          'an integer dtype (token ids)', jnp.result_type(y))
   weight = _weight(batch, 2, y.shape)
-  values, nll = losses.token_cross_entropy_and_nll(logits, y, hparams['label_smoothing'])
-  correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
+  # The loss, the plain NLL and the accuracy (label logit == max; ties count)
+  # from one shifted copy of the logits: no argmax pass.
+  values, nll, correct = losses.token_losses(logits, y, hparams['label_smoothing'])
   token_weight = (jnp.ones(y.shape, jnp.float32) if weight is None else
                   jnp.broadcast_to(jnp.reshape(weight, weight.shape + (1,) * (2 - weight.ndim)),
                                    y.shape).astype(jnp.float32))

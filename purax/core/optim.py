@@ -59,7 +59,8 @@ def global_norm(tree) -> jax.Array:
   return jax.lax.cond(usable, lambda: jnp.sqrt(plain), rescaled)
 
 
-def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
+def clip_by_global_norm(max_norm, *, use_given_norm: bool = False
+                         ) -> optax.GradientTransformation:
   """Rescales gradients to global L2 norm at most ``max_norm``, in float32.
 
   Unlike ``optax.clip_by_global_norm`` this accepts a float32 (injected)
@@ -68,16 +69,32 @@ def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
   ``max_norm``, not zeroed by an infinite norm), and maps zero gradients with
   ``max_norm == 0`` to zero updates rather than NaN.
   (Pascanu et al. 2013, "On the difficulty of training RNNs".)
+
+  Args:
+    max_norm: the largest global norm let through (may be a traced float32).
+    use_given_norm: accept the norm as an optax extra argument,
+      ``update(updates, state, params, grad_norm=global_norm(updates))``, so
+      a caller that has computed it already (:func:`purax.core.update.step`,
+      which needs it for its metrics and its non-finite guard) does not pay a
+      second pass over the gradients. Only right where this transformation
+      sees the gradients as they are (first in a chain, as in :func:`adamw`);
+      without ``grad_norm`` the norm is computed here.
   """
 
-  def update_fn(updates, state, params=None):
-    del params
-    norm = global_norm(updates)
+  def clip(updates, norm):
     scale = jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
-    return jax.tree.map(lambda g: (g.astype(jnp.float32) * scale).astype(g.dtype),
-                        updates), state
+    return jax.tree.map(lambda g: (g.astype(jnp.float32) * scale).astype(g.dtype), updates)
 
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+  if not use_given_norm:
+    return optax.GradientTransformation(
+        lambda params: optax.EmptyState(),
+        lambda updates, state, params=None: (clip(updates, global_norm(updates)), state))
+
+  def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
+    del params, extra_args
+    return clip(updates, global_norm(updates) if grad_norm is None else grad_norm), state
+
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
 
 def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
@@ -85,7 +102,7 @@ def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
   schedule = warmup_cosine(peak_learning_rate, warmup_steps=warmup_steps,
                            total_steps=total_steps)
   return optax.chain(
-      clip_by_global_norm(clip_norm),
+      clip_by_global_norm(clip_norm, use_given_norm=True),
       optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                   mu_dtype=jnp.float32),
   )
@@ -93,7 +110,11 @@ def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
 
 class ScheduledTransformation(NamedTuple):
   """An optax transformation (``init``, ``update``) that can also say its
-  current learning rate: ``learning_rate(opt_state) -> float32 []``."""
+  current learning rate: ``learning_rate(opt_state) -> float32 []``.
+
+  ``update`` takes optax extra arguments (``grad_norm=``: the gradients'
+  :func:`global_norm`, computed once by the step; see
+  :func:`clip_by_global_norm`)."""
 
   init: Callable
   update: Callable

@@ -66,6 +66,15 @@ def as_typed_key(key: jax.Array) -> jax.Array:
   return jax.random.wrap_key_data(key)
 
 
+# The abstract evaluations the host loop needs before every run (the state's
+# and the outputs' shapes), jitted once per process so that their traces are
+# cached by (task, shapes): a second fit with the same task traces nothing.
+_abstract_init = jax.jit(lambda task, batch: task.init(jax.random.key(0), batch),
+                         static_argnums=0)
+_abstract_predict = jax.jit(lambda task, state, batch: task.predict(state, batch),
+                            static_argnums=0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
   """The static half of training: what is computed, not the values.
@@ -169,9 +178,15 @@ class Task:
     if check is None:
       return
     if state is None:
-      state = jax.eval_shape(lambda b: self.init(jax.random.key(0), b), batch)
-    outputs = jax.eval_shape(self.predict, state, batch)
+      state = self.abstract_state(batch)
+    outputs = _abstract_predict.eval_shape(self, state, batch)
     check(tuple(getattr(outputs, 'shape', ())), jax.device_get(batch))
+
+  def abstract_state(self, batch: PyTree) -> TrainState:
+    """The state's shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) for
+    ``batch``'s: an abstract trace of :meth:`init`, cached per (task, shapes),
+    nothing allocated or transferred."""
+    return _abstract_init.eval_shape(self, batch)
 
   # -- the pure functions --
 

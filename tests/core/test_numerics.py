@@ -112,3 +112,41 @@ def test_metric_sums_of_long_bfloat16_values_are_float32():
 def test_optax_global_norm_overflows_which_is_why_optim_has_its_own():
   """Documents the reference failure the fix is for (not purax code)."""
   assert not np.isfinite(optax.global_norm({'a': jnp.full((4,), 1e20, jnp.float32)}))
+
+
+@pytest.mark.parametrize('s', [0.0, 0.1])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_token_losses_and_gradient_match_the_textbook_formula(s, dtype):
+  # Both outputs that carry a gradient (the smoothed loss and the plain NLL)
+  # against log_softmax with smoothed targets, values and gradients, in the
+  # logits' dtype.
+  rng = np.random.default_rng(1)
+  z = jnp.asarray(3.0 * rng.normal(size=(3, 5, 17)), dtype)
+  y = jnp.asarray(rng.integers(0, 17, size=(3, 5)), jnp.int32)
+  a, b = (jnp.asarray(rng.normal(size=(3, 5)), jnp.float32) for _ in range(2))
+
+  def reference(z):
+    z = z.astype(jnp.float32)
+    logp = jax.nn.log_softmax(z)
+    nll = -jnp.take_along_axis(logp, y[..., None], -1)[..., 0]
+    return jnp.sum(a * ((1 - s) * nll - s * logp.mean(-1)) + b * nll)
+
+  def ours(z):
+    loss, nll, _ = losses.token_losses(z, y, s)
+    return jnp.sum(a * loss + b * nll)
+
+  np.testing.assert_allclose(ours(z), reference(z), rtol=1e-5)
+  got, want = jax.grad(ours)(z), jax.grad(reference)(z)
+  assert got.dtype == dtype
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                             rtol=1e-2 if dtype == jnp.bfloat16 else 1e-5, atol=1e-6)
+
+
+def test_token_losses_accuracy_is_the_argmax_one_and_zero_smoothing_adds_nothing():
+  z = jnp.asarray(LOGITS)
+  y = jnp.asarray(LABELS)
+  loss, nll, correct = losses.token_losses(z, y, 0.0)
+  np.testing.assert_array_equal(correct, (jnp.argmax(z, -1) == y).astype(jnp.float32))
+  np.testing.assert_array_equal(loss, nll)            # bitwise: s = 0 adds exactly 0
+  ties = jnp.zeros((2, 4))
+  assert np.all(losses.token_losses(ties, jnp.asarray([1, 3]), 0.0)[2] == 1.0)  # ties count

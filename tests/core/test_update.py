@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import purax
 from purax import nn as pnn
 from purax.core import metrics as metrics_lib
+from purax.core import optim
 from purax.core.loss_scale import LossScale
 from purax.core.precision import get_policy
 from tests.helpers import tiny_batch, tiny_task, tree_equal
@@ -122,6 +123,52 @@ def test_a_step_with_non_finite_gradients_leaves_the_state_bitwise_unchanged_but
   assert computed['examples'] == 0                 # the skipped batch does not count
   if scaled:
     assert float(after.loss_scale.scale) == float(state.loss_scale.scale) / 2
+
+
+@pytest.mark.parametrize('model', ['mlp', 'cnn'])
+def test_on_finite_batches_the_guarded_step_is_bitwise_the_unguarded_one(model):
+  # The guard only chooses between the update and the old state: on finite
+  # batches params, optimizer state and the merged metrics are bitwise those
+  # of the plain update. (Not a promise across every model: XLA may fuse
+  # the two programs differently; the ResNet's BatchNorm statistics differ in
+  # the last bit.)
+  from purax import plan as plan_lib
+  guarded = tiny_task(model)
+  plain = dataclasses.replace(guarded, skip_nonfinite=False)
+  batches = [tiny_batch(seed=s) for s in range(3)]
+  out = {}
+  for name, task in (('guarded', guarded), ('plain', plain)):
+    state = task.init(jax.random.key(0), batches[0])
+    acc = plan_lib.zero_metrics(lambda st, b: task.step(st, b)[1], state, batches[0])
+    for b in batches:
+      state, acc = plan_lib.train_step(task, state, acc, b)
+    out[name] = state, acc
+  (g_state, g_acc), (p_state, p_acc) = out['guarded'], out['plain']
+  data = lambda st: st.replace(rng=jax.random.key_data(st.rng))    # noqa: E731
+  assert tree_equal(data(g_state), data(p_state))
+  assert tree_equal({n: g_acc[n] for n in p_acc}, p_acc)
+  assert float(g_acc['skipped'].value) == 0 and int(g_acc['skip_streak'].longest) == 0
+
+
+@pytest.mark.parametrize('model', ['mlp', 'cnn'])
+def test_the_norm_handed_to_adamws_clipping_is_the_one_it_would_compute(model):
+  # The step computes the gradients' global norm once and hands it to
+  # purax.adamw's clipping (an optax extra argument); the update must be
+  # bitwise the one of tx.update computing its own norm.
+  from purax.core import update
+  task = tiny_task(model)
+  batch = tiny_batch(seed=3)
+  state = task.init(jax.random.key(0), batch)
+
+  def by_hand(state):
+    grads, _, _ = update.gradients(task, state, batch)
+    updates, _ = task.tx.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), optim.global_norm(grads)
+
+  want, norm = jax.jit(by_hand)(state)
+  assert float(norm) > 1.0                          # clipping is active here
+  got, metrics = jax.jit(task.step)(state, batch)
+  assert tree_equal(got.params, want)
 
 
 def test_a_run_with_skipped_steps_ends_at_its_last_step_and_resumes_there(tmp_path):
