@@ -138,7 +138,9 @@ class RunConfig:
     if k != 'auto':
       expect(isinstance(k, int) and 1 <= k < INT32_LIMIT, 'steps_per_call',
              "'auto' or an integer >= 1", k, ConfigError)
-      for name in ('log_every', 'eval_every', 'checkpoint_every', 'ema_every', 'histograms'):
+      cadences = ('log_every', 'eval_every', 'checkpoint_every', 'histograms') + (
+          ('ema_every',) if self.ema_decay is not None else ())
+      for name in cadences:
         expect(getattr(self, name) % k == 0, name, f'a multiple of steps_per_call={k}',
                getattr(self, name), ConfigError)
       expect(k == 1 or self.mesh is None, 'steps_per_call', "1 or 'auto' with --mesh "

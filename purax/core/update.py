@@ -38,6 +38,8 @@ microbatches, loss-scaled, summed across devices), then a guarded update.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -45,6 +47,10 @@ import optax
 from purax.core import metrics as metrics_lib
 from purax.core import optim
 from purax.core.errors import ConfigError, DataError, expect
+from purax.core.state import TrainState
+
+if TYPE_CHECKING:   # task.py imports this module: the type only, for readers and checkers
+  from purax.core.task import Task
 
 
 def _split(batch, k: int):
@@ -71,7 +77,7 @@ def _weighted_state_sum(model_state, weight):
                                  if jnp.issubdtype(x.dtype, jnp.floating) else x), model_state)
 
 
-def gradients(task, state, batch, *, axis_name=None):
+def gradients(task: 'Task', state: TrainState, batch, *, axis_name=None):
   """``(grads, metrics, model_state)`` of the batch's weighted mean loss.
 
   ``grads`` are unscaled (loss scale removed) and summed across ``axis_name``.
@@ -172,7 +178,7 @@ def _takes_grad_norm(tx) -> bool:
   return isinstance(tx, optim.ScheduledTransformation)
 
 
-def step(task, state, batch, *, axis_name=None):
+def step(task: 'Task', state: TrainState, batch, *, axis_name=None):
   """One guarded optimizer update; see the module docstring."""
   grads, metrics, model_state = gradients(task, state, batch, axis_name=axis_name)
   metrics = dict(metrics)
