@@ -45,6 +45,7 @@ import optax
 import purax
 from purax import plan as plan_lib
 from purax.io import datasets, pipeline
+from purax.app.models import get_model
 
 
 def handwritten_step(model, tx):
@@ -116,7 +117,7 @@ def main():
              'jax': jax.__version__, 'steps': args.steps, 'batch_size': BATCH,
              'trials': args.trials, 'models': {}}
   for name in args.models.split(','):
-    model = purax.nn.get_model(name, num_classes=10)
+    model = get_model(name, num_classes=10)
     task = purax.Task(model=model, tx=purax.adamw(learning_rate=2e-3, total_steps=args.steps,
                                                   warmup_steps=50))
     data = pipeline.train_dataset(DS.x_train, DS.y_train, batch_size=BATCH, seed=0,
