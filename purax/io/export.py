@@ -211,17 +211,17 @@ def export_predict(predict: Callable[[jax.Array], jax.Array], input_shape: Seque
   return path
 
 
-def load_predict(path: str) -> Callable[[np.ndarray], jax.Array]:
-  """Loads an exported artifact (file or its directory) as ``x -> outputs``.
+def read_verified(path: str, artifact: str, what: str) -> tuple[str, bytes]:
+  """``(path, bytes)`` of an artifact (a file, or ``artifact`` in a directory),
+  checked against the SHA-256 that ``signature.json`` beside it records.
 
   Raises:
-    DataError: the file is missing, differs from the SHA-256 that
-      ``signature.json`` beside it records (flipped, truncated, replaced), is
-      not a jax.export artifact, or inputs have the wrong per-example shape.
+    DataError: naming ``what``: the file is missing, the signature unreadable,
+      or the bytes differ from it (flipped, truncated, replaced).
   """
   if os.path.isdir(path):
-    path = os.path.join(path, ARTIFACT)
-  expect(os.path.isfile(path), 'export artifact', 'an existing file', repr(path))
+    path = os.path.join(path, artifact)
+  expect(os.path.isfile(path), what, 'an existing file', repr(path), DataError)
   with open(path, 'rb') as f:
     payload = f.read()
   signature_path = os.path.join(os.path.dirname(path), SIGNATURE)
@@ -230,11 +230,22 @@ def load_predict(path: str) -> Callable[[np.ndarray], jax.Array]:
       with open(signature_path) as f:
         want = json.load(f).get('sha256')
     except (ValueError, AttributeError) as e:
-      raise DataError(f'export artifact: expected a readable {signature_path}, got {e}'
-                      ) from None
+      raise DataError(f'{what}: expected a readable {signature_path}, got {e}') from None
     got = hashlib.sha256(payload).hexdigest()
-    expect(want is None or want == got, f'export artifact {path!r}',
+    expect(want is None or want == got, f'{what} {path!r}',
            f'SHA-256 {want} (as {SIGNATURE} records)', f'{got}: the file changed', DataError)
+  return path, payload
+
+
+def load_predict(path: str) -> Callable[[np.ndarray], jax.Array]:
+  """Loads an exported artifact (file or its directory) as ``x -> outputs``.
+
+  Raises:
+    DataError: the file is missing, differs from the SHA-256 that
+      ``signature.json`` beside it records (flipped, truncated, replaced), is
+      not a jax.export artifact, or inputs have the wrong per-example shape.
+  """
+  path, payload = read_verified(path, ARTIFACT, 'export artifact')
   try:
     exported = jax.export.deserialize(bytearray(payload))
   except Exception as e:   # flatbuffer/struct/version errors of a file that is no artifact

@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from purax.core.errors import ConfigError, DataError, PuraxError, expect
-from purax.io.export import (CHECK_BATCH_SIZES, SIGNATURE, ExportError, check_inputs,
-                             check_shape, compare, write_signature)
+from purax.io.export import (CHECK_BATCH_SIZES, ExportError, check_inputs,
+                             check_shape, compare, read_verified, write_signature)
 
 ARTIFACT = 'predict.onnx'
 #: ONNX opset the graphs target (jax2onnx 0.17's default; onnxruntime >= 1.20 runs it).
@@ -242,19 +242,7 @@ def load_onnx(path: str) -> Callable[[np.ndarray], list[np.ndarray]]:
       per-example shape.
   """
   _, _, onnxruntime = _require()
-  if os.path.isdir(path):
-    path = os.path.join(path, ARTIFACT)
-  expect(os.path.isfile(path), 'onnx artifact', 'an existing file', repr(path))
-  with open(path, 'rb') as f:
-    payload = f.read()
-  signature_path = os.path.join(os.path.dirname(path), SIGNATURE)
-  if os.path.isfile(signature_path):
-    import json
-    with open(signature_path) as f:
-      want = json.load(f).get('sha256')
-    got = hashlib.sha256(payload).hexdigest()
-    expect(want is None or want == got, f'onnx artifact {path!r}',
-           f'SHA-256 {want} (as {SIGNATURE} records)', f'{got}: the file changed')
+  path, payload = read_verified(path, ARTIFACT, 'onnx artifact')
   try:
     session = _session(onnxruntime, payload)
   except Exception as e:   # onnxruntime's own error classes for a file that is no model
