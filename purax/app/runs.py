@@ -15,7 +15,7 @@ return normally.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import itertools
 import json
 import os
@@ -80,10 +80,13 @@ def train(config: TrainConfig) -> dict:
     with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
                       keep_best=config.run.keep_best, metadata=job.metadata(),
                       interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
-      state, window, arrays, step = restore_or_init(job, rundir, checkpointer)
-      state, history = _fit(job, rundir, checkpointer, state, window, arrays, step, stop)
-      if checkpointer.steps():
-        rundir.committed()
+      try:
+        state, window, arrays, step = restore_or_init(job, rundir, checkpointer)
+        state, history = _fit(job, rundir, checkpointer, state, window, arrays, step, stop)
+      finally:   # a committed checkpoint keeps the directory, however the run ends
+        with contextlib.suppress(Exception):
+          if checkpointer.steps():
+            rundir.committed()
     return finish(job, rundir, state, history, stop)
 
 
