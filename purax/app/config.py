@@ -132,6 +132,9 @@ class RunConfig:
     expect(self.ema_decay is None or 0 < self.ema_decay < 1, 'ema_decay', 'in (0, 1) or unset',
            self.ema_decay, ConfigError)
     expect(1 <= self.ema_every < INT32_LIMIT, 'ema_every', '>= 1', self.ema_every, ConfigError)
+    expect(self.ema_every == 1 or self.ema_decay is not None, 'ema_every',
+           '1 unless --ema-decay is set (it is the average\'s cadence)', self.ema_every,
+           ConfigError)
     expect(0 <= self.histograms < INT32_LIMIT, 'histograms', '>= 0', self.histograms,
            ConfigError)
     k = self.steps_per_call
@@ -148,7 +151,9 @@ class RunConfig:
     if self.mesh is not None:
       parse_mesh(self.mesh)
     if self.profile is not None:
-      profile.parse_range(self.profile)
+      start, stop = profile.parse_range(self.profile)
+      expect(stop <= self.steps, 'profile', f'a range of steps within --steps={self.steps}',
+             repr(self.profile), ConfigError)
     if self.wandb_project is not None:
       check_wandb('wandb_project')
     return self
@@ -178,7 +183,7 @@ class TrainConfig:
 
   model: ModelConfig = ModelConfig()
   data: DataConfig = DataConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()   # type: ignore[valid-type]
+  optimizer: OptimizerConfig = OptimizerConfig()
   run: RunConfig = RunConfig()
 
   @classmethod
@@ -388,14 +393,41 @@ class PopulationConfig:
            ConfigError)
     expect(not self.pbt_every or (eval_every and self.pbt_every % eval_every == 0),
            'pbt_every', f'0 or a multiple of eval_every={eval_every} (PBT ranks members '
-           'by the evaluation at its step)', self.pbt_every, ConfigError)
+           'by the evaluation at its step' + (': set --eval-every' if not eval_every else '')
+           + ')', self.pbt_every, ConfigError)
     return self
 
 
-#: Run options a sweep does not have (it checkpoints only its best member, at the end).
-SWEEP_UNSUPPORTED = ('checkpoint_every', 'checkpoint_interval_s', 'keep_best', 'steps_per_call', 'coordinator',
-                     'num_processes', 'process_id', 'dry_run', 'profile', 'wandb_project',
-                     'decay_steps', 'ema_decay', 'histograms')
+@dataclasses.dataclass(frozen=True)
+class SweepRunConfig:
+  """The run of a sweep (each member's seed comes from --seeds).
+
+  Attributes:
+    steps: optimizer updates per member.
+    workdir: sweep directory, runs/sweep-DATASET-MODEL-TIME when unset; must not exist.
+    log_every: fetch training metrics every N steps.
+    eval_every: evaluate every N steps (0: at the end only).
+    progress: show a progress bar.
+    mesh: every member on a device mesh, e.g. 'data=2' (each batch split over it).
+  """
+
+  steps: int = 300
+  workdir: str | None = None
+  log_every: int = 25
+  eval_every: int = 100
+  progress: bool = True
+  mesh: str | None = None
+
+  def validate(self) -> 'SweepRunConfig':
+    self.as_run().validate()
+    return self
+
+  def as_run(self, **changes) -> RunConfig:
+    """The :class:`RunConfig` of a member (its checkpoint: at the end only)."""
+    return dataclasses.replace(RunConfig(steps=self.steps, workdir=self.workdir,
+                                         log_every=self.log_every, eval_every=self.eval_every,
+                                         progress=self.progress, mesh=self.mesh,
+                                         checkpoint_interval_s=0.0), **changes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,8 +438,8 @@ class SweepConfig:
 
   model: ModelConfig = ModelConfig(name='mlp')
   data: DataConfig = DataConfig()
-  optimizer: OptimizerSearch = OptimizerSearch(warmup_steps=20)   # type: ignore[valid-type]
-  run: RunConfig = RunConfig(steps=300, log_every=25, eval_every=100)
+  optimizer: OptimizerSearch = OptimizerSearch(warmup_steps=20)
+  run: SweepRunConfig = SweepRunConfig()
   population: PopulationConfig = PopulationConfig()
 
   @classmethod
@@ -421,11 +453,6 @@ class SweepConfig:
     Raises:
       ConfigError: naming the field, the expected and the actual value.
     """
-    defaults = RunConfig()
-    for name in SWEEP_UNSUPPORTED:
-      expect(getattr(self.run, name) == getattr(defaults, name), name,
-             f'{getattr(defaults, name)!r} (purax sweep has no such option; it saves its '
-             'best member at the end)', getattr(self.run, name), ConfigError)
     self.base().validate()
     self.population.validate(self.run.eval_every)
     return self
@@ -444,10 +471,8 @@ class SweepConfig:
     settings = {name: getattr(self.optimizer, name) for name in hparams_lib.SETTINGS}
     optimizer = OptimizerConfig(**settings, **{row.field: float(values[row.state])
                                                for row in hparams_lib.HPARAMS})
-    run = dataclasses.replace(self.run, progress=False,
-                              seed=self.run.seed if seed is None else int(seed),
-                              workdir=workdir if workdir is not None else self.run.workdir,
-                              checkpoint_every=0)
+    run = self.run.as_run(progress=False, seed=0 if seed is None else int(seed),
+                          workdir=workdir if workdir is not None else self.run.workdir)
     return TrainConfig(model=self.model.with_sizes(), data=self.data, optimizer=optimizer,
                        run=run)
 

@@ -79,7 +79,7 @@ class ModelConfig:
       dynamic loss scaling) or 'params=DTYPE,compute=DTYPE,output=DTYPE'.
   """
 
-  name: Annotated[Literal[tuple(MODELS)], tyro.conf.arg(name='model')] = 'cnn'  # type: ignore[valid-type]
+  name: Annotated[Literal[tuple(MODELS)], tyro.conf.arg(name='model')] = 'cnn'
   dropout_rate: float = 0.0
   d_model: int | None = None
   num_layers: int | None = None

@@ -8,7 +8,6 @@ loss hyperparameter under its own name).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purax.app import config as config_lib
 from purax.app import hparams as hparams_lib
 from purax.app import job as job_lib
 from purax.app import plot
@@ -124,10 +124,8 @@ def write(config, job, pop, seeds, history, *, console: bool = True) -> dict:
   best_dir = os.path.join(config.run.workdir, 'best')
   if best is not None:
     save_best(config, job, pop, seeds, hparams, best, final, best_dir)
-  flat = {k: v for section in dataclasses.asdict(config).values() for k, v in section.items()}
-  flat.update(model=config.model.name, dataset=config.data.name)
   summary = {
-      'config': flat, 'metric': metric, 'swept': list(columns),
+      'config': config_lib.flat(config), 'metric': metric, 'swept': list(columns),
       'members': rows,
       'best': None if best is None else {'member': best, 'workdir': best_dir},
       'history': [{k: (v if k == 'step' else [_json_number(x) for x in np.ravel(v)])

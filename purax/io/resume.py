@@ -68,7 +68,8 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
   """Restores the newest readable checkpoint in ``directory``, or initialises.
 
   Args:
-    directory: a checkpoint directory (``fit``'s checkpointer's), or a
+    directory: a checkpoint directory (``fit``'s checkpointer's), a
+      ``purax train`` run directory (its ``checkpoints/`` is used), or a
       :class:`Checkpointer`. A missing or empty directory initialises.
     task: the task whose state is restored (its shapes and dtypes must match:
       strict, never a cast).
@@ -106,6 +107,9 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
           lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), abstract[name])
   checkpointer = directory
   if not isinstance(directory, Checkpointer):
+    inner = os.path.join(directory, 'checkpoints')
+    if os.path.isfile(os.path.join(directory, 'config.json')) and os.path.isdir(inner):
+      directory = inner        # a `purax train` run directory: its checkpoints
     checkpointer = (Checkpointer(directory) if os.path.isdir(directory) and os.listdir(directory)
                     else None)
   if checkpointer is not None and checkpointer.steps():

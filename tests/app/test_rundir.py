@@ -3,8 +3,11 @@ removes what a new run wrote before one."""
 
 import os
 
+import jax
 import pytest
 
+import purax
+from purax.app import job as job_lib
 from purax.app import runs
 from purax.app.config import TrainConfig
 
@@ -36,3 +39,11 @@ def test_a_failure_before_any_checkpoint_removes_the_new_directory(tmp_path, mon
   with pytest.raises(RuntimeError, match='no space'):
     runs.train(TrainConfig.of(**CONFIG, workdir=str(workdir)))
   assert not workdir.exists()
+
+
+def test_restore_or_init_takes_a_run_directory(tmp_path):
+  workdir = tmp_path / 'run'
+  runs.train(TrainConfig.of(**CONFIG, workdir=str(workdir)))
+  job = job_lib.build(TrainConfig.of(**CONFIG, workdir=str(workdir)).validate(), mesh=False)
+  restored = purax.restore_or_init(str(workdir), job.task, jax.random.key(0), job.sample)
+  assert restored.step == 4
