@@ -104,3 +104,20 @@ def test_every_purax_command_of_the_readme_parses_and_validates():
       except Exception as e:    # the data file of an example (data.npz) is not here
         raise AssertionError(f'README: purax {" ".join(argv)}: {e}') from e
   assert seen == {'train', 'eval', 'export', 'sweep', 'generate', 'plot'}
+
+
+def test_every_benchmark_and_make_target_the_readme_names_exists_and_parses():
+  """Each `benchmarks/X.py` the README names answers --help; each `make T` is a
+  target of the Makefile; the `tensorboard` it tells to run is installed."""
+  import shutil
+  scripts = sorted(set(re.findall(r'benchmarks/([a-z_]+\.py)', README)))
+  assert len(scripts) >= 7
+  for script in scripts:
+    out = run_script(f'benchmarks/{script}', '--help', timeout=120)
+    assert out.returncode == 0, (script, out.stderr[-2000:])
+  assert os.path.isfile(os.path.join(ROOT, 'benchmarks', 'gpu.sh'))
+  makefile = open(os.path.join(ROOT, 'Makefile'), encoding='utf-8').read()
+  targets = set(re.findall(r'^([a-z]+):', makefile, re.M))
+  assert set(re.findall(r'\bmake ([a-z]+)\b', README)) <= targets
+  if 'tensorboard --logdir' in README:
+    assert shutil.which('tensorboard', path=os.path.dirname(sys.executable))
