@@ -281,8 +281,13 @@ class TrainConfig:
     return dataclasses.replace(self, model=self.model.with_sizes(),
                                data=self.data.with_absolute_path())
 
+  def as_dict(self) -> dict[str, Any]:
+    """What ``config.json`` (and each checkpoint's metadata) holds: the sections
+    and the format number."""
+    return {'format': FORMAT, **dataclasses.asdict(self)}
+
   def to_json(self) -> str:
-    return json.dumps({'format': FORMAT, **dataclasses.asdict(self)}, indent=2, sort_keys=True)
+    return json.dumps(self.as_dict(), indent=2, sort_keys=True)
 
   @classmethod
   def from_json(cls, text: str) -> 'TrainConfig':

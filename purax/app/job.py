@@ -106,7 +106,7 @@ class Job:
 
 
 def metadata(config: TrainConfig, sample: dict | None = None, num_classes=None) -> dict:
-  meta = {'config': json_config(config), 'purax_version': purax.__version__,
+  meta = {'config': config.as_dict(), 'purax_version': purax.__version__,
           'jax_version': jax.__version__, 'device_count': jax.device_count(),
           'process_count': jax.process_count(), 'mesh': None}
   if sample is not None:
@@ -114,10 +114,6 @@ def metadata(config: TrainConfig, sample: dict | None = None, num_classes=None) 
                            'y': list(sample['y'].shape[1:]), 'y_dtype': str(sample['y'].dtype),
                            'num_classes': int(num_classes)}
   return meta
-
-
-def json_config(config: TrainConfig) -> dict:
-  return {'format': 2, **dataclasses.asdict(config)}
 
 
 def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: None,
