@@ -178,8 +178,14 @@ def _takes_grad_norm(tx) -> bool:
   return isinstance(tx, optim.ScheduledTransformation)
 
 
-def step(task: 'Task', state: TrainState, batch, *, axis_name=None):
-  """One guarded optimizer update; see the module docstring."""
+def step(task: 'Task', state: TrainState, batch, *, axis_name=None, frozen=None):
+  """One guarded optimizer update; see the module docstring.
+
+  ``frozen`` (bool ``[]``, for populations) turns the guard on and makes it
+  also skip the update when set: the params, optimizer and model state stay
+  as they were through the same ``lax.cond`` (no select over the state). The
+  caller keeps the scalars (``step``, the loss scale) of a frozen member.
+  """
   grads, metrics, model_state = gradients(task, state, batch, axis_name=axis_name)
   metrics = dict(metrics)
   # One pass over the gradients gives the norm the metrics report, the guard
@@ -193,7 +199,7 @@ def step(task: 'Task', state: TrainState, batch, *, axis_name=None):
     return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                          model_state=model_state, opt_state=opt_state)
 
-  guard = task.skip_nonfinite or state.loss_scale is not None
+  guard = task.skip_nonfinite or state.loss_scale is not None or frozen is not None
   if not guard:
     return apply(state), metrics
   # Any NaN or inf in any gradient makes their global norm non-finite (the
@@ -212,8 +218,9 @@ def step(task: 'Task', state: TrainState, batch, *, axis_name=None):
   def kept(state):
     return tuple(getattr(state, f) for f in fields)
 
+  take = finite if frozen is None else finite & jnp.logical_not(frozen)
   new_state = state.replace(step=state.step + 1,
-                            **dict(zip(fields, jax.lax.cond(finite, updated, kept, state))))
+                            **dict(zip(fields, jax.lax.cond(take, updated, kept, state))))
   metrics = jax.tree.map(lambda x: jnp.where(finite, x, jnp.zeros_like(x)), metrics)
   metrics['skipped'] = metrics_lib.Sum.of(jnp.logical_not(finite))
   metrics['skip_streak'] = metrics_lib.Streak.of(jnp.logical_not(finite))
