@@ -13,6 +13,7 @@ do not promise that.
 """
 
 import dataclasses
+import re
 
 import chex
 import jax
@@ -26,6 +27,7 @@ import purax
 from purax.core import metrics as metrics_lib
 from purax.core import population as P
 from purax.core.errors import ConfigError
+from purax.loop import train_step, zero_metrics
 from purax.nn import MLP
 from tests.helpers import params_differ
 
@@ -244,3 +246,24 @@ def test_init_traces_abstractly_and_member_stack_round_trip():
   pop = pinit(TASK, keys([3, 4, 5]), {}, batch())
   chex.assert_trees_all_equal(P.stack([P.member(pop, i) for i in range(3)]), pop.state)
   chex.assert_trees_all_equal(P.member(pop, 1), sinit(jax.random.key(4), {}, batch()))
+
+
+def _copies(compiled_text: str) -> int:
+  """XLA ``copy`` instructions of arrays with at least 16 elements (the params'
+  and optimizer moments' sizes here; scalars are copied freely)."""
+  shapes = re.findall(r'= \w+\[([\d,]*)\]\S* copy\(', compiled_text)
+  return sum(1 for s in shapes if s and np.prod([int(d) for d in s.split(',')]) >= 16)
+
+
+def test_a_one_member_population_step_copies_no_more_of_the_state_than_the_plain_step():
+  # A select over the state (or a cond around the whole step) to keep frozen
+  # or diverged members made XLA copy params and optimizer moments every step
+  # (a tenth of a small model's step); the guard's cond does not.
+  b = batch()
+  pop = pinit(TASK, keys([0]), {}, b)
+  state = P.member(pop, 0)
+  plain = train_step.lower(TASK, state, zero_metrics(lambda s, x: TASK.step(s, x)[1], state, b),
+                           b).compile().as_text()
+  member = P.train_step.lower(TASK, pop, P.zero_train_metrics(TASK, pop, b), b, None,
+                              strategy='auto').compile().as_text()
+  assert _copies(member) <= _copies(plain), (_copies(member), _copies(plain))
