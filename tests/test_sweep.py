@@ -157,6 +157,10 @@ def test_cli_random_sweep_end_to_end(tmp_path, capsys):
     (['--lr', 'loguniform:1e-5'], "--learning-rate: expected 'v1,v2,...'"),
     (['--lr', 'loguniform:1e-5:1e-2', '--members', '0'], 'members: expected >= 1, got 0'),
     (['--seeds', '0,-1'], '--seeds: expected integers >= 0'),
+    (['--lr', 'loguniform:1e-5:1e-2'], 'members: expected a population size (--members N) '
+     'when a spec is random (--learning-rate), got unset'),
+    (['--lr', '1e-3,2e-3,1e-3'], '--learning-rate: expected distinct values (a repeated value '
+     "would train the same member twice), got '1e-3,2e-3,1e-3' (repeats 0.001)"),
     (['--steps', '0'], 'steps: expected >= 1 and < 2**31, got 0'),
     (['--pbt-fraction', '0.9'], r'pbt_fraction: expected in (0, 0.5], got 0.9'),
 ])

@@ -72,6 +72,10 @@ def parse_spec(field: str, text: str) -> tuple[float, ...] | Uniform:
       values = (spec.low, spec.high)
     else:
       spec = values = tuple(float(v) for v in text.split(','))
+      repeated = sorted({v for v in values if values.count(v) > 1})
+      expect(not repeated, f'--{field}', 'distinct values (a repeated value would train the '
+             'same member twice)', f'{text!r} (repeats {", ".join(map(repr, repeated))})',
+             ConfigError)
   except ValueError as e:
     if isinstance(e, ConfigError):
       raise
@@ -112,14 +116,16 @@ def members_from_specs(specs: Mapping[str, tuple[float, ...] | Uniform],
   """Grid over list specs and seeds, random draws for distribution specs.
 
   Without distributions the population is the grid (``members`` must be None
-  or equal its size). With them there are ``members`` members (default: the
-  grid size); member ``i`` takes grid point ``i % grid size`` and its own draws.
+  or equal its size). With them there are ``members`` members (required: a
+  random search has no natural size); member ``i`` takes grid point
+  ``i % grid size`` and its own draws.
 
   Returns:
     ``(seeds, hparams)`` as :func:`grid`.
 
   Raises:
-    ConfigError: ``members < 1`` or inconsistent with a pure grid.
+    ConfigError: ``members < 1``, unset with a distribution, or inconsistent
+      with a pure grid.
   """
   lists = {n: s for n, s in specs.items() if not isinstance(s, Uniform)}
   dists = {n: s for n, s in specs.items() if isinstance(s, Uniform)}
@@ -131,7 +137,9 @@ def members_from_specs(specs: Mapping[str, tuple[float, ...] | Uniform],
     expect(members is None or members == size, 'members',
            f'unset or {size} (the grid size) when no spec is random', members, ConfigError)
     return grid_seeds, hparams
-  members = size if members is None else members
+  expect(members is not None, 'members', 'a population size (--members N) when a spec is '
+         f'random ({", ".join("--" + n.replace("_", "-") for n in sorted(dists))})', 'unset',
+         ConfigError)
   idx = np.arange(members) % size
   hparams = {n: v[idx] for n, v in hparams.items()}
   for k, (name, dist) in zip(jax.random.split(key, len(dists)), sorted(dists.items())):

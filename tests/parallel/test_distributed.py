@@ -151,7 +151,11 @@ def test_initialize_is_a_no_op_for_one_process(monkeypatch):
     (dict(coordinator='h:1'), {'PURAX_NUM_PROCESSES': 'two', 'PURAX_PROCESS_ID': '0'},
      r"num_processes \(from PURAX_NUM_PROCESSES\): expected an integer, got 'two'"),
     (dict(coordinator='h:1', num_processes=2), {},
-     r'process_id \(from nowhere: not set\): expected an integer, got None'),
+     r"process_id \(from nowhere: not set\): expected an integer with coordinator='h:1', "
+     r'num_processes=2 \(the argument, --process-id or one of PURAX_PROCESS_ID, '
+     r'JAX_PROCESS_ID\), got unset'),
+    (dict(coordinator='h:1', process_id=0), {},
+     r'num_processes \(from nowhere: not set\): expected an integer with .*--num-processes'),
 ])
 def test_initialize_rejects_bad_values_before_connecting(monkeypatch, kwargs, env, match):
   for var in sum(parallel.distributed.ENV.values(), ()):
