@@ -6,20 +6,25 @@ multiple of 64 as in nanoGPT) trained with AdamW + global-norm clipping on a
 fixed random batch (compute only, no input pipeline):
 
 - ``purax``: ``purax.Task(DecoderLM(...), purax.adamw(...),
-  loss=purax.objectives.language_model)`` with its defaults (layers scanned, attention
-  kernel chosen for the device, float32 per-token loss, non-finite guard),
-  ``jax.jit(task.step, donate_argnums=0)``.
+  loss=purax.objectives.language_model)`` with its defaults (layers unrolled up
+  to ``purax.nn.transformer.SCAN_LAYERS_ABOVE`` = 6 and scanned deeper: the
+  ``cpu`` config's 4 unrolled, ``gpt2``'s 12 and ``1.3b``'s 24 scanned;
+  attention kernel chosen for the device, float32 per-token loss, non-finite
+  guard), ``jax.jit(task.step, donate_argnums=0)``.
 - ``flax_xla``: the straightforward hand-written version (``nn.Dense`` layers
   in a Python loop, ``jax.nn.dot_product_attention`` with its default XLA
   kernel, ``optax.adamw``), jitted with donation.
 - ``flax_cudnn`` (GPU only): the same code with ``implementation='cudnn'``.
+- diagnostics: ``purax_scanned`` (``scan_layers=True``), ``purax_unrolled``
+  (``scan_layers=False``), ``purax_remat`` (``remat='dots_saveable'``).
 
 For each: compile time (trace + lower + compile), temporary memory of the
 compiled step (``memory_analysis().temp_size_in_bytes``), step time (median
 of ``--trials`` timings of ``--steps`` steps after warm-up), tokens/s and MFU
 (:mod:`purax.core.flops`: 6N + 12·L·d·T per token, dense bf16 peak of the
 device; None on CPU). Then the compile time of the purax step at 4 and 48
-layers (abstract inputs, nothing allocated), and of the hand-written one.
+layers (abstract inputs, nothing allocated; its defaults: 4 layers unrolled, 48
+scanned), and of the hand-written one.
 
 Shapes (``--config auto`` picks by platform): on GPU ``gpt2`` (124M: d 768,
 12 layers, 12 heads, seq 1024, batch 16) and ``1.3b`` (d 2048, 24 layers, 16
@@ -207,7 +212,7 @@ def plan(names, chosen, depth_variants):
   """The measurements in the order they run: purax and the strongest baseline
   first, so that a run cut short by ``--budget-s`` (or a device lease) still
   has the comparison that matters."""
-  order = ['purax', 'flax_cudnn', 'flax_xla', 'purax_unrolled', 'purax_remat']
+  order = ['purax', 'flax_cudnn', 'flax_xla', 'purax_scanned', 'purax_unrolled', 'purax_remat']
   first = [v for v in order[:2] if v in chosen]
   rest = [v for v in order[2:] if v in chosen]
   items = [('step', n, v) for n in names for v in first]
@@ -228,7 +233,8 @@ def main():
   parser.add_argument('--no-depth', action='store_true', help='skip the compile-time sweep')
   parser.add_argument('--variants', default=None,
                       help='comma-separated among purax, flax_xla, flax_cudnn (GPU), and the '
-                           'diagnostic purax_unrolled, purax_remat (default: the first three)')
+                           'diagnostic purax_scanned, purax_unrolled, purax_remat (default: '
+                           'the first three)')
   parser.add_argument('--budget-s', type=float, default=None,
                       help='start no new measurement after this many seconds (they are '
                            'recorded as skipped); for a timed device lease')
@@ -258,6 +264,7 @@ def main():
   builders = {'purax': lambda c, d: purax_task(c, d),
               'flax_xla': lambda c, d: handwritten(c, d, None),
               'flax_cudnn': lambda c, d: handwritten(c, d, 'cudnn'),
+              'purax_scanned': lambda c, d: purax_task(c, d, scan_layers=True),
               'purax_unrolled': lambda c, d: purax_task(c, d, scan_layers=False),
               'purax_remat': lambda c, d: purax_task(c, d, remat='dots_saveable')}
   chosen = (args.variants.split(',') if args.variants

@@ -4,7 +4,8 @@ Reads ``compiled.memory_analysis()`` of ``jax.jit(task.step)`` (XLA's buffer
 assignment, no run needed): ``temp`` bytes are the step's scratch — mostly the
 activations kept for the backward pass — and ``argument``/``output`` bytes the
 state and batch. Two sweeps on the transformer encoder (post-LN, layers
-stacked by ``nn.scan``):
+stacked by ``nn.scan``: ``scan_layers=True``, as measured before the default
+became unrolled up to 6 layers):
 
 1. remat policy ``none`` vs ``full`` / ``dots_saveable`` /
    ``dots_with_no_batch_dims_saveable`` at a fixed batch. Target: ``full``
@@ -37,7 +38,8 @@ from purax.app.models import get_model
 def build(args, *, remat='none', microbatches=1, precision='fp32'):
   model = get_model('transformer', num_classes=10, d_model=args.d_model,
                              num_layers=args.layers, num_heads=args.heads, dropout_rate=0.1,
-                             remat=remat, **get_policy(precision).model_kwargs())
+                             remat=remat, scan_layers=True,
+                             **get_policy(precision).model_kwargs())
   task = purax.Task(model=model, tx=purax.adamw(total_steps=100), microbatches=microbatches)
   rng = np.random.default_rng(0)
   batch = {'x': rng.normal(size=(args.batch, args.seq, args.features)).astype(np.float32),

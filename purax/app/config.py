@@ -293,7 +293,9 @@ class TrainConfig:
   def from_json(cls, text: str) -> 'TrainConfig':
     """The config a run saved, checked (format, types, required fields).
 
-    Reads format 2 (sections) and format 1 (purax 0.1's flat object).
+    Reads format 2 (sections) and format 1 (purax 0.1's flat object). A
+    config without ``scan_layers`` (written before it was recorded) reads as
+    ``scan_layers=True`` for a transformer or lm: how those runs were trained.
 
     Raises:
       ConfigError: not JSON, not an object, another format (named), an
@@ -322,6 +324,8 @@ class TrainConfig:
       expect('name' in data['model'], 'config.json', "the fields ['model']", "['model'] missing",
              ConfigError)
       config = cls.from_flat({_flag(s, k): v for s in SECTIONS for k, v in data[s].items()})
+    if 'scan_layers' not in (data if version == 1 else data['model']):
+      config = dataclasses.replace(config, model=config.model.saved_before_scan_layers())
     config._check_types()    # values are checked by validate(), where the run starts
     return config
 

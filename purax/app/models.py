@@ -3,8 +3,8 @@
 :data:`MODELS` maps a name to a flax.linen class. :func:`build` constructs it
 from the :class:`ModelConfig` section: each option of the section that the
 class declares as a field (``dropout_rate``, ``d_model``, ``num_layers``,
-``num_heads``, ``remat``) is passed when set; one it does not declare is
-refused by name. The number of classes goes to ``num_classes`` (or
+``num_heads``, ``remat``, ``scan_layers``) is passed when set; one it does not
+declare is refused by name. The number of classes goes to ``num_classes`` (or
 ``vocab_size``), the sequence length to ``max_len``, and the precision's
 dtypes to ``dtype`` / ``param_dtype``.
 
@@ -26,7 +26,7 @@ from purax.nn.cnn import CNN
 from purax.nn.mlp import MLP
 from purax.nn.remat import check_remat
 from purax.nn.resnet import ResNet
-from purax.nn.transformer import DecoderLM, TransformerEncoder
+from purax.nn.transformer import DecoderLM, TransformerEncoder, scans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,7 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 #: Options of :class:`ModelConfig` that go to the model class when it declares them.
-OPTIONS = ('dropout_rate', 'd_model', 'num_layers', 'num_heads', 'remat')
+OPTIONS = ('dropout_rate', 'd_model', 'num_layers', 'num_heads', 'remat', 'scan_layers')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +75,10 @@ class ModelConfig:
     num_heads: attention heads of transformer/lm; when unset the model's own.
     remat: gradient checkpointing policy of resnet/transformer/lm blocks:
       none, full, dots_saveable, dots_with_no_batch_dims_saveable, ...
+    scan_layers: transformer/lm: True stacks the layers with nn.scan (compile
+      time flat in depth), False unrolls them (faster when shallow); when unset
+      scanned above purax.nn.transformer.SCAN_LAYERS_ABOVE layers. A run
+      records the choice in config.json.
     precision: 'fp32', 'bf16' (params float32, compute bfloat16), 'fp16' (with
       dynamic loss scaling) or 'params=DTYPE,compute=DTYPE,output=DTYPE'.
   """
@@ -85,6 +89,7 @@ class ModelConfig:
   num_layers: int | None = None
   num_heads: int | None = None
   remat: str = 'none'
+  scan_layers: bool | None = None
   precision: str = 'fp32'
 
   @property
@@ -103,21 +108,35 @@ class ModelConfig:
     check_remat(self.remat)
     get_policy(self.precision)
     takes = self.spec.options
+    defaults = {f.name: f.default for f in dataclasses.fields(self)}
     for name in OPTIONS:
-      unset = getattr(self, name) in (None, 'none', 0.0)
+      unset = getattr(self, name) is None or getattr(self, name) == defaults[name]
       expect(unset or name in takes, name,
              f"unset for --model {self.name} (its options: {', '.join(sorted(takes)) or 'none'})",
              repr(getattr(self, name)), ConfigError)
     return self
 
   def with_sizes(self) -> 'ModelConfig':
-    """Sizes left unset taken from the model class's defaults, so that a saved
-    config records the sizes trained (a later change of a model default
-    cannot change what a saved run restores)."""
+    """Sizes left unset taken from the model class's defaults, and an unset
+    ``scan_layers`` resolved by :func:`purax.nn.transformer.scans`, so that a
+    saved config records the parameter structure trained (a later change of a
+    model default or of the scan rule cannot change what a saved run restores)."""
     defaults = {f.name: f.default for f in dataclasses.fields(self.spec.cls)}
-    return dataclasses.replace(self, **{k: defaults[k] for k in ('d_model', 'num_layers',
-                                                                 'num_heads')
-                                        if getattr(self, k) is None and k in defaults})
+    config = dataclasses.replace(self, **{k: defaults[k] for k in ('d_model', 'num_layers',
+                                                                   'num_heads')
+                                          if getattr(self, k) is None and k in defaults})
+    if config.scan_layers is None and 'scan_layers' in defaults:
+      config = dataclasses.replace(config, scan_layers=scans(config.num_layers,
+                                                             defaults['scan_layers']))
+    return config
+
+  def saved_before_scan_layers(self) -> 'ModelConfig':
+    """This section as read from a ``config.json`` that has no ``scan_layers``
+    (written before it was an option): transformer/lm layers were then always
+    scanned, so ``scan_layers=True`` for a model that takes it."""
+    if self.name in MODELS and 'scan_layers' in self.spec.options and self.scan_layers is None:
+      return dataclasses.replace(self, scan_layers=True)
+    return self
 
 
 def build(config: ModelConfig, *, num_classes: int, seq_len: int | None = None) -> nn.Module:

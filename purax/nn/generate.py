@@ -21,9 +21,11 @@ def init_cache(model, batch_size: int, max_len: int):
   """A zeroed KV cache for ``batch_size`` sequences of up to ``max_len`` tokens.
 
   Computed abstractly (``jax.eval_shape``): nothing runs but the zeros.
-  Returns the ``'cache'`` collection (per layer ``cached_key`` /
-  ``cached_value`` ``[layers, batch, max_len, heads, head_dim]`` when scanned,
-  and ``index`` int32 ``[]``).
+  Returns the ``'cache'`` collection, laid out as the model's parameters
+  (:func:`purax.nn.transformer.scans`): ``cached_key`` / ``cached_value``
+  ``[layers, batch, max_len, heads, head_dim]`` under ``layers`` when the
+  stack is scanned, ``[batch, max_len, heads, head_dim]`` under each
+  ``layers_{i}`` when unrolled; and ``index`` int32 ``[]``.
   """
   tokens = jnp.zeros((batch_size, max_len), jnp.int32)
   shapes = jax.eval_shape(

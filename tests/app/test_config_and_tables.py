@@ -98,6 +98,91 @@ def test_a_run_written_before_the_sections_resumes(tmp_path, capsys):
   assert saved['format'] == FORMAT and saved['run']['steps'] == 12
 
 
+# The run of tests/fixtures/config_v2_lm_before_scan_layers.json (written by
+# purax at commit 0799598, before scan_layers was recorded).
+TINY_LM = ['--model', 'lm', '--dataset', 'pystdlib', '--steps', '4', '--batch-size', '4',
+           '--seq-len', '16', '--d-model', '16', '--num-layers', '2', '--num-heads', '2',
+           '--log-every', '2', '--eval-every', '0', '--checkpoint-every', '2',
+           '--warmup-steps', '2', '--no-progress']
+# Its parameters as that purax restored them: layers scanned, a leading [2] axis.
+OLD_LM_PARAMS = {
+    'embed': {'embedding': (256, 16)}, 'final_norm': {'bias': (16,), 'scale': (16,)},
+    'layers': {'attention': {'out': (2, 2, 8, 16), 'out_bias': (2, 16),
+                             'qkv': (2, 16, 3, 2, 8), 'qkv_bias': (2, 3, 2, 8)},
+               'mlp': {'bi': (2, 64), 'bo': (2, 16), 'wi': (2, 16, 64), 'wo': (2, 64, 16)},
+               'norm1': {'bias': (2, 16), 'scale': (2, 16)},
+               'norm2': {'bias': (2, 16), 'scale': (2, 16)}}}
+
+
+def _param_shapes(workdir):
+  _, state = runs.restore_run(str(workdir), need_data=False)
+  return jax.tree.map(np.shape, state.params)
+
+
+@pytest.mark.parametrize('model, layers, flag, recorded', [
+    ('lm', 2, None, False), ('lm', 7, None, True), ('transformer', 12, None, True),
+    ('lm', 12, False, False), ('transformer', 2, True, True), ('mlp', None, None, None)])
+def test_the_resolved_config_records_whether_layers_are_scanned(model, layers, flag, recorded):
+  config = TrainConfig.of(model=model, num_layers=layers, scan_layers=flag, workdir='w',
+                          dataset='pystdlib' if model == 'lm' else 'digits').validate().resolved()
+  assert config.model.scan_layers is recorded
+  assert TrainConfig.from_json(config.to_json()) == config
+
+
+def test_scan_layers_is_refused_by_name_for_a_model_without_layers():
+  for value in (True, False):
+    with pytest.raises(ConfigError, match=r'scan_layers: expected unset for --model mlp '
+                       r'\(its options: dropout_rate\), got ' + str(value)):
+      TrainConfig.of(model='mlp', scan_layers=value).validate()
+
+
+@pytest.mark.slow
+def test_an_lm_run_records_its_layer_layout_and_resumes_with_it(tmp_path, capsys, monkeypatch):
+  """The default rule's choice is saved, so a later rule cannot change a run's params."""
+  workdir = tmp_path / 'lm'
+  one_layer = [*TINY_LM, '--num-layers', '1', '--steps', '2']
+  assert cli.main(['train', *one_layer, '--workdir', str(workdir)]) == 0
+  assert json.loads((workdir / 'config.json').read_text())['model']['scan_layers'] is False
+  # The rule changes (now: scan above 0 layers); the run resumes unrolled as it was trained.
+  monkeypatch.setattr(purax.nn.transformer, 'SCAN_LAYERS_ABOVE', 0)
+  assert TrainConfig.of(model='lm', num_layers=1).resolved().model.scan_layers is True
+  capsys.readouterr()
+  assert cli.main(['train', '--workdir', str(workdir), '--steps', '4']) == 0, \
+      capsys.readouterr().err
+  saved = json.loads((workdir / 'config.json').read_text())
+  assert saved['model']['scan_layers'] is False and saved['run']['steps'] == 4
+  assert 'layers_0' in _param_shapes(workdir)
+
+
+@pytest.mark.slow
+def test_an_lm_run_written_before_scan_layers_resumes_scanned(tmp_path, capsys):
+  """A config.json without scan_layers (fixture written by purax at 0799598, whose
+  layers were always scanned) resumes with the scanned params it was trained with."""
+  workdir = tmp_path / 'old'
+  # Its checkpoints: scanned params, as that purax wrote them (OLD_LM_PARAMS).
+  assert cli.main(['train', *TINY_LM, '--scan-layers', 'True', '--workdir', str(workdir)]) == 0
+  old = (FIXTURES / 'config_v2_lm_before_scan_layers.json').read_text()
+  assert 'scan_layers' not in old and json.loads(old)['model']['num_layers'] == 2
+  (workdir / 'config.json').write_text(old.replace('WORKDIR', str(workdir)))
+  capsys.readouterr()
+  assert cli.main(['train', '--workdir', str(workdir), '--steps', '6']) == 0, \
+      capsys.readouterr().err
+  saved = json.loads((workdir / 'config.json').read_text())
+  assert saved['model']['scan_layers'] is True and saved['run']['steps'] == 6
+  assert _param_shapes(workdir) == OLD_LM_PARAMS
+
+
+def test_a_format_1_lm_config_reads_as_scanned():
+  """purax 0.1's flat config.json had no scan_layers; its LM layers were scanned."""
+  flat = json.loads((FIXTURES / 'config_v1_mlp.json').read_text())
+  assert TrainConfig.from_json(json.dumps(flat)).model.scan_layers is None   # no layers
+  lm = TrainConfig.from_json(json.dumps({**flat, 'model': 'lm', 'dataset': 'pystdlib'}))
+  assert lm.model.scan_layers is True
+  assert lm.validate().resolved().model.scan_layers is True
+  recorded = TrainConfig.from_json(json.dumps({**flat, 'model': 'lm', 'scan_layers': False}))
+  assert recorded.model.scan_layers is False
+
+
 def test_a_config_from_a_newer_purax_is_refused_naming_the_version():
   text = json.dumps({'format': FORMAT + 1, 'model': {'name': 'mlp'}})
   with pytest.raises(ConfigError, match=rf'config.json format: expected 1 or {FORMAT} \(this '

@@ -1,5 +1,6 @@
-"""Transformers: scan == unrolled, causality, KV cache == recomputation, determinism,
-remat, dtypes, logical axes, attention kernel choice, errors.
+"""Transformers: scan == unrolled, the scan-or-unroll rule, causality, KV cache ==
+recomputation (both layouts), determinism, remat, dtypes, logical axes, attention
+kernel choice, errors.
 
 Tiny shapes (d_model 32, 2 layers, seq 16). Equivalences compare float32 at
 ``highest`` matmul precision: the scanned and unrolled stacks, and the cached
@@ -26,7 +27,13 @@ from purax.nn.attention import (
   kernels_in_hlo,
 )
 from purax.nn.generate import generate, init_cache
-from purax.nn.transformer import DecoderLM, TransformerEncoder, count_params
+from purax.nn.transformer import (
+  SCAN_LAYERS_ABOVE,
+  DecoderLM,
+  TransformerEncoder,
+  count_params,
+  scans,
+)
 
 SEQ, BATCH = 16, 2
 LM = dict(d_model=32, num_layers=2, num_heads=4, max_len=SEQ)
@@ -47,6 +54,12 @@ def _params(model):
   return nn.unbox(jax.jit(model.init)(jax.random.key(0), tokens()))['params']
 
 
+def abstract_params(model):
+  """Shapes of ``model``'s parameters (not cached: a cache filled under a trace
+  would hand its tracers to a later test)."""
+  return jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), tokens()))['params'])
+
+
 def jit_apply(model):
   return jax.jit(model.apply, static_argnames=('train', 'decode', 'mutable'))
 
@@ -61,12 +74,12 @@ def unstack(params, num_layers):
 
 @pytest.mark.parametrize('positions', ['rope', 'learned'])
 def test_scanned_decoder_equals_unrolled_stack(positions):
-  scanned = DecoderLM(**LM, positions=positions)
+  scanned = DecoderLM(**LM, positions=positions, scan_layers=True)
   unrolled = scanned.clone(scan_layers=False)
   params = lm_params(scanned)
   mapped = unstack(params, LM['num_layers'])
   # The mapping is exactly the unrolled model's parameter structure and shapes.
-  expected = jax.eval_shape(lambda: lm_params(unrolled))
+  expected = abstract_params(unrolled)
   assert jax.tree.structure(expected) == jax.tree.structure(mapped)
   assert jax.tree.map(lambda a: a.shape, expected) == jax.tree.map(jnp.shape, mapped)
   x = tokens(1)
@@ -76,7 +89,8 @@ def test_scanned_decoder_equals_unrolled_stack(positions):
 
 
 def test_scanned_encoder_equals_unrolled_stack():
-  scanned = TransformerEncoder(num_classes=10, d_model=32, num_layers=2, dropout_rate=0.1)
+  scanned = TransformerEncoder(num_classes=10, d_model=32, num_layers=2, dropout_rate=0.1,
+                               scan_layers=True)
   unrolled = scanned.clone(scan_layers=False)
   x = jax.random.normal(jax.random.key(0), (BATCH, 8, 8, 1))
   params = nn.unbox(jax.jit(scanned.init)(jax.random.key(0), x))['params']
@@ -89,10 +103,35 @@ def test_scanned_encoder_equals_unrolled_stack():
 def test_scan_traces_one_layer_whatever_the_depth():
   """The program XLA compiles does not grow with depth (compile time flat in L)."""
   def num_equations(layers):
-    model = DecoderLM(**{**LM, 'num_layers': layers})
-    params = jax.eval_shape(lambda: lm_params(model))
+    model = DecoderLM(**{**LM, 'num_layers': layers, 'scan_layers': True})
+    params = abstract_params(model)
     return len(jax.make_jaxpr(lambda p: model.apply({'params': p}, tokens()))(params).eqns)
   assert num_equations(2) == num_equations(12)
+
+
+def _layer_keys(model, x):
+  """The top-level parameter names of ``model``'s stack (abstract init)."""
+  params = jax.eval_shape(model.init, jax.random.key(0), x)['params']
+  return sorted(k for k in params if k.startswith('layers'))
+
+
+@pytest.mark.parametrize('scan_layers', [None, True, False])
+@pytest.mark.parametrize('depth', [2, SCAN_LAYERS_ABOVE, SCAN_LAYERS_ABOVE + 1])
+def test_shallow_stacks_are_unrolled_and_deep_ones_scanned_unless_asked(depth, scan_layers):
+  """Unset: unrolled up to SCAN_LAYERS_ABOVE layers (faster, lighter when shallow),
+  scanned above (compile time flat in depth); True / False as asked. The
+  parameter tree shows it: ``layers`` with a leading [depth] axis, or ``layers_{i}``."""
+  scanned = depth > SCAN_LAYERS_ABOVE if scan_layers is None else scan_layers
+  assert scans(depth, scan_layers) == scanned
+  unrolled_keys = sorted(f'layers_{i}' for i in range(depth))
+  small = dict(d_model=8, num_layers=depth, num_heads=2, scan_layers=scan_layers)
+  lm = DecoderLM(vocab_size=16, max_len=4, **small)
+  encoder = TransformerEncoder(num_classes=3, **small)
+  for model, x in [(lm, jnp.zeros((1, 4), jnp.int32)), (encoder, jnp.zeros((1, 4, 3)))]:
+    assert _layer_keys(model, x) == (['layers'] if scanned else unrolled_keys)
+  if scanned:
+    params = jax.eval_shape(lm.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+    assert nn.unbox(params)['params']['layers']['mlp']['wi'].shape == (depth, 8, 32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,14 +154,23 @@ def test_output_at_t_does_not_depend_on_later_tokens(t, seed):
     assert not np.allclose(a[:, t + 1:], b[:, t + 1:])
 
 
-@pytest.mark.parametrize('positions', ['rope', 'learned'])
-def test_kv_cache_decoding_equals_full_recomputation(positions):
-  model = DecoderLM(**LM, positions=positions)
+@pytest.mark.parametrize('positions, scan_layers', [('rope', True), ('learned', True),
+                                                   ('rope', False)])
+def test_kv_cache_decoding_equals_full_recomputation(positions, scan_layers):
+  model = DecoderLM(**LM, positions=positions, scan_layers=scan_layers)
   params = lm_params(model)
   x = tokens(3)
   apply = jit_apply(model)
   full = apply({'params': params}, x)
   cache = init_cache(model, BATCH, SEQ)
+  # The cache is laid out as the parameters: stacked [layers, ...] when scanned.
+  head_dim = LM['d_model'] // LM['num_heads']
+  per_layer = (BATCH, SEQ, LM['num_heads'], head_dim)
+  if scan_layers:
+    assert cache['layers']['attention']['cached_key'].shape == (LM['num_layers'], *per_layer)
+  else:
+    assert 'layers' not in cache
+    assert cache[f"layers_{LM['num_layers'] - 1}"]['attention']['cached_key'].shape == per_layer
   pieces = []
   for start, stop in [(0, 5)] + [(t, t + 1) for t in range(5, SEQ)]:   # prefill, then 1 by 1
     logits, variables = apply({'params': params, 'cache': cache}, x[:, start:stop],
@@ -133,8 +181,9 @@ def test_kv_cache_decoding_equals_full_recomputation(positions):
   np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
 
 
-def test_greedy_generate_equals_argmax_of_full_recomputation():
-  model = DecoderLM(**LM)
+@pytest.mark.parametrize('scan_layers', [True, False])
+def test_greedy_generate_equals_argmax_of_full_recomputation(scan_layers):
+  model = DecoderLM(**LM, scan_layers=scan_layers)
   params = lm_params(model)
   prompt = tokens(4, (BATCH, 4))
   new = generate(model, params, prompt, key=jax.random.key(0), max_new_tokens=6)
@@ -166,8 +215,9 @@ def test_encoder_is_deterministic_in_evaluation_and_not_in_training():
   assert not np.allclose(run(True, 0), run(True, 1))
 
 
-def test_remat_gives_the_same_gradients():
-  model = DecoderLM(**LM)
+@pytest.mark.parametrize('scan_layers', [True, False])
+def test_remat_gives_the_same_gradients(scan_layers):
+  model = DecoderLM(**LM, scan_layers=scan_layers)
   params = lm_params(model)
   x = tokens(6)
 
@@ -194,11 +244,17 @@ def test_compute_dtype_and_storage_dtype_are_separate():
 
 
 def test_parameters_carry_logical_axis_names():
-  variables = jax.eval_shape(DecoderLM(**LM).init, jax.random.key(0), tokens())
+  variables = jax.eval_shape(DecoderLM(**LM, scan_layers=True).init, jax.random.key(0), tokens())
   specs = nn.get_partition_spec(variables)['params']
   assert specs['embed']['embedding'] == jax.sharding.PartitionSpec('vocab', 'embed')
   assert specs['layers']['mlp']['wi'] == jax.sharding.PartitionSpec('layers', 'embed', 'mlp')
   assert specs['layers']['attention']['qkv'][:4] == ('layers', 'embed', None, 'heads')
+  # Unrolled: the same names per layer, without the 'layers' axis.
+  variables = jax.eval_shape(DecoderLM(**LM, scan_layers=False).init, jax.random.key(0),
+                             tokens())
+  specs = nn.get_partition_spec(variables)['params']
+  assert specs['layers_1']['mlp']['wi'] == jax.sharding.PartitionSpec('embed', 'mlp')
+  assert specs['layers_1']['attention']['qkv'][:3] == ('embed', None, 'heads')
 
 
 def test_attention_kernel_is_chosen_for_the_device():
@@ -273,12 +329,14 @@ def pretend_cudnn(monkeypatch):
                       lambda dtype, head_dim, **kw: choose(dtype, head_dim, backend='gpu', **kw))
 
 
-@pytest.mark.parametrize('remat', ['none', 'full'])
-def test_default_bf16_lm_step_lowers_to_cudnn_attention_on_a_gpu(pretend_cudnn, remat):
+@pytest.mark.parametrize('remat, scan_layers', [('none', True), ('full', True), ('none', None)])
+def test_default_bf16_lm_step_lowers_to_cudnn_attention_on_a_gpu(pretend_cudnn, remat,
+                                                                   scan_layers):
   # The configuration a user gets (no implementation named) in bfloat16, layers
-  # scanned: forward and backward attention both become cuDNN's fused kernel.
+  # scanned (as deep models are) or by default (unrolled at 2 layers): forward
+  # and backward attention both become cuDNN's fused kernel.
   model = DecoderLM(vocab_size=256, d_model=64, num_layers=2, num_heads=2, max_len=32,
-                    dtype=jnp.bfloat16, remat=remat)
+                    dtype=jnp.bfloat16, remat=remat, scan_layers=scan_layers)
   task = purax.Task(model=model, tx=purax.adamw(learning_rate=1e-3, total_steps=10),
                     loss=purax.objectives.language_model)
   batch = {'x': jnp.zeros((2, 32), jnp.int32), 'y': jnp.zeros((2, 32), jnp.int32)}

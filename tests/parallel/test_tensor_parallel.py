@@ -18,7 +18,7 @@ from purax import parallel
 
 TENSOR = 4
 LM = purax.Task(model=purax.nn.DecoderLM(vocab_size=32, d_model=16, num_layers=2, num_heads=4,
-                                         max_len=8),
+                                         max_len=8, scan_layers=True),
                 tx=purax.adamw(learning_rate=1e-3, total_steps=10), loss=purax.objectives.language_model)
 ENCODER = purax.Task(model=purax.nn.TransformerEncoder(num_classes=4, d_model=16, num_layers=2,
                                                        num_heads=4, scan_layers=False),
