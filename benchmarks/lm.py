@@ -20,7 +20,9 @@ fixed random batch (compute only, no input pipeline):
 
 For each: compile time (trace + lower + compile), temporary memory of the
 compiled step (``memory_analysis().temp_size_in_bytes``), step time (median
-of ``--trials`` timings of ``--steps`` steps after warm-up), tokens/s and MFU
+of ``--trials`` timings of ``--steps`` steps after warm-up; off GPU the trials
+of a config's variants alternate, ``--interleave``, so load from other jobs
+hits all alike), tokens/s and MFU
 (:mod:`purax.core.flops`: 6N + 12·L·d·T per token, dense bf16 peak of the
 device; None on CPU). Then the compile time of the purax step at 4 and 48
 layers (abstract inputs, nothing allocated; its defaults: 4 layers unrolled, 48
@@ -157,45 +159,87 @@ def make_batch(cfg):
   return {'x': jnp.asarray(tokens[:, :-1], jnp.int32), 'y': jnp.asarray(tokens[:, 1:], jnp.int32)}
 
 
-def measure(build, cfg, *, steps, trials):
-  init, step, params_of = build
-  batch = make_batch(cfg)
-  state = jax.jit(init)(batch)
-  n_params = count_params(params_of(state), exclude=('pos_embedding', 'pos'))
-  jitted = jax.jit(step, donate_argnums=0)
-  start = time.perf_counter()
-  compiled = jitted.lower(state, batch).compile()
-  compile_s = time.perf_counter() - start
-  memory = compiled.memory_analysis()
-  cudnn_calls = kernels_in_hlo(compiled.as_text())
-  for _ in range(2):   # warm-up
-    state, out = compiled(state, batch)
-  jax.block_until_ready(state)
-  times = []
-  for _ in range(trials):
+class Run:
+  """One variant's compiled step and live state: compiled and warmed up on
+  construction, timed a trial at a time (so trials of several variants can
+  alternate), summarised by :meth:`result`."""
+
+  def __init__(self, build, cfg):
+    init, step, params_of = build
+    self.cfg, self.batch = cfg, make_batch(cfg)
+    self.state = jax.jit(init)(self.batch)
+    self.n_params = count_params(params_of(self.state), exclude=('pos_embedding', 'pos'))
+    jitted = jax.jit(step, donate_argnums=0)
+    start = time.perf_counter()
+    self.compiled = jitted.lower(self.state, self.batch).compile()
+    self.compile_s = time.perf_counter() - start
+    self.memory = self.compiled.memory_analysis()
+    self.cudnn_calls = kernels_in_hlo(self.compiled.as_text())
+    for _ in range(2):   # warm-up
+      self.state, out = self.compiled(self.state, self.batch)
+    jax.block_until_ready(self.state)
+    self.times = []
+
+  def trial(self, steps):
     start = time.perf_counter()
     for _ in range(steps):
-      state, out = compiled(state, batch)
-    jax.block_until_ready((state, out))
-    times.append((time.perf_counter() - start) / steps)
-  step_s = statistics.median(times)
-  tokens_per_sec = cfg['batch'] * cfg['seq'] / step_s
-  per_token = flops.flops_per_token(n_params, num_layers=cfg['layers'], d_model=cfg['d'],
-                                    seq_len=cfg['seq'])
-  device = jax.devices()[0]
-  mfu = flops.mfu(tokens_per_sec, per_token, device_kind=device.device_kind,
-                  dtype=jnp.dtype(cfg['dtype']))
-  del state, compiled
-  gc.collect()
-  return {
-      'step_time_s': step_s, 'step_times_s': times, 'tokens_per_sec': tokens_per_sec,
-      'mfu': mfu, 'compile_s': compile_s,
-      'temp_bytes': getattr(memory, 'temp_size_in_bytes', None),
-      'argument_bytes': getattr(memory, 'argument_size_in_bytes', None),
-      'params': n_params, 'flops_per_token': per_token,
-      # what the compiled step really calls, not what was asked for
-      'attention_kernel': 'cudnn' if cudnn_calls else 'xla', 'cudnn_calls': cudnn_calls,
-  }
+      self.state, out = self.compiled(self.state, self.batch)
+    jax.block_until_ready((self.state, out))
+    self.times.append((time.perf_counter() - start) / steps)
+
+  def result(self):
+    cfg = self.cfg
+    step_s = statistics.median(self.times)
+    tokens_per_sec = cfg['batch'] * cfg['seq'] / step_s
+    per_token = flops.flops_per_token(self.n_params, num_layers=cfg['layers'],
+                                      d_model=cfg['d'], seq_len=cfg['seq'])
+    device = jax.devices()[0]
+    mfu = flops.mfu(tokens_per_sec, per_token, device_kind=device.device_kind,
+                    dtype=jnp.dtype(cfg['dtype']))
+    memory = self.memory
+    return {
+        'step_time_s': step_s, 'step_times_s': self.times, 'tokens_per_sec': tokens_per_sec,
+        'mfu': mfu, 'compile_s': self.compile_s,
+        'temp_bytes': getattr(memory, 'temp_size_in_bytes', None),
+        'argument_bytes': getattr(memory, 'argument_size_in_bytes', None),
+        'params': self.n_params, 'flops_per_token': per_token,
+        # what the compiled step really calls, not what was asked for
+        'attention_kernel': 'cudnn' if self.cudnn_calls else 'xla',
+        'cudnn_calls': self.cudnn_calls,
+    }
+
+  def close(self):
+    del self.state, self.compiled
+    gc.collect()
+
+
+def measure(build, cfg, *, steps, trials):
+  """All trials of one variant, then its memory freed (the GPU order)."""
+  run = Run(build, cfg)
+  for _ in range(trials):
+    run.trial(steps)
+  result = run.result()
+  run.close()
+  return result
+
+
+def measure_interleaved(builds: dict, cfg, *, steps, trials) -> dict:
+  """Every variant compiled and warmed up, then trials round-robin (variant
+  A, B, C, A, B, C, ...), so load and drift on a shared machine hit all
+  alike: the CPU order. A variant that fails is recorded with its error."""
+  runs, results = {}, {}
+  for name, build in builds.items():
+    try:
+      runs[name] = Run(build, cfg)
+    except Exception as e:   # e.g. out of memory: record it, keep going
+      results[name] = {'error': f'{type(e).__name__}: {str(e)[:500]}'}
+  for _ in range(trials):
+    for run in runs.values():
+      run.trial(steps)
+  for name, run in runs.items():
+    results[name] = run.result()
+    run.close()
+  return results
 
 
 def compile_seconds(build, cfg):
@@ -238,11 +282,17 @@ def main():
   parser.add_argument('--budget-s', type=float, default=None,
                       help='start no new measurement after this many seconds (they are '
                            'recorded as skipped); for a timed device lease')
+  parser.add_argument('--interleave', default='auto', choices=['auto', 'yes', 'no'],
+                      help="alternate the trials of a config's variants (all compiled and "
+                           "alive at once) instead of running each variant's trials in turn; "
+                           "'auto': yes except on GPU (where memory and the budget order "
+                           'matter more than load from other jobs)')
   parser.add_argument('--out', default=None)
   args = parser.parse_args()
   began = time.perf_counter()
   device = jax.devices()[0]
   gpu = device.platform == 'gpu'
+  interleave = args.interleave == 'yes' or (args.interleave == 'auto' and not gpu)
   names = (['gpt2', '1.3b'] if gpu else ['cpu']) if args.config == 'auto' \
       else args.config.split(',')
   steps = args.steps or (10 if gpu else 5)
@@ -252,7 +302,8 @@ def main():
              'python': platform.python_version(), 'jax': jax.__version__,
              'flax': __import__('flax').__version__, 'optax': optax.__version__,
              'peak_flops': flops.peak_flops(device.device_kind, jnp.bfloat16),
-             'steps': steps, 'trials': args.trials, 'configs': {}, 'compile_by_depth': {},
+             'steps': steps, 'trials': args.trials, 'interleaved': interleave,
+             'configs': {}, 'compile_by_depth': {},
              'skipped': []}
 
   def save():   # atomically: a run killed by its time limit keeps the last good file
@@ -288,12 +339,21 @@ def main():
       entry = results['configs'].setdefault(name, {'shape': cfg})
       entry['purax_attention_choice'] = attention_implementation(
           dtype, cfg['d'] // cfg['heads'], seq_len=cfg['seq'])
-      try:
-        entry[variant] = measure(builders[variant](cfg, dtype), cfg, steps=steps,
-                                 trials=args.trials)
-      except Exception as e:   # e.g. out of memory: record it, keep going
-        entry[variant] = {'error': f'{type(e).__name__}: {str(e)[:500]}'}
-      print(name, variant, json.dumps(entry[variant]), flush=True)
+      if interleave:
+        if variant in entry:    # measured with the config's first variant
+          continue
+        names_here = [v for k, n, v in plan(names, chosen, []) if n == name]
+        entry.update(measure_interleaved({v: builders[v](cfg, dtype) for v in names_here},
+                                         cfg, steps=steps, trials=args.trials))
+        for v in names_here:
+          print(name, v, json.dumps(entry[v]), flush=True)
+      else:
+        try:
+          entry[variant] = measure(builders[variant](cfg, dtype), cfg, steps=steps,
+                                   trials=args.trials)
+        except Exception as e:   # e.g. out of memory: record it, keep going
+          entry[variant] = {'error': f'{type(e).__name__}: {str(e)[:500]}'}
+        print(name, variant, json.dumps(entry[variant]), flush=True)
     else:
       row = results['compile_by_depth'].setdefault(variant, {'shape': depth_cfg})
       try:

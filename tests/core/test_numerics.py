@@ -54,6 +54,28 @@ def test_transformer_layer_norm_survives_a_large_offset():
   np.testing.assert_allclose(y, _normalized64(x, -1), atol=0.05)
 
 
+def test_transformer_layer_norm_value_and_gradients_are_the_exact_two_pass_ones():
+  # The row shift is a constant for differentiation: value and gradients
+  # (input, scale, bias) are those of flax's exact two-pass LayerNorm, and
+  # its parameters have the same names, shapes and initial values.
+  x = jnp.asarray(RNG.normal(size=(4, 6, 32)) * 3 + 1, jnp.float32)
+  cot = jnp.asarray(RNG.normal(size=x.shape), jnp.float32)
+  ours = transformer.layer_norm(jnp.float32, jnp.float32)
+  ref = nn.LayerNorm(epsilon=1e-5, use_fast_variance=False)
+  params = nn.unbox(ours.init(jax.random.key(0), x))
+  assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, ref.init(jax.random.key(0), x))
+  params = jax.tree.map(lambda p: p + jnp.asarray(RNG.normal(size=p.shape), p.dtype), params)
+
+  def grads(module):
+    return jax.grad(lambda p, x: jnp.vdot(module.apply(p, x), cot), argnums=(0, 1))(params, x)
+
+  np.testing.assert_allclose(ours.apply(params, x), ref.apply(params, x), rtol=1e-5, atol=1e-5)
+  for got, want in zip(jax.tree.leaves(grads(ours)), jax.tree.leaves(grads(ref))):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  low = transformer.layer_norm(jnp.bfloat16, jnp.float32).apply(params, x)
+  assert low.dtype == jnp.bfloat16
+
+
 @pytest.mark.parametrize('magnitude', [1e20, 1e-25, 1.0])
 def test_global_norm_neither_overflows_nor_underflows(magnitude):
   tree = {'a': jnp.asarray(RNG.normal(size=(64,)) * magnitude, jnp.float32),
