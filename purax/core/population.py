@@ -192,8 +192,9 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   or a non-finite update, without a select over the state (a select, or a
   ``lax.cond`` around the whole step, keeps the old state alive beside the
   new one, which makes XLA copy it every step: measured, a tenth of a small
-  member's step). Only the scalars (``step``, the loss scale) and the
-  metrics of a frozen or diverging member are selected here.
+  member's step). The guard also zeroes a frozen member's metrics and keeps
+  its loss scale; only the ``step`` of a frozen or diverging member is
+  selected here.
   """
   new_state, metrics = update.step(task, state, batch, frozen=frozen)
   # Without loss scaling every skipped update is a divergence; with it a skip
@@ -203,14 +204,10 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   # gradient times an absurd learning rate) are caught at the member's next
   # step, whose loss they make non-finite. Checking the params themselves
   # every step was measured at ~5% of a small member's step.
-  ok = jnp.ones((), bool) if state.loss_scale is not None else metrics['skipped'].value == 0
-  keep = frozen | ~ok
-  new_state = new_state.replace(
-      step=jnp.where(keep, state.step, new_state.step),
-      loss_scale=jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
-                              new_state.loss_scale, state.loss_scale))
-  metrics = jax.tree.map(lambda m: jnp.where(keep, jnp.zeros_like(m), m), metrics)
-  return new_state, metrics, ~ok & ~frozen
+  newly = (jnp.zeros((), bool) if state.loss_scale is not None
+           else metrics['skipped'].value > 0)       # never set for a frozen member
+  new_state = new_state.replace(step=jnp.where(frozen | newly, state.step, new_state.step))
+  return new_state, metrics, newly
 
 
 # -- how members share the machine ---------------------------------------------

@@ -182,9 +182,10 @@ def step(task: 'Task', state: TrainState, batch, *, axis_name=None, frozen=None)
   """One guarded optimizer update; see the module docstring.
 
   ``frozen`` (bool ``[]``, for populations) turns the guard on and makes it
-  also skip the update when set: the params, optimizer and model state stay
-  as they were through the same ``lax.cond`` (no select over the state). The
-  caller keeps the scalars (``step``, the loss scale) of a frozen member.
+  also skip the update when set: the params, optimizer, model state and loss
+  scale stay as they were (the arrays through the same ``lax.cond``: no
+  select over the state) and every metric is zero. The caller keeps the
+  ``step`` of a frozen member.
   """
   grads, metrics, model_state = gradients(task, state, batch, axis_name=axis_name)
   metrics = dict(metrics)
@@ -221,10 +222,20 @@ def step(task: 'Task', state: TrainState, batch, *, axis_name=None, frozen=None)
   take = finite if frozen is None else finite & jnp.logical_not(frozen)
   new_state = state.replace(step=state.step + 1,
                             **dict(zip(fields, jax.lax.cond(take, updated, kept, state))))
-  metrics = jax.tree.map(lambda x: jnp.where(finite, x, jnp.zeros_like(x)), metrics)
-  metrics['skipped'] = metrics_lib.Sum.of(jnp.logical_not(finite))
-  metrics['skip_streak'] = metrics_lib.Streak.of(jnp.logical_not(finite))
+  # A skipped update counts in 'skipped' and nowhere else (its loss metrics
+  # are zeroed so the window's averages stay finite); a frozen member's step
+  # counts nowhere at all.
+  skipped = jnp.logical_not(finite) if frozen is None else (
+      jnp.logical_not(finite) & jnp.logical_not(frozen))
+  metrics = jax.tree.map(lambda x: jnp.where(take, x, jnp.zeros_like(x)), metrics)
+  metrics['skipped'] = metrics_lib.Sum.of(skipped)
+  metrics['skip_streak'] = metrics_lib.Streak.of(skipped)
   if state.loss_scale is not None:
-    new_state = new_state.replace(loss_scale=state.loss_scale.update(finite))
-    metrics['loss_scale'] = metrics_lib.Average.of(state.loss_scale.scale)
+    scale = state.loss_scale.update(finite)
+    if frozen is not None:
+      scale = jax.tree.map(lambda new, old: jnp.where(frozen, old, new), scale,
+                           state.loss_scale)
+    new_state = new_state.replace(loss_scale=scale)
+    metrics['loss_scale'] = metrics_lib.Average.of(
+        state.loss_scale.scale, None if frozen is None else jnp.logical_not(frozen))
   return new_state, metrics

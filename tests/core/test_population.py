@@ -267,3 +267,18 @@ def test_a_one_member_population_step_copies_no_more_of_the_state_than_the_plain
   member = P.train_step.lower(TASK, pop, P.zero_train_metrics(TASK, pop, b), b, None,
                               strategy='auto').compile().as_text()
   assert _copies(member) <= _copies(plain), (_copies(member), _copies(plain))
+
+
+def test_a_frozen_member_counts_nowhere_and_keeps_its_loss_scale():
+  # The task's guard skips a frozen member's update: no metric of it counts
+  # (not even as a skip), its loss scale and step stay; the others go on.
+  task = dataclasses.replace(TASK, loss_scale=2.0 ** 126)     # every step overflows at first
+  pop = pinit(task, keys([0, 1]), {}, batch())
+  pop = pop.replace(stopped=jnp.array([False, True]))
+  before = P.member(pop, 1)
+  pop, m = pstep(task, pop, dict(batch(), x=batch()['x'] * 1e4))
+  m = metrics_lib.compute(m)
+  chex.assert_trees_all_equal(P.member(pop, 1), before)
+  assert m['skipped'].tolist() == [1.0, 0.0] and m['examples'].tolist() == [0.0, 0.0]
+  assert np.isnan(m['loss_scale'][1]) and m['loss_scale'][0] == 2.0 ** 126
+  assert float(pop.state.loss_scale.scale[0]) < 2.0 ** 126 and int(pop.state.step[0]) == 1
