@@ -28,7 +28,7 @@ Su et al. 2021, RoFormer (rotary positions).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import flax.linen as nn
 import jax
@@ -91,13 +91,12 @@ class LayerNorm(nn.LayerNorm):
   ``y * (r * scale)`` form best.
 
   Parameters and their names as ``flax.linen.LayerNorm``'s: ``scale`` (ones)
-  and ``bias`` (zeros), ``[features]``, logical axis ``'embed'``.
+  and ``bias`` (zeros), ``[features]`` (:func:`layer_norm` gives them the
+  logical axis ``'embed'``).
   """
 
   epsilon: float = 1e-5
   use_fast_variance: bool = True
-  scale_init: Any = nn.with_logical_partitioning(nn.initializers.ones_init(), ('embed',))
-  bias_init: Any = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('embed',))
 
   def __call__(self, x: jax.Array, *args, **kwargs) -> jax.Array:
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
@@ -106,7 +105,10 @@ class LayerNorm(nn.LayerNorm):
 
 def layer_norm(dtype, param_dtype, name=None) -> LayerNorm:
   """The blocks' :class:`LayerNorm` (epsilon 1e-5)."""
-  return LayerNorm(dtype=dtype, param_dtype=param_dtype, name=name)
+  return LayerNorm(
+      dtype=dtype, param_dtype=param_dtype, name=name,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('embed',)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('embed',)))
 
 
 class MLP(nn.Module):
