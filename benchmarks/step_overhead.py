@@ -22,6 +22,10 @@ is warmed up first: purax by one untimed ``fit`` of the same settings). Nothing 
 - ``tutorial``: the same step, reading ``float(loss)`` after every step (a host
   sync per step), as tutorials do.
 
+Ratios to the hand-written loop are given two ways: of the medians
+(``purax_vs_handwritten`` ...) and the median of each trial's ratio
+(``paired_vs_handwritten``), which drift between trials moves less.
+
 Usage: ``python benchmarks/step_overhead.py [--steps 400] [--trials 5] [--out PATH]``
 
 The machine's load is not controlled: on a shared machine compare the
@@ -150,6 +154,12 @@ def main():
         'purax_multistep_vs_handwritten': med['purax_fit_k16'] / hw,
         'purax_noguard_vs_handwritten': med['purax_fit_noguard'] / hw,
         'purax_vs_tutorial': med['purax_fit'] / med['tutorial'],
+        # The median over trials of each trial's ratio (the variants of a
+        # trial run back to back): less moved by load that drifts between
+        # trials than the ratio of the medians above.
+        'paired_vs_handwritten': {
+            k: statistics.median(x / h for x, h in zip(runs[k], runs['handwritten']))
+            for k in ('purax_fit', 'purax_fit_steps1', 'purax_fit_k16', 'purax_fit_noguard')},
     }
     r = results['models'][name]
     print(f"{name}: purax {med['purax_fit']:.1f} steps/s (auto k={chosen}; k=1 "

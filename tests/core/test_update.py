@@ -103,6 +103,11 @@ def test_the_loss_scale_halves_on_overflow_grows_after_a_finite_run_and_stays_fi
     assert np.log2(after) == int(np.log2(after))       # stays a power of two
 
 
+# Compiled once per (task, shapes): the examples share the four programs.
+_STEP = jax.jit(lambda task, state, batch: task.step(state, batch), static_argnums=0)
+_INIT = jax.jit(lambda task, key, batch: task.init(key, batch), static_argnums=0)
+
+
 @settings(max_examples=6)
 @given(seed=st.integers(0, 2**16), scaled=st.booleans(), model=st.sampled_from(['mlp', 'resnet']))
 def test_a_step_with_non_finite_gradients_leaves_the_state_bitwise_unchanged_but_the_step(
@@ -110,10 +115,10 @@ def test_a_step_with_non_finite_gradients_leaves_the_state_bitwise_unchanged_but
   task = tiny_task(model)
   task = dataclasses.replace(task, loss_scale=2.0 ** 8 if scaled else None)
   batch = tiny_batch(seed=seed)
-  state = jax.jit(task.step)(task.init(jax.random.key(seed), batch), batch)[0]
+  state = _STEP(task, _INIT(task, jax.random.key(seed), batch), batch)[0]
   poisoned = dict(batch, x=batch['x'].copy())
   poisoned['x'][0, 0] = np.nan
-  after, metrics = jax.jit(task.step)(state, poisoned)
+  after, metrics = _STEP(task, state, poisoned)
   for field in ('params', 'opt_state', 'model_state', 'hparams'):
     assert tree_equal(getattr(after, field), getattr(state, field)), field
   assert int(after.step) == int(state.step) + 1    # steps taken: the data position
@@ -241,7 +246,7 @@ def test_remat_with_dropout_in_the_transformer_encoder():
            'y': np.arange(4, dtype=np.int32)}
   plain = purax.Task(model=model, tx=purax.adamw(total_steps=1))
   remat = dataclasses.replace(plain, model=model.clone(remat='full'))
-  state = plain.init(jax.random.key(0), batch)
+  state = jax.jit(plain.init)(jax.random.key(0), batch)
   key = jax.random.key(7)
   grads = lambda task: jax.jit(jax.grad(lambda p: task.compute_loss(p, state.model_state, batch,
                                                              key)[0]))(state.params)
