@@ -97,7 +97,7 @@ def last_logged_step(workdir):
 
 
 def test_sigkill_at_random_points_then_resume_ends_with_the_uninterrupted_params(tmp_path):
-  """Killed once during start-up (before any checkpoint) and at three random
+  """Killed once during start-up (before any checkpoint) and at two random
   training steps (between and during asynchronous saves), resumed each time:
   the final state is bitwise the straight run's and metrics.jsonl holds every
   record of it (benchmarks/sigkill.py does this with 20 kills)."""
@@ -108,7 +108,7 @@ def test_sigkill_at_random_points_then_resume_ends_with_the_uninterrupted_params
   workdir = str(tmp_path / 'killed')
   rng = random.Random(0)
   plan = [('after_seconds', rng.uniform(1.0, 2.5))] + [
-      ('at_step', s) for s in sorted(rng.sample(range(40, 560, 10), 3))]
+      ('at_step', s) for s in sorted(rng.sample(range(40, 560, 10), 2))]
   killed_at = []
   for kind, when in plan:
     cmd = [sys.executable, '-m', 'purax', 'train', *args, '--workdir', workdir]
@@ -128,7 +128,7 @@ def test_sigkill_at_random_points_then_resume_ends_with_the_uninterrupted_params
         proc.send_signal(signal.SIGKILL)
         killed_at.append(last_logged_step(workdir))
       proc.wait()
-  assert len(killed_at) == 4, f'a run ended before it was killed: {killed_at}'
+  assert len(killed_at) == len(plan), f'a run ended before it was killed: {killed_at}'
   assert killed_at[-1] > 0
   done = purax('train', '--workdir', workdir)
   assert done.returncode == 0, done.stderr

@@ -139,15 +139,19 @@ def test_scan_layers_is_refused_by_name_for_a_model_without_layers():
 
 
 @pytest.mark.slow
-def test_an_lm_run_records_its_layer_layout_and_resumes_with_it(tmp_path, capsys, monkeypatch):
+def test_a_run_records_its_layer_layout_and_resumes_with_it(tmp_path, capsys, monkeypatch):
   """The default rule's choice is saved, so a later rule cannot change a run's params."""
-  workdir = tmp_path / 'lm'
-  one_layer = [*TINY_LM, '--num-layers', '1', '--steps', '2']
+  workdir = tmp_path / 'enc'
+  # The encoder classifier on digits: the same stack (and rule) as the LM, cheaper data.
+  one_layer = ['--model', 'transformer', '--d-model', '16', '--num-layers', '1',
+               '--num-heads', '2', '--steps', '2', '--batch-size', '8', '--log-every', '2',
+               '--eval-every', '0', '--checkpoint-every', '2', '--warmup-steps', '1',
+               '--no-progress']
   assert cli.main(['train', *one_layer, '--workdir', str(workdir)]) == 0
   assert json.loads((workdir / 'config.json').read_text())['model']['scan_layers'] is False
   # The rule changes (now: scan above 0 layers); the run resumes unrolled as it was trained.
   monkeypatch.setattr(purax.nn.transformer, 'SCAN_LAYERS_ABOVE', 0)
-  assert TrainConfig.of(model='lm', num_layers=1).resolved().model.scan_layers is True
+  assert TrainConfig.of(model='transformer', num_layers=1).resolved().model.scan_layers is True
   capsys.readouterr()
   assert cli.main(['train', '--workdir', str(workdir), '--steps', '4']) == 0, \
       capsys.readouterr().err
@@ -160,7 +164,7 @@ def test_an_lm_config_written_before_scan_layers_builds_the_scanned_params():
   """A config.json without scan_layers (fixture written by purax at 0799598, whose
   layers were always scanned) builds the scanned params that run was trained
   with (OLD_LM_PARAMS, as that purax restored them), so its checkpoints restore;
-  the CLI resume itself is ``test_an_lm_run_records_its_layer_layout_and_resumes_with_it``'s."""
+  the CLI resume itself is ``test_a_run_records_its_layer_layout_and_resumes_with_it``'s."""
   old = (FIXTURES / 'config_v2_lm_before_scan_layers.json').read_text()
   assert 'scan_layers' not in old and json.loads(old)['model']['num_layers'] == 2
   config = TrainConfig.from_json(old.replace('WORKDIR', 'w')).resolved()

@@ -371,7 +371,7 @@ def test_float16_attention_runs_on_the_cpu():
   batch = {'x': tokens(0, (2, 16)), 'y': tokens(1, (2, 16))}
   state, metrics = jax.jit(task.step)(jax.jit(task.init)(jax.random.key(0), batch), batch)
   assert np.isfinite(float(metrics['loss'].compute()))
-  assert task.predict(state, batch['x']).dtype == jnp.float16
+  assert jax.jit(task.predict)(state, batch['x']).dtype == jnp.float16
   out = generate(model, state.params, batch['x'][:, :4], key=jax.random.key(0),
                  max_new_tokens=3, temperature=0.0)
   assert out.shape == (2, 3)                     # the new tokens
