@@ -52,7 +52,6 @@ import numpy as np
 from flax import struct
 
 from purax.core import metrics as metrics_lib
-from purax.core import update
 from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
 
@@ -186,8 +185,8 @@ def init(task, keys: jax.Array, hparams: HParams, batch) -> Population:
 def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   """One member's step: skipped when frozen; a non-finite update freezes it.
 
-  ``task.step`` with its non-finite guard on (whatever
-  ``task.skip_nonfinite`` says) and told ``frozen``: the guard's ``lax.cond``
+  ``task.step(state, batch, frozen=frozen)``: its non-finite guard on
+  (whatever ``task.skip_nonfinite`` says) and told ``frozen``: the guard's ``lax.cond``
   leaves params, optimizer and model state as they were for a frozen member
   or a non-finite update, without a select over the state (a select, or a
   ``lax.cond`` around the whole step, keeps the old state alive beside the
@@ -196,7 +195,7 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   its loss scale; only the ``step`` of a frozen or diverging member is
   selected here.
   """
-  new_state, metrics = update.step(task, state, batch, frozen=frozen)
+  new_state, metrics = task.step(state, batch, frozen=frozen)
   # Without loss scaling every skipped update is a divergence; with it a skip
   # is an overflow, expected and handled (the scale halves). Divergence is
   # what the guard sees (the loss and the gradients' norm, which the step

@@ -254,7 +254,7 @@ class Task:
     return loss, {'model_state': new_model_state, 'metrics': metrics, 'outputs': outputs,
                   'values': values, 'weight': weight}
 
-  def step(self, state: TrainState, batch: PyTree, *, axis_name=None
+  def step(self, state: TrainState, batch: PyTree, *, axis_name=None, frozen=None
            ) -> tuple[TrainState, dict]:
     """One optimizer update: ``(state, batch) -> (state, metrics)``.
 
@@ -270,11 +270,14 @@ class Task:
       axis_name: only inside ``pmap`` / ``shard_map``: the mapped axis (or axes)
         the global batch is split over. Gradients, metrics and weights are
         summed across it, so the update is the one of the global batch.
+      frozen: bool ``[]`` or None; for populations (a member that no longer
+        changes): turns the guard on and skips the update when set, every
+        metric zero (see :func:`purax.core.update.step`).
 
     Raises:
       ConfigError: ``axis_name`` with a loss that couples examples.
     """
-    return update.step(self, state, batch, axis_name=axis_name)
+    return update.step(self, state, batch, axis_name=axis_name, frozen=frozen)
 
   def evaluate(self, state: TrainState, batch: PyTree) -> dict:
     """Deterministic metrics of one batch (no dropout, batch statistics frozen).
