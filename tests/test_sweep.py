@@ -72,6 +72,9 @@ def test_specs_parse_and_malformed_specs_are_named():
     search.members_from_specs(specs, (0,), 0, key=jax.random.key(0))
   with pytest.raises(ConfigError, match=r'members: expected unset or 2 \(the grid size\)'):
     search.members_from_specs({'lr': (1e-3, 1e-2)}, (0,), 3, key=jax.random.key(0))
+  with pytest.raises(ConfigError, match=r'members: expected a population size when a spec is '
+                     r'random \(weight_decay\), got unset'):
+    search.members_from_specs(specs, (0,), None, key=jax.random.key(0))
 
 
 def test_second_sweep_with_other_values_compiles_nothing():

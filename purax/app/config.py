@@ -464,9 +464,9 @@ class SweepConfig:
     """
     self.base().validate()
     self.population.validate(self.run.eval_every)
-    random = ["--" + row.field.replace("_", "-") for row in hparams_lib.HPARAMS
-              if not isinstance(hparams_lib.parse_spec(row, getattr(self.optimizer, row.field)),
-                                tuple)]
+    specs = self.specs()
+    random = ['--' + row.field.replace('_', '-') for row in hparams_lib.HPARAMS
+              if not isinstance(specs[row.state], tuple)]
     expect(not random or self.population.members is not None, 'members',
            f'a population size (--members N) when a spec is random ({", ".join(random)})',
            'unset', ConfigError)

@@ -137,9 +137,8 @@ def members_from_specs(specs: Mapping[str, tuple[float, ...] | Uniform],
     expect(members is None or members == size, 'members',
            f'unset or {size} (the grid size) when no spec is random', members, ConfigError)
     return grid_seeds, hparams
-  expect(members is not None, 'members', 'a population size (--members N) when a spec is '
-         f'random ({", ".join("--" + n.replace("_", "-") for n in sorted(dists))})', 'unset',
-         ConfigError)
+  expect(members is not None, 'members', 'a population size when a spec is random '
+         f'({", ".join(sorted(dists))})', 'unset', ConfigError)
   idx = np.arange(members) % size
   hparams = {n: v[idx] for n, v in hparams.items()}
   for k, (name, dist) in zip(jax.random.split(key, len(dists)), sorted(dists.items())):

@@ -225,8 +225,9 @@ def step(task: 'Task', state: TrainState, batch, *, axis_name=None, frozen=None)
   # A skipped update counts in 'skipped' and nowhere else (its loss metrics
   # are zeroed so the window's averages stay finite); a frozen member's step
   # counts nowhere at all.
-  skipped = jnp.logical_not(finite) if frozen is None else (
-      jnp.logical_not(finite) & jnp.logical_not(frozen))
+  skipped = jnp.logical_not(finite)
+  if frozen is not None:
+    skipped = skipped & jnp.logical_not(frozen)
   metrics = jax.tree.map(lambda x: jnp.where(take, x, jnp.zeros_like(x)), metrics)
   metrics['skipped'] = metrics_lib.Sum.of(skipped)
   metrics['skip_streak'] = metrics_lib.Streak.of(skipped)

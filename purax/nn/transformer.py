@@ -72,6 +72,7 @@ def scans(num_layers: int, scan_layers: bool | None) -> bool:
     return num_layers > SCAN_LAYERS_ABOVE
   return bool(scan_layers)
 
+
 class LayerNorm(nn.LayerNorm):
   """LayerNorm over the last axis (Ba et al. 2016): float32 statistics in one
   pass over ``x``, robust to a large common offset; output in ``dtype``.

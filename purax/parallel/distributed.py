@@ -51,7 +51,9 @@ def _from_env(name: str):
   return None, None
 
 
-def _as_int(value, field: str, name: str, values: dict) -> int:
+def _as_int(values: dict, name: str, field: str) -> int:
+  """``values[name]`` as an integer; ``field`` names it (and where it came from)."""
+  value = values[name]
   if value is None:
     given = ', '.join(f'{k}={v!r}' for k, v in values.items() if v is not None)
     raise ConfigError(
@@ -109,14 +111,14 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   if values['coordinator'] == 'auto':
     return _initialize_from_cluster(local_device_ids, timeout_s, heartbeat_timeout_s)
   field = lambda name: f'{name} (from {sources[name] or "nowhere: not set"})'
-  n = _as_int(values['num_processes'], field('num_processes'), 'num_processes', values)
+  n = _as_int(values, 'num_processes', field('num_processes'))
   expect(n >= 1, field('num_processes'), '>= 1', n, ConfigError)
   if n == 1 and values['coordinator'] is None:
     return False
   addr = values['coordinator']
   expect(isinstance(addr, str) and re.fullmatch(r'[^:\s]+:\d{1,5}', addr) is not None,
          field('coordinator'), "'HOST:PORT'", repr(addr), ConfigError)
-  pid = _as_int(values['process_id'], field('process_id'), 'process_id', values)
+  pid = _as_int(values, 'process_id', field('process_id'))
   expect(0 <= pid < n, field('process_id'), f'in [0, {n})', pid, ConfigError)
   key = (addr, n, pid)
   if _started is not None or jax.distributed.is_initialized():
