@@ -1,9 +1,11 @@
 """Step overhead: purax ``fit`` vs a hand-written flax+optax loop vs a tutorial loop.
 
 All three train the same model on the same batches (digits, batch 64) with the
-same optimizer settings, in one process, interleaved over several trials; the
-median steps/s of each is written as JSON. Compilation is excluded (each path
-is warmed up first: purax by one untimed ``fit`` of the same settings). Nothing is asserted: the numbers go to the README.
+same optimizer settings, in one process, interleaved over several trials (the
+variants' order rotates by one every trial); the median steps/s of each is
+written as JSON after each model. Compilation is excluded (each path is warmed
+up first: purax by one untimed ``fit`` of the same settings). Nothing is
+asserted: the numbers go to the README.
 
 - ``purax_fit``: ``purax.fit`` with its defaults (grain batches, device
   prefetch, donated state, metrics merged on device and fetched every
@@ -132,18 +134,29 @@ def main():
     runs = {'purax_fit': [], 'purax_fit_steps1': [], 'purax_fit_noguard': [],
             'purax_fit_k16': [], 'handwritten': [], 'tutorial': []}
     chosen = []
-    for _ in range(args.trials):   # interleaved, so drift hits all alike
+
+    def auto():
       speed, k = run_purax(task, data, log_every=args.log_every)
-      runs['purax_fit'].append(speed)
       chosen.append(k)
-      runs['purax_fit_steps1'].append(run_purax(task, data, log_every=args.log_every,
-                                                steps_per_call=1)[0])
-      runs['purax_fit_noguard'].append(run_purax(noguard, data, log_every=args.log_every,
-                                                 steps_per_call=1)[0])
-      runs['purax_fit_k16'].append(run_purax(task, data, log_every=args.log_every,
-                                             steps_per_call=16)[0])
-      runs['handwritten'].append(run_handwritten(task, state, batches, sync_every_step=False))
-      runs['tutorial'].append(run_handwritten(task, state, batches, sync_every_step=True))
+      return speed
+
+    variants = {
+        'purax_fit': auto,
+        'purax_fit_steps1': lambda: run_purax(task, data, log_every=args.log_every,
+                                              steps_per_call=1)[0],
+        'purax_fit_noguard': lambda: run_purax(noguard, data, log_every=args.log_every,
+                                               steps_per_call=1)[0],
+        'purax_fit_k16': lambda: run_purax(task, data, log_every=args.log_every,
+                                           steps_per_call=16)[0],
+        'handwritten': lambda: run_handwritten(task, state, batches, sync_every_step=False),
+        'tutorial': lambda: run_handwritten(task, state, batches, sync_every_step=True),
+    }
+    order = list(variants)
+    for trial in range(args.trials):
+      # Interleaved, so drift hits all alike; the order rotates every trial,
+      # so no variant always runs right after the same other one.
+      for variant in order[trial % len(order):] + order[:trial % len(order)]:
+        runs[variant].append(variants[variant]())
     med = {k: statistics.median(v) for k, v in runs.items()}
     hw = med['handwritten']
     results['models'][name] = {
@@ -168,10 +181,16 @@ def main():
           f"-> {r['purax_vs_handwritten']:.3f}x / k=1 {r['purax_steps1_vs_handwritten']:.3f}x / "
           f"k=16 {r['purax_multistep_vs_handwritten']:.3f}x handwritten, "
           f"{r['purax_vs_tutorial']:.3f}x tutorial", flush=True)
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(results, f, indent=2)
+    save(results, args.out)   # after every model: a run cut short keeps the finished ones
   print(f'wrote {args.out}')
+
+
+def save(results, out):
+  """Writes ``results`` to ``out`` atomically (a kill leaves the last good file)."""
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  with open(out + '.tmp', 'w') as f:
+    json.dump(results, f, indent=2)
+  os.replace(out + '.tmp', out)
 
 
 if __name__ == '__main__':
