@@ -19,7 +19,7 @@
 #      call vs the tutorial loop that reads the loss every step (JSON after
 #      each model).
 #   4. benchmarks/memory.py --time: remat/microbatch memory, bf16 vs fp32 step.
-# Each step's output is kept in $OUT/*.log (2 and 4 write their JSON at the end).
+# All output is kept in $OUT/gpu.log (2 and 4 write their JSON at the end).
 # TOTAL_S bounds the whole script (default 520 s: a 600 s device call).
 set -u
 OUT=${OUT:-benchmarks/results}
@@ -30,23 +30,24 @@ PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( TOTAL_S - ($(date +%s) - start) )); }
 # run NAME SECONDS_KEPT_FOR_LATER CMD...: CMD under a timeout of what is left
-# minus SECONDS_KEPT_FOR_LATER, output in $OUT/NAME.log; skipped under 30 s.
+# minus SECONDS_KEPT_FOR_LATER, its output appended to $OUT/gpu.log (one log:
+# a device call brings back few files); skipped under 30 s.
 run() {
   name=$1 keep=$2; shift 2
   t=$(( $(left) - keep ))
   if [ "$t" -lt 30 ]; then
-    echo "gpu.sh: $name skipped: ${t}s left"
+    echo "gpu.sh: $name skipped: ${t}s left" | tee -a "$OUT/gpu.log"
     return
   fi
-  timeout "$t" "$@" >"$OUT/$name.log" 2>&1
-  echo "gpu.sh: $name exit $? after $(( $(date +%s) - start ))s"
-  tail -n 12 "$OUT/$name.log"
+  echo "== $name: $*" >>"$OUT/gpu.log"
+  timeout "$t" "$@" >>"$OUT/gpu.log" 2>&1
+  echo "gpu.sh: $name exit $? after $(( $(date +%s) - start ))s" | tee -a "$OUT/gpu.log"
+  tail -n 12 "$OUT/gpu.log"
 }
 
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
-run jax 0 $PY -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, jax.devices())'
-cat "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv >>"$OUT/gpu.log" 2>&1
+run jax 0 $PY -c 'import jax, flax, optax, orbax.checkpoint, purax; print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, jax.devices())'
 run lm_gpu 200 $PY benchmarks/lm.py --budget-s "$LM_BUDGET_S" \
   --variants purax,flax_cudnn,flax_xla,purax_unrolled --out "$OUT/lm_gpu.json"
 run population_gpu 140 $PY benchmarks/population.py --out "$OUT/population_gpu.json"

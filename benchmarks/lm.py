@@ -7,8 +7,8 @@ fixed random batch (compute only, no input pipeline):
 
 - ``purax``: ``purax.Task(DecoderLM(...), purax.adamw(...),
   loss=purax.objectives.language_model)`` with its defaults (layers unrolled up
-  to ``purax.nn.transformer.SCAN_LAYERS_ABOVE`` = 6 and scanned deeper: the
-  ``cpu`` config's 4 unrolled, ``gpt2``'s 12 and ``1.3b``'s 24 scanned;
+  to ``purax.nn.transformer.SCAN_LAYERS_ABOVE`` = 24 and scanned deeper: the
+  ``cpu`` config's 4, ``gpt2``'s 12 and ``1.3b``'s 24 unrolled;
   attention kernel chosen for the device, float32 per-token loss, non-finite
   guard), ``jax.jit(task.step, donate_argnums=0)``.
 - ``flax_xla``: the straightforward hand-written version (``nn.Dense`` layers
@@ -16,7 +16,11 @@ fixed random batch (compute only, no input pipeline):
   kernel, ``optax.adamw``), jitted with donation.
 - ``flax_cudnn`` (GPU only): the same code with ``implementation='cudnn'``.
 - diagnostics: ``purax_scanned`` (``scan_layers=True``), ``purax_unrolled``
-  (``scan_layers=False``), ``purax_remat`` (``remat='dots_saveable'``).
+  (``scan_layers=False``), ``purax_remat`` (``remat='dots_saveable'``),
+  ``purax_noguard`` (``Task(skip_nonfinite=False)``: what the non-finite guard
+  costs), ``purax_plain_loss`` (the hand-written loop's loss, optax's
+  cross-entropy, through ``Task(loss=...)``: what the built-in LM loss's
+  accuracy, bits-per-byte and smoothing term cost).
 
 For each: compile time (trace + lower + compile), temporary memory of the
 compiled step (``memory_analysis().temp_size_in_bytes``), step time (median
@@ -141,13 +145,22 @@ def handwritten(cfg, dtype, implementation):
   return init, step, lambda state: state[0]
 
 
-def purax_task(cfg, dtype, **model_kwargs):
+def plain_loss(logits, batch, hparams):
+  """The hand-written loop's loss through purax's loss contract: optax's
+  cross-entropy on float32 logits, no accuracy, no smoothing term."""
+  del hparams
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), batch['y']), None, {}
+
+
+def purax_task(cfg, dtype, *, loss=purax.objectives.language_model, skip_nonfinite=True,
+               **model_kwargs):
   model = DecoderLM(vocab_size=cfg['vocab'], d_model=cfg['d'], num_layers=cfg['layers'],
                     num_heads=cfg['heads'], max_len=cfg['seq'], positions='learned',
                     dtype=dtype, **model_kwargs)
   task = purax.Task(model=model, tx=purax.adamw(learning_rate=LR, total_steps=10_000,
                                                 weight_decay=0.1),
-                    loss=purax.objectives.language_model)
+                    loss=loss, skip_nonfinite=skip_nonfinite)
   return (lambda batch: task.init(jax.random.key(0), batch), task.step,
           lambda state: state.params)
 
@@ -256,7 +269,8 @@ def plan(names, chosen, depth_variants):
   """The measurements in the order they run: purax and the strongest baseline
   first, so that a run cut short by ``--budget-s`` (or a device lease) still
   has the comparison that matters."""
-  order = ['purax', 'flax_cudnn', 'flax_xla', 'purax_scanned', 'purax_unrolled', 'purax_remat']
+  order = ['purax', 'flax_cudnn', 'flax_xla', 'purax_scanned', 'purax_unrolled', 'purax_remat',
+           'purax_noguard', 'purax_plain_loss']
   first = [v for v in order[:2] if v in chosen]
   rest = [v for v in order[2:] if v in chosen]
   items = [('step', n, v) for n in names for v in first]
@@ -277,8 +291,8 @@ def main():
   parser.add_argument('--no-depth', action='store_true', help='skip the compile-time sweep')
   parser.add_argument('--variants', default=None,
                       help='comma-separated among purax, flax_xla, flax_cudnn (GPU), and the '
-                           'diagnostic purax_scanned, purax_unrolled, purax_remat (default: '
-                           'the first three)')
+                           'diagnostic purax_scanned, purax_unrolled, purax_remat, '
+                           'purax_noguard, purax_plain_loss (default: the first three)')
   parser.add_argument('--budget-s', type=float, default=None,
                       help='start no new measurement after this many seconds (they are '
                            'recorded as skipped); for a timed device lease')
@@ -317,7 +331,9 @@ def main():
               'flax_cudnn': lambda c, d: handwritten(c, d, 'cudnn'),
               'purax_scanned': lambda c, d: purax_task(c, d, scan_layers=True),
               'purax_unrolled': lambda c, d: purax_task(c, d, scan_layers=False),
-              'purax_remat': lambda c, d: purax_task(c, d, remat='dots_saveable')}
+              'purax_remat': lambda c, d: purax_task(c, d, remat='dots_saveable'),
+              'purax_noguard': lambda c, d: purax_task(c, d, skip_nonfinite=False),
+              'purax_plain_loss': lambda c, d: purax_task(c, d, loss=plain_loss)}
   chosen = (args.variants.split(',') if args.variants
             else ['purax', 'flax_xla'] + (['flax_cudnn'] if gpu else []))
   unknown = sorted(set(chosen) - set(builders))

@@ -110,9 +110,18 @@ def _stacked(batches: Iterable, start: int, num_steps: int | None, k: int) -> It
   yield from group                     # the tail: single steps
 
 
+#: The share of the step time that ``k > 1`` steps per call is counted to save,
+#: by platform (:func:`choose_steps_per_call`), from ``benchmarks/step_overhead.py``
+#: (k = 16 against k = 1): on the 2-core CPU the MLP gained 20-30% and the CNN
+#: lost (convolutions inside ``lax.scan``); on an H200 the CNN and the MLP, whose
+#: steps are mostly dispatch and Python, ran 3.6x and 4.8x faster (a saving of
+#: 72% and 79%). Other platforms count as accelerators.
+MIN_GAIN = {'cpu': 0.1, 'accelerator': 0.5}
+
+
 def choose_steps_per_call(step_s: float, compile_s: float, remaining: int | None,
                           cadence: int, *, call_s: float = 0.01, max_steps: int = 32,
-                          min_gain: float = 0.1) -> int:
+                          min_gain: float | None = None, platform: str | None = None) -> int:
   """The rule behind ``steps_per_call='auto'``: how many steps one call runs.
 
   ``k`` is the largest divisor of ``cadence`` (the loop's log / eval /
@@ -123,19 +132,26 @@ def choose_steps_per_call(step_s: float, compile_s: float, remaining: int | None
   batches are stacked on the device. ``k > 1`` compiles a second program
   (the scanned step), so it is chosen only when the run is long enough to pay
   for it: ``remaining * step_s * min_gain >= compile_s`` (the saving counted
-  as ``min_gain`` of the step time; ``compile_s`` is ~0 when the programs are
-  cached, e.g. a second fit of the same task). With an unknown length
-  (``remaining=None``) only the step time decides.
+  as ``min_gain`` of the step time, :data:`MIN_GAIN` by platform;
+  ``compile_s`` is ~0 when the programs are cached, e.g. a second fit of the
+  same task). With an unknown length (``remaining=None``) only the step time
+  decides.
 
   Args:
     step_s: measured seconds per single step (after compilation).
     compile_s: the first call's extra seconds (its compilation; ~0 if cached).
     remaining: steps left in the run, or None.
     cadence: the gcd of the loop's cadences (> 0).
+    min_gain: the saving's share of the step time; default :data:`MIN_GAIN`
+      of ``platform``.
+    platform: ``'cpu'``, ``'gpu'``, ``'tpu'``; default ``jax.default_backend()``.
 
   Returns:
     ``k >= 1``, a divisor of ``cadence``.
   """
+  if min_gain is None:
+    platform = platform or jax.default_backend()
+    min_gain = MIN_GAIN['cpu' if platform == 'cpu' else 'accelerator']
   want = max(1, min(max_steps, math.ceil(call_s / max(step_s, 1e-9))))
   k = max(d for d in range(1, want + 1) if cadence % d == 0)
   if k > 1 and remaining is not None and remaining * step_s * min_gain < compile_s:

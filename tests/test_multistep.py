@@ -113,6 +113,18 @@ def test_the_auto_rule(step_s, compile_s, remaining, cadence, expected):
   assert choose_steps_per_call(step_s, compile_s, remaining, cadence) == expected
 
 
+def test_the_auto_rule_counts_a_larger_saving_on_accelerators():
+  """5,000 steps of 1 ms pay a 2 s compilation where k > 1 saves half the step
+  (an accelerator, where a small step is mostly dispatch), not where it saves a
+  tenth (CPU); the default platform is the backend's (CPU here)."""
+  from purax.plan import choose_steps_per_call
+  args = (1e-3, 2.0, 5000, 100)
+  assert choose_steps_per_call(*args, platform='gpu') == 10
+  assert choose_steps_per_call(*args, platform='tpu') == 10
+  assert choose_steps_per_call(*args, platform='cpu') == 1
+  assert choose_steps_per_call(*args) == 1
+
+
 @pytest.mark.parametrize('k', [0, -1, 2.0, 'fast'])
 def test_steps_per_call_is_an_integer_or_auto(k):
   with pytest.raises(purax.ConfigError, match='steps_per_call'):
