@@ -122,8 +122,9 @@ def _param_shapes(workdir):
 
 
 @pytest.mark.parametrize('model, layers, flag, recorded', [
-    ('lm', 2, None, False), ('lm', 7, None, True), ('transformer', 12, None, True),
-    ('lm', 12, False, False), ('transformer', 2, True, True), ('mlp', None, None, None)])
+    ('lm', 2, None, False), ('lm', 25, None, True), ('transformer', 30, None, True),
+    ('lm', 12, None, False), ('lm', 30, False, False), ('transformer', 2, True, True),
+    ('mlp', None, None, None)])
 def test_the_resolved_config_records_whether_layers_are_scanned(model, layers, flag, recorded):
   config = TrainConfig.of(model=model, num_layers=layers, scan_layers=flag, workdir='w',
                           dataset='pystdlib' if model == 'lm' else 'digits').validate().resolved()
