@@ -37,3 +37,20 @@ def test_dry_run_refuses_bad_input_like_train(capsys):
   assert 'batch_size: expected in [1, 1437]' in capsys.readouterr().err
   assert cli.main(['train', '--dry-run', '--profile', '8:5']) == 2
   assert "profile: expected START < STOP" in capsys.readouterr().err
+
+
+def test_dry_run_on_a_run_directory_makes_the_resume_check_and_writes_nothing(tmp_path, capsys):
+  """A dry run of a command that would resume WORKDIR refuses what the run
+  would refuse (a field that changes the computation), naming the flag and
+  the saved value, and leaves the directory as it was."""
+  from purax.app import rundir
+  from purax.app.config import TrainConfig
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  saved = TrainConfig.of(model='mlp', learning_rate=1e-3, workdir=str(workdir)).validate().resolved()
+  rundir.write_atomic(str(workdir / rundir.CONFIG), saved.to_json())
+  before = (workdir / rundir.CONFIG).read_text()
+  assert cli.main(['train', '--dry-run', '--workdir', str(workdir), '--learning-rate', '5e-3']) == 2
+  err = capsys.readouterr().err
+  assert 'learning_rate' in err and '0.001' in err and 'start a new --workdir' in err
+  assert os.listdir(workdir) == [rundir.CONFIG] and (workdir / rundir.CONFIG).read_text() == before

@@ -9,6 +9,7 @@ analyses, and returns. No run directory, checkpoint or log is written.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TextIO
 
@@ -16,6 +17,7 @@ import jax
 
 from purax import plan as plan_lib
 from purax.app import job as job_lib
+from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
 from purax.core import summary as summary_lib
 
@@ -46,10 +48,15 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
     (:func:`purax.core.summary.compiled_cost`).
 
   Raises:
-    ConfigError, DataError: as ``purax train`` would, before compiling.
+    ConfigError, DataError: as ``purax train`` would, before compiling;
+      also when ``workdir`` holds a run that this config may not resume (a
+      field that changes the computation differs from its ``config.json``).
   """
   stream = sys.stdout if stream is None else stream
   config = config.validate().resolved()
+  if os.path.isfile(os.path.join(config.run.workdir, rundir_lib.CONFIG)):
+    # The run would resume this directory: the same check it makes.
+    config.check_resumable(rundir_lib.read_config(config.run.workdir))
   job = job_lib.build(config)
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), job.sample)
   state, acc = job.abstract['state'], job.abstract['train_metrics']
