@@ -4,11 +4,12 @@
 #   sh benchmarks/gpu.sh              # results in $OUT (or benchmarks/results)
 #
 # Runs from the repository root under the machine's own python3 and the
-# packages there (jax with CUDA, numpy, scikit-learn, ...); nothing is
-# downloaded. Python packages the image lacks or has in other versions (grain,
-# tyro; the flax, optax, orbax-checkpoint and chex that setup.cfg pins) travel
-# as wheels in .whl/ and are installed into a folder on PYTHONPATH before this
-# runs (README, "GPU"). Order: what the open targets need first.
+# packages there (jax with CUDA, flax, optax, orbax, numpy, scikit-learn);
+# nothing is downloaded. The Python packages the image lacks (grain, tyro and
+# their needs) travel as wheels in .whl/ and are installed into a folder on
+# PYTHONPATH before this runs (README, "GPU"); carry no flax: this repository's
+# pinned flax does not import under the image's newer jax. Order: what the
+# open targets need first.
 #   1. benchmarks/lm.py: GPT-2 small and 1.3B, purax vs hand-written flax
 #      (cuDNN, then XLA attention), MFU, temp memory, compile time 4 vs 48
 #      layers, then purax with the layers unrolled; it writes its JSON after

@@ -51,6 +51,7 @@ import optax
 import purax
 from purax import plan as plan_lib
 from purax.io import datasets, pipeline
+from purax.app import rundir
 from purax.app.models import get_model
 
 
@@ -181,16 +182,10 @@ def main():
           f"-> {r['purax_vs_handwritten']:.3f}x / k=1 {r['purax_steps1_vs_handwritten']:.3f}x / "
           f"k=16 {r['purax_multistep_vs_handwritten']:.3f}x handwritten, "
           f"{r['purax_vs_tutorial']:.3f}x tutorial", flush=True)
-    save(results, args.out)   # after every model: a run cut short keeps the finished ones
+    # After every model, atomically: a run cut short keeps the finished ones.
+    os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
+    rundir.write_atomic(args.out, json.dumps(results, indent=2))
   print(f'wrote {args.out}')
-
-
-def save(results, out):
-  """Writes ``results`` to ``out`` atomically (a kill leaves the last good file)."""
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.tmp', 'w') as f:
-    json.dump(results, f, indent=2)
-  os.replace(out + '.tmp', out)
 
 
 if __name__ == '__main__':

@@ -42,7 +42,8 @@ def test_dry_run_refuses_bad_input_like_train(capsys):
 def test_dry_run_on_a_run_directory_makes_the_resume_check_and_writes_nothing(tmp_path, capsys):
   """A dry run of a command that would resume WORKDIR refuses what the run
   would refuse (a field that changes the computation), naming the flag and
-  the saved value, and leaves the directory as it was."""
+  the saved value, and leaves the directory as it was; so is a directory that
+  holds no purax run."""
   from purax.app import rundir
   from purax.app.config import TrainConfig
   workdir = tmp_path / 'run'
@@ -54,3 +55,9 @@ def test_dry_run_on_a_run_directory_makes_the_resume_check_and_writes_nothing(tm
   err = capsys.readouterr().err
   assert 'learning_rate' in err and '0.001' in err and 'start a new --workdir' in err
   assert os.listdir(workdir) == [rundir.CONFIG] and (workdir / rundir.CONFIG).read_text() == before
+  foreign = tmp_path / 'foreign'
+  foreign.mkdir()
+  (foreign / 'notes.txt').write_text('mine')
+  assert cli.main(['train', '--dry-run', '--model', 'mlp', '--workdir', str(foreign)]) != 0
+  assert 'workdir: expected a new or empty directory' in capsys.readouterr().err
+  assert os.listdir(foreign) == ['notes.txt']

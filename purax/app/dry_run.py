@@ -9,7 +9,6 @@ analyses, and returns. No run directory, checkpoint or log is written.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TextIO
 
@@ -51,10 +50,11 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
     ConfigError, DataError: as ``purax train`` would, before compiling;
       also when ``workdir`` holds a run that this config may not resume (a
       field that changes the computation differs from its ``config.json``).
+    FileExistsError: ``workdir`` holds something other than a purax run.
   """
   stream = sys.stdout if stream is None else stream
   config = config.validate().resolved()
-  if os.path.isfile(os.path.join(config.run.workdir, rundir_lib.CONFIG)):
+  if rundir_lib.holds_run(config.run.workdir):
     # The run would resume this directory: the same check it makes.
     config.check_resumable(rundir_lib.read_config(config.run.workdir))
   job = job_lib.build(config)

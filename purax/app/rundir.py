@@ -83,6 +83,21 @@ def read_config(workdir: str) -> TrainConfig:
     return TrainConfig.from_json(f.read())
 
 
+def holds_run(workdir: str) -> bool:
+  """Whether ``workdir`` holds a purax run to resume (its ``config.json``);
+  False when it is new or empty (a lock file aside). Reads only.
+
+  Raises:
+    FileExistsError: ``workdir`` holds anything else (not a purax run).
+  """
+  resuming = os.path.isfile(os.path.join(workdir, CONFIG))
+  if not resuming:
+    expect(not os.path.exists(workdir) or not set(os.listdir(workdir)) - {LOCK_NAME},
+           'workdir', 'a new or empty directory, or a purax run directory to resume',
+           repr(workdir), FileExistsError)
+  return resuming
+
+
 def write_atomic(path: str, text: str) -> None:
   """Writes ``text`` to ``path`` through a temporary file and a rename."""
   with open(path + '.tmp', 'w') as f:
@@ -244,18 +259,10 @@ class RunDir:
         raise ConfigError(f'workdir: expected a directory that can be created, got '
                           f'{workdir!r} ({e.strerror})') from e
 
-    def check() -> bool:
-      resuming = os.path.isfile(os.path.join(workdir, CONFIG))
-      if not resuming:
-        expect(not os.path.exists(workdir) or not set(os.listdir(workdir)) - {LOCK_NAME},
-               'workdir', 'a new or empty directory, or a purax run directory to resume',
-               repr(workdir), FileExistsError)
-      return resuming
-
-    check()                        # refuse a foreign directory before writing a lock into it
+    holds_run(workdir)             # refuse a foreign directory before writing a lock into it
     if self._lock is None and os.path.isdir(workdir):
       self._lock = WorkdirLock(workdir)
-    resuming = check()             # again under the lock: another run may have written
+    resuming = holds_run(workdir)  # again under the lock: another run may have written
     expect(not (create and resuming), 'workdir',
            'still new or empty when this run was ready to start',
            f'{workdir!r}, where another run wrote meanwhile (run again to resume it)',
