@@ -1,6 +1,7 @@
 """Populations: K members in one program vs K sequential single runs.
 
-Both train the same MLP (256, 256) on digits (8x8 = 64 inputs, batch 64) with
+Both train the same MLP (256, 256) (``--model cnn``: :class:`purax.nn.CNN`) on
+digits (8x8 = 64 inputs, batch 64) with
 AdamW at K different learning rates (log-spaced 1e-4 .. 1e-2) and K seeds, for
 the same number of steps, in one process:
 
@@ -45,14 +46,16 @@ from purax.io import datasets
 from purax.loop import train_step, zero_metrics
 
 
-def build(steps: int, width: int = 256):
+def build(steps: int, width: int = 256, model: str = 'mlp'):
   ds = datasets.load('digits')
   # Fixed batches drawn with numpy (compute only, no input pipeline: also runs
   # on a GPU image without grain).
   rng = np.random.default_rng(0)
   batches = [jax.device_put({'x': ds.x_train[i], 'y': ds.y_train[i]})
              for i in (rng.choice(len(ds.x_train), 64, replace=False) for _ in range(steps))]
-  task = purax.Task(model=purax.nn.MLP(num_classes=10, features=(width, width)),
+  net = (purax.nn.MLP(num_classes=10, features=(width, width)) if model == 'mlp'
+         else purax.nn.CNN(num_classes=10))
+  task = purax.Task(model=net,
                     tx=purax.adamw(learning_rate=1e-3, total_steps=steps, warmup_steps=0))
   return task, batches
 
@@ -100,10 +103,13 @@ def main():
                            "(vmap, chunked, sequential, or a chunk size), e.g. "
                            "'vmap,sequential,4,8,16' to measure the rule")
   parser.add_argument('--width', type=int, default=256, help='MLP hidden width')
+  parser.add_argument('--model', choices=('mlp', 'cnn'), default='mlp',
+                      help="'cnn': purax.nn.CNN on the 8x8 images (convolutions, which "
+                           'XLA:CPU runs slowly inside loops unless purax unrolls them)')
   parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                     'population.json'))
   args = parser.parse_args()
-  task, batches = build(args.steps, args.width)
+  task, batches = build(args.steps, args.width, args.model)
   strategies = ['auto'] + [_strategy(x) for x in args.strategies.split(',')
                            if x and x != 'auto']
   results = []
@@ -147,7 +153,8 @@ def main():
   device = jax.devices()[0]
   n_params = sum(x.size for x in jax.tree.leaves(
       jax.eval_shape(task.init, jax.random.key(0), batches[0]).params))
-  out = {'benchmark': 'population', 'model': f'MLP({args.width}, {args.width})',
+  out = {'benchmark': 'population',
+         'model': f'MLP({args.width}, {args.width})' if args.model == 'mlp' else 'CNN',
          'params_per_member': int(n_params), 'dataset': 'digits (64 inputs)',
          'batch_size': 64, 'platform': device.platform, 'device_kind': device.device_kind,
          'device_count': jax.device_count(), 'jax': jax.__version__,

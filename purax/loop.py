@@ -230,8 +230,9 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       on what the iterator yields, ``'skip'`` draws and drops ``state.step``
       batches first (exact for a deterministic iterable).
     steps_per_call: ``k`` steps per dispatch (``lax.scan`` of the step over
-      ``k`` stacked batches: one host-to-device transfer and one Python
-      iteration per ``k`` steps), with exactly the result of ``k`` single
+      ``k`` stacked batches, unrolled on the CPU when the model has
+      convolutions (:mod:`purax.core.loops`): one host-to-device transfer and
+      one Python iteration per ``k`` steps), with exactly the result of ``k`` single
       steps (bitwise on CPU). Calls end at multiples of ``k``; the steps
       before the first (a resumed run) and after the last run one at a time,
       so ``log_every``, ``eval_every``, ``checkpoint_every`` and the hooks'

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from purax.core import loops
 from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, DataError, expect
@@ -49,10 +50,11 @@ def _train_step(task, state, acc, batch):
 
 def _multi_train_step(task, state, acc, batches):
   """``k`` steps in one call: ``lax.scan`` of the step over stacked batches
-  (every leaf ``[k, batch, ...]``), the metrics merged inside."""
+  (every leaf ``[k, batch, ...]``), the metrics merged inside; unrolled on the
+  CPU when the step has convolutions (:mod:`purax.core.loops`)."""
   def body(carry, batch):
     return _train_step(task, *carry, batch), None
-  (state, acc), _ = jax.lax.scan(body, (state, acc), batches)
+  (state, acc), _ = loops.scan(body, (state, acc), batches)
   return state, acc
 
 
@@ -112,8 +114,9 @@ def _stacked(batches: Iterable, start: int, num_steps: int | None, k: int) -> It
 
 #: The share of the step time that ``k > 1`` steps per call is counted to save,
 #: by platform (:func:`choose_steps_per_call`), from ``benchmarks/step_overhead.py``
-#: (k = 16 against k = 1): on the 2-core CPU the MLP gained 20-30% and the CNN
-#: lost (convolutions inside ``lax.scan``); on an H200 the CNN and the MLP, whose
+#: (k = 16 against k = 1): on the 2-core CPU the MLP gained 20-40% and the CNN
+#: lost ~15% (its 16 steps unrolled, :mod:`purax.core.loops`; 12x inside a
+#: rolled ``lax.scan``); on an H200 the CNN and the MLP, whose
 #: steps are mostly dispatch and Python, ran 3.6x and 4.8x faster (a saving of
 #: 72% and 79%). Other platforms count as accelerators.
 MIN_GAIN = {'cpu': 0.1, 'accelerator': 0.5}
@@ -121,7 +124,8 @@ MIN_GAIN = {'cpu': 0.1, 'accelerator': 0.5}
 
 def choose_steps_per_call(step_s: float, compile_s: float, remaining: int | None,
                           cadence: int, *, call_s: float = 0.01, max_steps: int = 32,
-                          min_gain: float | None = None, platform: str | None = None) -> int:
+                          min_gain: float | None = None, platform: str | None = None,
+                          unrolled: bool = False) -> int:
   """The rule behind ``steps_per_call='auto'``: how many steps one call runs.
 
   ``k`` is the largest divisor of ``cadence`` (the loop's log / eval /
@@ -134,8 +138,11 @@ def choose_steps_per_call(step_s: float, compile_s: float, remaining: int | None
   for it: ``remaining * step_s * min_gain >= compile_s`` (the saving counted
   as ``min_gain`` of the step time, :data:`MIN_GAIN` by platform;
   ``compile_s`` is ~0 when the programs are cached, e.g. a second fit of the
-  same task). With an unknown length (``remaining=None``) only the step time
-  decides.
+  same task). An ``unrolled`` program (a step with convolutions on the CPU,
+  :mod:`purax.core.loops`) holds the step ``k`` times and compiles about ``k``
+  times as long: then the largest such ``k`` that pays for
+  ``k * compile_s`` is taken. With an unknown length (``remaining=None``)
+  only the step time decides.
 
   Args:
     step_s: measured seconds per single step (after compilation).
@@ -145,6 +152,8 @@ def choose_steps_per_call(step_s: float, compile_s: float, remaining: int | None
     min_gain: the saving's share of the step time; default :data:`MIN_GAIN`
       of ``platform``.
     platform: ``'cpu'``, ``'gpu'``, ``'tpu'``; default ``jax.default_backend()``.
+    unrolled: the ``k``-step program holds the step ``k`` times
+      (:func:`purax.core.loops.unrolls`).
 
   Returns:
     ``k >= 1``, a divisor of ``cadence``.
@@ -153,10 +162,12 @@ def choose_steps_per_call(step_s: float, compile_s: float, remaining: int | None
     platform = platform or jax.default_backend()
     min_gain = MIN_GAIN['cpu' if platform == 'cpu' else 'accelerator']
   want = max(1, min(max_steps, math.ceil(call_s / max(step_s, 1e-9))))
-  k = max(d for d in range(1, want + 1) if cadence % d == 0)
-  if k > 1 and remaining is not None and remaining * step_s * min_gain < compile_s:
-    return 1
-  return k
+  for k in sorted((d for d in range(2, want + 1) if cadence % d == 0), reverse=True):
+    if remaining is None or remaining * step_s * min_gain >= compile_s * (k if unrolled else 1):
+      return k
+    if not unrolled:
+      break
+  return 1
 
 
 def _sum_eval(task, state, batches, step_fn, sharding=None):
@@ -182,6 +193,17 @@ def _shapes(batch):
 
 
 PROBE_STEPS = 5   # 'auto': single steps timed before choosing k (the first compiles)
+
+_unrolled: dict = {}
+
+
+def _unrolls(task, batch) -> bool:
+  """Whether ``task``'s ``k``-step program is unrolled (:mod:`purax.core.loops`),
+  by (task, batch shapes); an abstract trace of the step, once."""
+  key = (task, _shapes(batch))
+  if key not in _unrolled:
+    _unrolled[key] = loops.unrolls(task.step, task.abstract_state(batch), batch)
+  return _unrolled[key]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,15 +275,16 @@ class SingleDevice:
       ideal = choose_steps_per_call(step_s, 0.0, None, self.cadence or 1)
       # Its scanned program compiled already (an earlier fit): nothing to weigh.
       cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, times[0] - step_s)
-      k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1)
+      unrolled = ideal > 1 and cost > 0 and _unrolls(self.task, probe[0])
+      k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1, unrolled=unrolled)
     self.chosen['steps_per_call'] = k
     if k == 1:
       yield from ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
       return
-    # The first two calls of k are timed: when the scanned step is slower per
-    # step than the single one (XLA:CPU runs convolutions inside a loop
-    # without its fast kernels: a CNN's scanned step can be 10x slower), the
-    # rest runs one step per call (the stacks already built are sliced).
+    # The first two calls of k are timed: when the k-step program is slower per
+    # step than the single one (on the 2-core CPU a CNN's unrolled 16 steps
+    # ran ~15% slower per step, benchmarks/step_overhead.py), the rest runs
+    # one step per call (the stacks already built are sliced).
     self.chosen['check'] = []
     fallback = False
     for b, taken in self._batches(host_batches, start + len(probe), num_steps, prefetch, k):

@@ -125,6 +125,20 @@ def test_the_auto_rule_counts_a_larger_saving_on_accelerators():
   assert choose_steps_per_call(*args) == 1
 
 
+@pytest.mark.parametrize('remaining, unrolled, expected', [
+    (5_000, False, 4),       # saves 1.5 s (10% of 3 ms x 5,000) > 1 s: the largest k
+    (5_000, True, 1),        # 2 x 1 s of compilation for even k = 2 does not pay
+    (12_000, True, 2),       # 3.6 s pays for k = 2 (2 s), not k = 4 (4 s)
+    (20_000, True, 4),       # 6 s pays for k = 4
+])
+def test_the_auto_rule_weighs_an_unrolled_program_k_times(remaining, unrolled, expected):
+  """A CNN's k-step program on the CPU is unrolled (purax.core.loops) and
+  compiles about k times as long as the single step."""
+  from purax.plan import choose_steps_per_call
+  assert choose_steps_per_call(3e-3, 1.0, remaining, 100, platform='cpu',
+                               unrolled=unrolled) == expected
+
+
 @pytest.mark.parametrize('k', [0, -1, 2.0, 'fast'])
 def test_steps_per_call_is_an_integer_or_auto(k):
   with pytest.raises(purax.ConfigError, match='steps_per_call'):

@@ -1,6 +1,7 @@
 """purax.core: the pure functions and the state. Imports nothing else of purax."""
 
 from purax.core import flops as flops
+from purax.core import loops as loops
 from purax.core import losses as losses
 from purax.core import metrics as metrics
 from purax.core import objectives as objectives

@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from purax.core import loops
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
@@ -285,7 +286,8 @@ def _map_members(fn, chunk: int, state, *xs, updates_state: bool):
 
   ``fn(state_i, *xs_i)`` returns ``(new_state_i, out_i)`` when ``updates_state``,
   else ``out_i``; every ``xs`` leaf has a leading ``[members]`` axis. Chunks run
-  in a ``fori_loop`` that writes each chunk's new state into the stacked state
+  in a ``fori_loop`` (unrolled on the CPU when ``fn`` has convolutions,
+  :mod:`purax.core.loops`) that writes each chunk's new state into the stacked state
   in place (the population is donated) and its ``out`` into a ``[members]``
   buffer: a call allocates no new state-sized buffer (``lax.map`` would stack
   fresh ones, and on CPU a fresh buffer the size of a large population costs
@@ -313,7 +315,7 @@ def _map_members(fn, chunk: int, state, *xs, updates_state: bool):
     return st, _update(outs, result, start)
 
   n, remainder = divmod(members, chunk)
-  carry = jax.lax.fori_loop(0, n, lambda i, c: run(c, i * chunk, chunk), (state, outs))
+  carry = loops.fori_loop(0, n, lambda i, c: run(c, i * chunk, chunk), (state, outs))
   if remainder:
     carry = run(carry, n * chunk, remainder)
   return carry if updates_state else carry[1]

@@ -2,7 +2,8 @@
 microbatches, loss-scaled, summed across devices), then a guarded update.
 
 - Gradient accumulation: the batch (every leaf ``[k * m, ...]``) is split into
-  ``k`` microbatches ``[m, ...]``; ``lax.scan`` sums ``grad(loss_i * W_i)``,
+  ``k`` microbatches ``[m, ...]``; ``lax.scan`` (unrolled on the CPU when
+  the model has convolutions, :mod:`purax.core.loops`) sums ``grad(loss_i * W_i)``,
   where ``loss_i`` is microbatch ``i``'s weighted mean loss and ``W_i`` its
   total weight, in float32, and the sum is divided by ``sum_i W_i``. That is
   exactly the gradient of the weighted mean loss of the whole batch, so
@@ -44,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from purax.core import loops
 from purax.core import metrics as metrics_lib
 from purax.core import optim
 from purax.core.errors import ConfigError, DataError, expect
@@ -154,7 +156,7 @@ def gradients(task: 'Task', state: TrainState, batch, *, axis_name=None):
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype,
                                                                                jnp.float32)),
                               state.params)
-    (grads, state_sum, metrics, weight), _ = jax.lax.scan(
+    (grads, state_sum, metrics, weight), _ = loops.scan(
         body, (zero_grads, zero_state, zero_metrics, jnp.zeros((), jnp.float32)),
         (jnp.arange(k), micro))
     # The weighted mean of the microbatches' new model states (see the module doc);
