@@ -275,8 +275,9 @@ class SingleDevice:
       ideal = choose_steps_per_call(step_s, 0.0, None, self.cadence or 1)
       # Its scanned program compiled already (an earlier fit): nothing to weigh.
       cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, times[0] - step_s)
-      unrolled = ideal > 1 and cost > 0 and _unrolls(self.task, probe[0])
-      k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1, unrolled=unrolled)
+      k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1)
+      if k > 1 and cost > 0 and _unrolls(self.task, probe[0]):   # k-fold compilation
+        k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1, unrolled=True)
     self.chosen['steps_per_call'] = k
     if k == 1:
       yield from ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
