@@ -1,8 +1,8 @@
 """Data-parallel training on N host devices, saving or restoring mid-way.
 
 Usage: python -m tests.scripts.dp_resume DEVICES MODE WORKDIR
-  MODE straight: 6 steps, writes WORKDIR/params.npz
-  MODE first:    3 steps, checkpoint in WORKDIR/checkpoints
+  MODE straight: 6 steps, a checkpoint after 3 in WORKDIR/checkpoints (waited
+                 for before step 4), writes WORKDIR/params.npz
   MODE second:   restore that checkpoint onto DEVICES devices, 3 more steps,
                  writes WORKDIR/params-DEVICES.npz
 """
@@ -47,17 +47,15 @@ with jax.default_matmul_precision('highest'):
   else:
     state = jax.jit(task.init, out_shardings=state_shardings)(jax.random.key(0), batches[0])
   start = int(state.step)
-  stop = 3 if mode == 'first' else 6
-  for s in range(start, stop):
+  for s in range(start, 6):
     state, _ = step(state, place_batch(batches[s]))
-  if mode == 'first':
-    with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
-      ckpt.save(3, {'state': state})
-  else:
-    name = 'params.npz' if mode == 'straight' else f'params-{devices}.npz'
-    flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in
-            jax.tree_util.tree_flatten_with_path({'params': state.params,
-                                                  'model_state': state.model_state,
-                                                  'mu': state.opt_state})[0]
-            if hasattr(x, 'dtype') and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)}
-    np.savez(os.path.join(workdir, name), **flat)
+    if mode == 'straight' and s + 1 == 3:
+      with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+        ckpt.save(3, {'state': state})
+  name = 'params.npz' if mode == 'straight' else f'params-{devices}.npz'
+  flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in
+          jax.tree_util.tree_flatten_with_path({'params': state.params,
+                                                'model_state': state.model_state,
+                                                'mu': state.opt_state})[0]
+          if hasattr(x, 'dtype') and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)}
+  np.savez(os.path.join(workdir, name), **flat)
