@@ -13,6 +13,7 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 jax.config.update('jax_numpy_rank_promotion', 'raise')
@@ -23,3 +24,15 @@ settings.register_profile(
 settings.register_profile('dev', deadline=None, max_examples=50,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get('PURAX_HYPOTHESIS_PROFILE', 'ci'))
+
+
+@pytest.fixture(scope='session')
+def straight_run(tmp_path_factory):
+  """The uninterrupted ``purax train`` run of ``tests.test_resume.ARGS``, its
+  batches recorded (``batches.txt``): one process shared by the tests that
+  compare against it (once per xdist worker); they only read it."""
+  from tests.test_resume import ARGS, purax
+  workdir = str(tmp_path_factory.mktemp('straight') / 'run')
+  done = purax('train', *ARGS, '--workdir', workdir, recorded_stop=0)
+  assert done.returncode == 0, done.stderr
+  return workdir

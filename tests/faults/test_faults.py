@@ -21,12 +21,12 @@ from tests.test_resume import (ARGS, ENV, ROOT, assert_trees_bitwise_equal, fina
                                purax)
 
 
-def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_run_finishes_bitwise(tmp_path):
+def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_run_finishes_bitwise(
+    tmp_path, straight_run):
   """Issue 13.1/13.4: silently flipped bytes in the newest checkpoint (the
   hardest kind: every file still decodes) -> fall back with a warning, keep
   the bad one as 20.unreadable-1, finish; final state and metrics as straight."""
-  straight, broken = str(tmp_path / 'straight'), str(tmp_path / 'broken')
-  assert purax('train', *ARGS, '--workdir', straight).returncode == 0
+  straight, broken = straight_run, str(tmp_path / 'broken')
   first = purax('train', *ARGS, '--workdir', broken, recorded_stop=20)
   assert first.returncode == 0, first.stderr
   CORRUPTIONS['one flipped bit'](os.path.join(broken, 'checkpoints', '20'))
