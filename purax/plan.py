@@ -64,8 +64,15 @@ def _eval_step(task, state, acc, batch):
 
 # Built once per process: the cache key is (task, shapes), so a second fit with
 # the same task — e.g. another learning rate in the state — does not recompile.
-train_step = jax.jit(_train_step, static_argnums=0, donate_argnums=(1, 2))
-multi_train_step = jax.jit(_multi_train_step, static_argnums=0, donate_argnums=(1, 2))
+# A program that holds unrolled steps (a convolution on the CPU: k steps per
+# call, microbatches) is compiled with loops.UNROLLED_CPU_OPTIONS.
+train_step = loops.Jit(
+    _train_step, lambda task, state, acc, batch: task.microbatches > 1 and loops.step_unrolls(
+        task, batch), static_argnums=0, donate_argnums=(1, 2))
+multi_train_step = loops.Jit(
+    _multi_train_step, lambda task, state, acc, batches: loops.step_unrolls(task, jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batches)),
+    static_argnums=0, donate_argnums=(1, 2))
 eval_step = jax.jit(_eval_step, static_argnums=0, donate_argnums=2)
 
 
@@ -194,16 +201,6 @@ def _shapes(batch):
 
 PROBE_STEPS = 5   # 'auto': single steps timed before choosing k (the first compiles)
 
-_unrolled: dict = {}
-
-
-def _unrolls(task, batch) -> bool:
-  """Whether ``task``'s ``k``-step program is unrolled (:mod:`purax.core.loops`),
-  by (task, batch shapes); an abstract trace of the step, once."""
-  key = (task, _shapes(batch))
-  if key not in _unrolled:
-    _unrolled[key] = loops.unrolls(task.step, task.abstract_state(batch), batch)
-  return _unrolled[key]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +273,7 @@ class SingleDevice:
       # Its scanned program compiled already (an earlier fit): nothing to weigh.
       cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, times[0] - step_s)
       k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1)
-      if k > 1 and cost > 0 and _unrolls(self.task, probe[0]):   # k-fold compilation
+      if k > 1 and cost > 0 and loops.step_unrolls(self.task, probe[0]):   # k-fold compile
         k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1, unrolled=True)
     self.chosen['steps_per_call'] = k
     if k == 1:

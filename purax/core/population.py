@@ -453,13 +453,24 @@ def _eval_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 
   return metrics_lib.merge(acc, evaluate(task, pop, batch, batch_index, strategy=strategy))
 
 
+def _unrolled(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
+  """Whether the members' loop of this call is unrolled (:mod:`purax.core.loops`):
+  then its program is compiled with ``loops.UNROLLED_CPU_OPTIONS``."""
+  members = jnp.shape(jax.tree.leaves(pop.state)[0])[0]
+  if members == 1 or chunk_size(strategy, members) >= members:
+    return False                        # no loop over members
+  if batch_index is not None:           # a member's batch: one row of the pool
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], x.dtype), batch)
+  return loops.step_unrolls(task, batch)
+
+
 # Compiled once per (task, strategy, shapes): new hyperparameter values or seeds
 # of the same member count reuse the program. The population and the running
 # metrics are donated.
-train_step = jax.jit(_train_step, static_argnums=0, static_argnames='strategy',
-                     donate_argnums=(1, 2))
-eval_step = jax.jit(_eval_step, static_argnums=0, static_argnames='strategy',
-                    donate_argnums=2)
+train_step = loops.Jit(_train_step, _unrolled, static_argnums=0, static_argnames='strategy',
+                       donate_argnums=(1, 2))
+eval_step = loops.Jit(_eval_step, _unrolled, static_argnums=0, static_argnames='strategy',
+                      donate_argnums=2)
 
 
 def zero_train_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
