@@ -122,8 +122,8 @@ def _stacked(batches: Iterable, start: int, num_steps: int | None, k: int) -> It
 #: The share of the step time that ``k > 1`` steps per call is counted to save,
 #: by platform (:func:`choose_steps_per_call`), from ``benchmarks/step_overhead.py``
 #: (k = 16 against k = 1): on the 2-core CPU the MLP gained 20-40% and the CNN
-#: lost ~15% (its 16 steps unrolled, :mod:`purax.core.loops`; 12x inside a
-#: rolled ``lax.scan``); on an H200 the CNN and the MLP, whose
+#: ~17% (its 16 steps unrolled and scheduled for memory, :mod:`purax.core.loops`;
+#: 12x slower inside a rolled ``lax.scan``); on an H200 the CNN and the MLP, whose
 #: steps are mostly dispatch and Python, ran 3.6x and 4.8x faster (a saving of
 #: 72% and 79%). Other platforms count as accelerators.
 MIN_GAIN = {'cpu': 0.1, 'accelerator': 0.5}
@@ -280,9 +280,9 @@ class SingleDevice:
       yield from ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
       return
     # The first two calls of k are timed: when the k-step program is slower per
-    # step than the single one (on the 2-core CPU a CNN's unrolled 16 steps
-    # ran ~15% slower per step, benchmarks/step_overhead.py), the rest runs
-    # one step per call (the stacks already built are sliced).
+    # step than the single one (a backend's loop that runs some op slowly, as
+    # XLA:CPU's did for convolutions, purax.core.loops), the rest runs one
+    # step per call (the stacks already built are sliced).
     self.chosen['check'] = []
     fallback = False
     for b, taken in self._batches(host_batches, start + len(probe), num_steps, prefetch, k):
