@@ -129,11 +129,11 @@ def test_eval_of_a_non_run_directory(tmp_path, capsys):
 
 
 def test_precision_accumulation_and_remat_options(tmp_path, capsys):
-  assert run('train', '--model', 'resnet', '--precision', 'bf16', '--microbatches', '4',
+  assert run('train', '--model', 'resnet', '--precision', 'bf16', '--microbatches', '2',
              '--remat', 'dots_saveable', '--steps', '4', '--eval-every', '0',
              '--workdir', str(tmp_path / 'r'), '--no-progress') == 0
   config = TrainConfig.from_json((tmp_path / 'r' / 'config.json').read_text()).flat()
-  assert (config['precision'], config['microbatches'], config['remat']) == ('bf16', 4, 'dots_saveable')
+  assert (config['precision'], config['microbatches'], config['remat']) == ('bf16', 2, 'dots_saveable')
   # float16: the scale applied is the state's (2**15) on the mean loss, not
   # scale x batch weight, so a healthy run skips no step at its start.
   assert run('train', '--precision', 'fp16', '--steps', '12', '--eval-every', '0',
