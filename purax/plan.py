@@ -195,10 +195,6 @@ _compile_s: dict = {}
 _multi_compiled: set = set()
 
 
-def _shapes(batch):
-  return tuple((tuple(np.shape(x)), str(np.result_type(x))) for x in jax.tree.leaves(batch))
-
-
 PROBE_STEPS = 5   # 'auto': single steps timed before choosing k (the first compiles)
 
 
@@ -266,7 +262,7 @@ class SingleDevice:
     if len(times) == PROBE_STEPS:
       step_s = float(np.median(times[1:]))
       remaining = None if num_steps is None else num_steps - start - PROBE_STEPS
-      key = (self.task, _shapes(probe[0]))
+      key = (self.task, loops.shapes_key(probe[0]))
       if times[0] - step_s > 10 * step_s:      # the first call compiled: remember how long
         _compile_s[key] = times[0] - step_s
       ideal = choose_steps_per_call(step_s, 0.0, None, self.cadence or 1)
@@ -300,7 +296,7 @@ class SingleDevice:
 
   def train_step(self, state, acc, batch):
     if isinstance(batch, Stacked):
-      stacked = _shapes(batch.batches)
+      stacked = loops.shapes_key(batch.batches)
       _multi_compiled.add((self.task, tuple((shape[1:], dtype) for shape, dtype in stacked),
                            stacked[0][0][0]))
       check = self.chosen.get('check')
