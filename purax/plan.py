@@ -70,8 +70,8 @@ train_step = loops.Jit(
     _train_step, lambda task, state, acc, batch: task.microbatches > 1 and loops.step_unrolls(
         task, batch), static_argnums=0, donate_argnums=(1, 2))
 multi_train_step = loops.Jit(
-    _multi_train_step, lambda task, state, acc, batches: loops.step_unrolls(task, jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batches)),
+    _multi_train_step, lambda task, state, acc, batches: loops.step_unrolls(
+        task, batches, stacked=True),
     static_argnums=0, donate_argnums=(1, 2))
 eval_step = jax.jit(_eval_step, static_argnums=0, donate_argnums=2)
 

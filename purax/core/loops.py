@@ -93,10 +93,13 @@ def shapes_key(tree) -> tuple:
 _step_unrolls: dict = {}
 
 
-def step_unrolls(task, batch) -> bool:
+def step_unrolls(task, batch, *, stacked: bool = False) -> bool:
   """Whether a loop of ``task.step`` over batches shaped like ``batch`` is
   unrolled (:func:`unrolls`); an abstract trace of the step, once per (task,
-  batch shapes, backend)."""
+  batch shapes, backend). ``stacked``: every leaf of ``batch`` has a leading
+  axis of batches (``[k, batch, ...]``), dropped."""
+  if stacked:
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
   key = (task, shapes_key(batch), jax.default_backend())
   if key not in _step_unrolls:
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)

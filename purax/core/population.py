@@ -459,9 +459,8 @@ def _unrolled(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = '
   members = jnp.shape(jax.tree.leaves(pop.state)[0])[0]
   if members == 1 or chunk_size(strategy, members) >= members:
     return False                        # no loop over members
-  if batch_index is not None:           # a member's batch: one row of the pool
-    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], x.dtype), batch)
-  return loops.step_unrolls(task, batch)
+  # With batch_index, a member's batch is one row of the pool.
+  return loops.step_unrolls(task, batch, stacked=batch_index is not None)
 
 
 # Compiled once per (task, strategy, shapes): new hyperparameter values or seeds
