@@ -210,7 +210,8 @@ class SingleDevice:
   one at a time (the one-step program: no compilation per tail length).
 
   ``steps_per_call='auto'`` runs the first :data:`PROBE_STEPS` steps one at a
-  time, timing each (a host sync per probe step), then picks ``k`` by
+  time and times them (the first call's host time is its compilation; one host
+  sync, after the last probe step, gives the steps' time), then picks ``k`` by
   :func:`choose_steps_per_call` with ``cadence`` (a divisor of it, so log,
   eval and checkpoint points stay call boundaries). The result is the same
   whatever ``k`` (bitwise on CPU), so the choice never changes training.
@@ -254,20 +255,26 @@ class SingleDevice:
 
   def _auto_batches(self, host_batches, start, num_steps, prefetch):
     probe = list(itertools.islice(host_batches, PROBE_STEPS))
-    self.chosen['times'] = []
+    # train_step times these calls: the first call's host time (its tracing
+    # and compilation: XLA dispatches the run itself asynchronously), then the
+    # steps' run to the last probe step, the only one it syncs.
+    self.chosen['times'] = {'calls': 0, 'last': len(probe), 'marks': []}
     for b in prefetch_to_device(probe, prefetch):
-      yield b, 1                       # train_step times these calls
-    times = self.chosen.pop('times')
+      yield b, 1
+    marks = self.chosen.pop('times')['marks']
     k = 1
-    if len(times) == PROBE_STEPS:
-      step_s = float(np.median(times[1:]))
+    if len(probe) == PROBE_STEPS and len(marks) == 3:
+      first_s = marks[1] - marks[0]
+      # The last mark is the probe steps' end; the first step's run starts as
+      # its call returns, so all PROBE_STEPS runs lie between marks 1 and 2.
+      step_s = (marks[2] - marks[1]) / PROBE_STEPS
       remaining = None if num_steps is None else num_steps - start - PROBE_STEPS
       key = (self.task, loops.shapes_key(probe[0]))
-      if times[0] - step_s > 10 * step_s:      # the first call compiled: remember how long
-        _compile_s[key] = times[0] - step_s
+      if first_s > 10 * step_s:                # the first call compiled: remember how long
+        _compile_s[key] = first_s
       ideal = choose_steps_per_call(step_s, 0.0, None, self.cadence or 1)
       # Its scanned program compiled already (an earlier fit): nothing to weigh.
-      cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, times[0] - step_s)
+      cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, first_s)
       k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1)
       if k > 1 and cost > 0 and loops.step_unrolls(self.task, probe[0]):   # k-fold compile
         k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1, unrolled=True)
@@ -307,13 +314,18 @@ class SingleDevice:
       jax.block_until_ready(acc)       # 'auto' checks its choice on the first two calls
       check.append(time.perf_counter() - begin)
       return state, acc
-    times = self.chosen.get('times')
-    if times is None:
+    probe = self.chosen.get('times')
+    if probe is None:
       return train_step(self.task, state, acc, batch)
-    begin = time.perf_counter()
+    probe['calls'] += 1
+    if probe['calls'] == 1:
+      probe['marks'].append(time.perf_counter())
     state, acc = train_step(self.task, state, acc, batch)
-    jax.block_until_ready(acc)         # a probe step of 'auto': timed, so synced
-    times.append(time.perf_counter() - begin)
+    if probe['calls'] == 1:
+      probe['marks'].append(time.perf_counter())
+    if probe['calls'] == probe['last']:
+      jax.block_until_ready(acc)       # the last probe step of 'auto': its one host sync
+      probe['marks'].append(time.perf_counter())
     return state, acc
 
   def evaluate(self, state, batches):

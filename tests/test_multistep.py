@@ -98,6 +98,26 @@ def test_auto_runs_probe_steps_then_the_chosen_k_bitwise(monkeypatch):
   assert chosen and all(c[3] == 4 for c in chosen)          # the cadence: log_every=4
 
 
+def test_auto_times_its_probe_with_one_host_sync(monkeypatch):
+  # The probe times the first call on the host (its compilation) and the
+  # probe steps' run by one block_until_ready after the last of them: 'auto'
+  # that settles on k = 1 syncs once more than k = 1, not once per probe step.
+  from purax import plan as plan_lib
+  chosen = []
+  monkeypatch.setattr(plan_lib, 'choose_steps_per_call',
+                      lambda *a, **kw: chosen.append(a) or 1)
+  syncs = []
+  real = jax.block_until_ready
+  monkeypatch.setattr(jax, 'block_until_ready', lambda x: syncs.append(1) or real(x))
+  run(1)
+  single = len(syncs)
+  del syncs[:]
+  run('auto')
+  assert len(syncs) == single + 1
+  step_s, _, remaining, _ = chosen[-1]
+  assert step_s > 0 and remaining == STEPS - plan_lib.PROBE_STEPS
+
+
 @pytest.mark.parametrize('step_s, compile_s, remaining, cadence, expected', [
     (1e-3, 0.0, None, 100, 10),      # 10 ms per call: 10 steps, a divisor of 100
     (1e-3, 0.0, None, 50, 10),
