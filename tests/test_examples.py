@@ -43,7 +43,7 @@ def runs(request, tmp_path_factory):
     if item.module is request.module and callspec is not None and 'name' in callspec.params:
       selected.add(callspec.params['name'])
   env = {**os.environ, 'PURAX_EXAMPLE_TINY': '1', 'JAX_PLATFORMS': 'cpu',
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=8',   # XLA's default -O level
          'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')])}
   cwd = tmp_path_factory.mktemp('examples')   # nothing a script writes lands in the checkout
   procs = {name: subprocess.Popen([sys.executable, str(EXAMPLES / name)], cwd=cwd, env=env,
@@ -63,6 +63,7 @@ def test_every_example_is_listed_and_at_most_60_lines():
     assert lines <= 60, f'examples/{name}: expected <= 60 lines, got {lines}'
 
 
+@pytest.mark.xdist_group('examples')   # one worker starts the scripts (make test: --dist loadgroup)
 @pytest.mark.parametrize('name', sorted(RESULTS))
 def test_example_runs_and_prints_its_result(runs, name):
   try:
