@@ -215,6 +215,10 @@ class SingleDevice:
   :func:`choose_steps_per_call` with ``cadence`` (a divisor of it, so log,
   eval and checkpoint points stay call boundaries). The result is the same
   whatever ``k`` (bitwise on CPU), so the choice never changes training.
+  The compilation weighed is the one-step program's, timed at the first call
+  of whichever fit compiled it (``k = 1`` fits time theirs too, without a
+  sync); 0 once the ``k``-step program is compiled; unknown (infinite: no
+  ``k > 1`` for a run of known length) when it was compiled outside a fit.
   The second call of ``k`` is timed too: if the scanned step is slower per
   step than the single one, the rest of the run goes back to ``k = 1``.
   """
@@ -245,6 +249,9 @@ class SingleDevice:
     if k == 'auto':
       return self._auto_batches(iter(host_batches), start, num_steps, prefetch)
     if k == 1:
+      # The first call is timed (no sync): a later 'auto' fit of this task
+      # then knows what its compilation cost.
+      self.chosen['times'] = {'calls': 0, 'last': 0, 'marks': []}
       return ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
     return self._batches(host_batches, start, num_steps, prefetch, k)
 
@@ -261,20 +268,20 @@ class SingleDevice:
     self.chosen['times'] = {'calls': 0, 'last': len(probe), 'marks': []}
     for b in prefetch_to_device(probe, prefetch):
       yield b, 1
-    marks = self.chosen.pop('times')['marks']
+    timed = self.chosen.pop('times')
+    marks = timed['marks']
     k = 1
     if len(probe) == PROBE_STEPS and len(marks) == 3:
-      first_s = marks[1] - marks[0]
       # The last mark is the probe steps' end; the first step's run starts as
       # its call returns, so all PROBE_STEPS runs lie between marks 1 and 2.
       step_s = (marks[2] - marks[1]) / PROBE_STEPS
       remaining = None if num_steps is None else num_steps - start - PROBE_STEPS
-      key = (self.task, loops.shapes_key(probe[0]))
-      if first_s > 10 * step_s:                # the first call compiled: remember how long
-        _compile_s[key] = first_s
+      key = timed['key']
       ideal = choose_steps_per_call(step_s, 0.0, None, self.cadence or 1)
       # Its scanned program compiled already (an earlier fit): nothing to weigh.
-      cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, first_s)
+      # The one-step program compiled outside any timed first call (called
+      # directly): its cost is unknown, so only an unbounded run takes k > 1.
+      cost = 0.0 if (*key, ideal) in _multi_compiled else _compile_s.get(key, math.inf)
       k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1)
       if k > 1 and cost > 0 and loops.step_unrolls(self.task, probe[0]):   # k-fold compile
         k = choose_steps_per_call(step_s, cost, remaining, self.cadence or 1, unrolled=True)
@@ -318,11 +325,20 @@ class SingleDevice:
     if probe is None:
       return train_step(self.task, state, acc, batch)
     probe['calls'] += 1
-    if probe['calls'] == 1:
+    if probe['calls'] > 1:
+      state, acc = train_step(self.task, state, acc, batch)
+    else:
+      # The first call: its host time is its tracing and compilation when the
+      # jit's cache grows (remembered per task and batch shapes), else ~0.
+      cached = train_step._cache_size()
       probe['marks'].append(time.perf_counter())
-    state, acc = train_step(self.task, state, acc, batch)
-    if probe['calls'] == 1:
+      state, acc = train_step(self.task, state, acc, batch)
       probe['marks'].append(time.perf_counter())
+      probe['key'] = (self.task, loops.shapes_key(batch))   # the device batch's dtypes
+      if train_step._cache_size() > cached:
+        _compile_s[probe['key']] = probe['marks'][1] - probe['marks'][0]
+      if not probe['last']:                 # steps_per_call=1: only the first call is timed
+        del self.chosen['times']
     if probe['calls'] == probe['last']:
       jax.block_until_ready(acc)       # the last probe step of 'auto': its one host sync
       probe['marks'].append(time.perf_counter())

@@ -118,6 +118,29 @@ def test_auto_times_its_probe_with_one_host_sync(monkeypatch):
   assert step_s > 0 and remaining == STEPS - plan_lib.PROBE_STEPS
 
 
+def test_auto_weighs_the_compilation_an_earlier_single_step_fit_timed(monkeypatch):
+  # A fit with steps_per_call=1 times its first call's compilation (the jit's
+  # cache grew); a later 'auto' fit of the same task finds its one-step program
+  # cached and weighs k > 1 against that compilation, not its own ~0 s call.
+  # A program compiled outside any timed first call has an unknown cost: inf.
+  import math
+  from purax import plan as plan_lib
+  t = purax.Task(model=MLP(num_classes=3, features=(23,)),     # shapes no other test compiles
+                 tx=purax.adamw(learning_rate=1e-2, total_steps=STEPS))
+  fit = lambda k: purax.fit(t, t.init(jax.random.key(0), batches()[0]), batches(),
+                            log_every=4, progress=False, steps_per_call=k)
+  fit(1)
+  [compile_s] = [s for key, s in plan_lib._compile_s.items() if key[0] == t]
+  assert compile_s > 0
+  chosen = []
+  monkeypatch.setattr(plan_lib, 'choose_steps_per_call', lambda *a, **kw: chosen.append(a) or 1)
+  fit('auto')
+  assert chosen[-1][1] == compile_s
+  monkeypatch.setattr(plan_lib, '_compile_s', {})
+  fit('auto')
+  assert chosen[-1][1] == math.inf
+
+
 @pytest.mark.parametrize('step_s, compile_s, remaining, cadence, expected', [
     (1e-3, 0.0, None, 100, 10),      # 10 ms per call: 10 steps, a divisor of 100
     (1e-3, 0.0, None, 50, 10),
