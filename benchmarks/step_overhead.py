@@ -26,7 +26,11 @@ asserted: the numbers go to the README.
 
 Ratios to the hand-written loop are given two ways: of the medians
 (``purax_vs_handwritten`` ...) and the median of each trial's ratio
-(``paired_vs_handwritten``), which drift between trials moves less.
+(``paired_vs_handwritten``, with its quartiles in ``paired_quartiles``), which
+drift between trials moves less. Only the first trial warms purax's paths up
+with an untimed ``fit`` (later ones find everything compiled), so more trials
+fit in the time: single trials move ±10-20% on a shared 2-core machine, and a
+3% question needs many of them.
 
 Usage: ``python benchmarks/step_overhead.py [--steps 400] [--trials 5] [--out PATH]``
 
@@ -88,14 +92,15 @@ def run_handwritten(task, state, batches, *, sync_every_step):
   return len(batches) / (time.perf_counter() - start)
 
 
-def run_purax(task, data, *, log_every, steps_per_call='auto'):
+def run_purax(task, data, *, log_every, steps_per_call='auto', warm_up=True):
   """Steps/s of one timed ``fit`` after an untimed one with the same settings
-  (which compiles what the timed one runs); also the k that was run."""
+  (which compiles what the timed one runs; ``warm_up=False`` from the second
+  trial on, when it is compiled); also the k that was run."""
   k = steps_per_call
   if k != 'auto':
     log_every = max(k, log_every // k * k)
   plan = None
-  for timed in (False, True):
+  for timed in (False, True) if warm_up else (True,):
     state = task.init(jax.random.key(0), data[0])
     # fit(plan=None) builds exactly this plan; built here to read the k it chose.
     plan = plan_lib.SingleDevice(task, k, cadence=log_every)
@@ -136,19 +141,20 @@ def main():
             'purax_fit_k16': [], 'handwritten': [], 'tutorial': []}
     chosen = []
 
-    def auto():
-      speed, k = run_purax(task, data, log_every=args.log_every)
-      chosen.append(k)
+    warm = {'up': True}        # the first trial's fits compile: warmed up untimed
+
+    def purax_run(t, k):
+      speed, chosen_k = run_purax(t, data, log_every=args.log_every, steps_per_call=k,
+                                  warm_up=warm['up'])
+      if k == 'auto':
+        chosen.append(chosen_k)
       return speed
 
     variants = {
-        'purax_fit': auto,
-        'purax_fit_steps1': lambda: run_purax(task, data, log_every=args.log_every,
-                                              steps_per_call=1)[0],
-        'purax_fit_noguard': lambda: run_purax(noguard, data, log_every=args.log_every,
-                                               steps_per_call=1)[0],
-        'purax_fit_k16': lambda: run_purax(task, data, log_every=args.log_every,
-                                           steps_per_call=16)[0],
+        'purax_fit': lambda: purax_run(task, 'auto'),
+        'purax_fit_steps1': lambda: purax_run(task, 1),
+        'purax_fit_noguard': lambda: purax_run(noguard, 1),
+        'purax_fit_k16': lambda: purax_run(task, 16),
         'handwritten': lambda: run_handwritten(task, state, batches, sync_every_step=False),
         'tutorial': lambda: run_handwritten(task, state, batches, sync_every_step=True),
     }
@@ -158,6 +164,7 @@ def main():
       # so no variant always runs right after the same other one.
       for variant in order[trial % len(order):] + order[:trial % len(order)]:
         runs[variant].append(variants[variant]())
+      warm['up'] = False
     med = {k: statistics.median(v) for k, v in runs.items()}
     hw = med['handwritten']
     results['models'][name] = {
@@ -174,6 +181,9 @@ def main():
         'paired_vs_handwritten': {
             k: statistics.median(x / h for x, h in zip(runs[k], runs['handwritten']))
             for k in ('purax_fit', 'purax_fit_steps1', 'purax_fit_k16', 'purax_fit_noguard')},
+        'paired_quartiles': {
+            k: statistics.quantiles([x / h for x, h in zip(runs[k], runs['handwritten'])], n=4)
+            for k in ('purax_fit', 'purax_fit_steps1', 'purax_fit_k16', 'purax_fit_noguard')},
     }
     r = results['models'][name]
     print(f"{name}: purax {med['purax_fit']:.1f} steps/s (auto k={chosen}; k=1 "
@@ -181,7 +191,9 @@ def main():
           f"{med['purax_fit_k16']:.1f}), handwritten {hw:.1f}, tutorial {med['tutorial']:.1f} "
           f"-> {r['purax_vs_handwritten']:.3f}x / k=1 {r['purax_steps1_vs_handwritten']:.3f}x / "
           f"k=16 {r['purax_multistep_vs_handwritten']:.3f}x handwritten, "
-          f"{r['purax_vs_tutorial']:.3f}x tutorial", flush=True)
+          f"{r['purax_vs_tutorial']:.3f}x tutorial; paired auto "
+          f"{r['paired_vs_handwritten']['purax_fit']:.3f}x, k=1 "
+          f"{r['paired_vs_handwritten']['purax_fit_steps1']:.3f}x", flush=True)
     # After every model, atomically: a run cut short keeps the finished ones.
     os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
     rundir.write_atomic(args.out, json.dumps(results, indent=2))
