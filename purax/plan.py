@@ -251,7 +251,7 @@ class SingleDevice:
     if k == 1:
       # The first call is timed (no sync): a later 'auto' fit of this task
       # then knows what its compilation cost.
-      self.chosen['times'] = {'calls': 0, 'last': 0, 'marks': []}
+      self.chosen['probe'] = {'calls': 0, 'last': 0, 'marks': []}
       return ((b, 1) for b in prefetch_to_device(host_batches, prefetch))
     return self._batches(host_batches, start, num_steps, prefetch, k)
 
@@ -265,10 +265,10 @@ class SingleDevice:
     # train_step times these calls: the first call's host time (its tracing
     # and compilation: XLA dispatches the run itself asynchronously), then the
     # steps' run to the last probe step, the only one it syncs.
-    self.chosen['times'] = {'calls': 0, 'last': len(probe), 'marks': []}
+    self.chosen['probe'] = {'calls': 0, 'last': len(probe), 'marks': []}
     for b in prefetch_to_device(probe, prefetch):
       yield b, 1
-    timed = self.chosen.pop('times')
+    timed = self.chosen.pop('probe')
     marks = timed['marks']
     k = 1
     if len(probe) == PROBE_STEPS and len(marks) == 3:
@@ -321,7 +321,7 @@ class SingleDevice:
       jax.block_until_ready(acc)       # 'auto' checks its choice on the first two calls
       check.append(time.perf_counter() - begin)
       return state, acc
-    probe = self.chosen.get('times')
+    probe = self.chosen.get('probe')
     if probe is None:
       return train_step(self.task, state, acc, batch)
     probe['calls'] += 1
@@ -338,7 +338,7 @@ class SingleDevice:
       if train_step._cache_size() > cached:
         _compile_s[probe['key']] = probe['marks'][1] - probe['marks'][0]
       if not probe['last']:                 # steps_per_call=1: only the first call is timed
-        del self.chosen['times']
+        del self.chosen['probe']
     if probe['calls'] == probe['last']:
       jax.block_until_ready(acc)       # the last probe step of 'auto': its one host sync
       probe['marks'].append(time.perf_counter())

@@ -38,9 +38,8 @@ settings.load_profile(os.environ.get('PURAX_HYPOTHESIS_PROFILE', 'ci'))
 def straight_run(tmp_path_factory):
   """The uninterrupted ``purax train`` run of ``tests.test_resume.ARGS``, its
   batches recorded (``batches.txt``): one process shared by the tests that
-  compare against it; they only read it. They are marked
-  ``xdist_group('straight_run')``, so under ``--dist loadgroup`` (``make
-  test``) one worker runs it."""
+  compare against it (once per xdist worker that draws one); they only read
+  it."""
   from tests.test_resume import ARGS, purax
   workdir = str(tmp_path_factory.mktemp('straight') / 'run')
   done = purax('train', *ARGS, '--workdir', workdir, recorded_stop=0)

@@ -1,6 +1,6 @@
 """Every script in examples/ runs (tiny settings: PURAX_EXAMPLE_TINY=1) and prints its result.
 
-The five scripts start at once in child processes (each imports jax and compiles
+The five scripts start at once in child processes, in one test (each imports jax and compiles
 its own programs; running them side by side keeps the file's wall time near the
 slowest one) with 8 host CPU devices, this checkout first on the path.
 """
@@ -34,28 +34,6 @@ RESULTS = {
 }
 
 
-@pytest.fixture(scope='module')
-def runs(request, tmp_path_factory):
-  # Start only the scripts whose tests were selected (``-k``), all at once.
-  selected = set()
-  for item in request.session.items:
-    callspec = getattr(item, 'callspec', None)
-    if item.module is request.module and callspec is not None and 'name' in callspec.params:
-      selected.add(callspec.params['name'])
-  env = {**os.environ, 'PURAX_EXAMPLE_TINY': '1', 'JAX_PLATFORMS': 'cpu',
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=8',   # XLA's default -O level
-         'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')])}
-  cwd = tmp_path_factory.mktemp('examples')   # nothing a script writes lands in the checkout
-  procs = {name: subprocess.Popen([sys.executable, str(EXAMPLES / name)], cwd=cwd, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for name in sorted(selected)}
-  yield procs
-  for proc in procs.values():   # a failed test may leave its siblings running
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
-
-
 def test_every_example_is_listed_and_at_most_60_lines():
   assert sorted(p.name for p in EXAMPLES.glob('*.py')) == sorted(RESULTS)
   for name in RESULTS:
@@ -63,18 +41,36 @@ def test_every_example_is_listed_and_at_most_60_lines():
     assert lines <= 60, f'examples/{name}: expected <= 60 lines, got {lines}'
 
 
-@pytest.mark.xdist_group('examples')   # one worker starts the scripts (make test: --dist loadgroup)
-@pytest.mark.parametrize('name', sorted(RESULTS))
-def test_example_runs_and_prints_its_result(runs, name):
+def test_every_example_runs_and_prints_its_result(tmp_path):
+  # One test, so one xdist worker starts the scripts (as parametrized tests,
+  # each worker that drew one started them all).
+  env = {**os.environ, 'PURAX_EXAMPLE_TINY': '1', 'JAX_PLATFORMS': 'cpu',
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=8',   # XLA's default -O level
+         'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')])}
+  procs = {name: subprocess.Popen([sys.executable, str(EXAMPLES / name)], cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for name in sorted(RESULTS)}   # cwd: nothing a script writes lands in the checkout
+  failures = []
   try:
-    output, _ = runs[name].communicate(timeout=TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    runs[name].kill()
-    output, _ = runs[name].communicate()
-    pytest.fail(f'examples/{name}: expected to finish within {TIMEOUT_S}s, got a timeout:\n'
-                f'{output[-3000:]}')
-  code = runs[name].returncode
-  assert code == 0, f'examples/{name}: expected exit status 0, got {code}:\n{output[-3000:]}'
-  for pattern in RESULTS[name]:
-    assert re.search(pattern, output), (
-        f'examples/{name}: expected a line matching {pattern!r}, got:\n{output[-3000:]}')
+    for name, proc in procs.items():
+      try:
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        failures.append(f'examples/{name}: expected to finish within {TIMEOUT_S}s, got a '
+                        f'timeout:\n{output[-3000:]}')
+        continue
+      if proc.returncode != 0:
+        failures.append(f'examples/{name}: expected exit status 0, got {proc.returncode}:\n'
+                        f'{output[-3000:]}')
+        continue
+      failures += [f'examples/{name}: expected a line matching {pattern!r}, got:\n'
+                   f'{output[-3000:]}' for pattern in RESULTS[name]
+                   if not re.search(pattern, output)]
+  finally:
+    for proc in procs.values():   # a failure must not leave scripts running
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  assert not failures, '\n\n'.join(failures)

@@ -69,7 +69,6 @@ def batches(workdir):
   return seen
 
 
-@pytest.mark.xdist_group('straight_run')   # one worker runs the shared straight run
 def test_half_save_new_process_half_equals_straight_bitwise(tmp_path, straight_run):
   straight, split = straight_run, str(tmp_path / 'split')
   first = purax('train', *ARGS, '--workdir', split, recorded_stop=20)

@@ -21,7 +21,6 @@ from tests.test_resume import (ARGS, ENV, ROOT, assert_trees_bitwise_equal, fina
                                purax)
 
 
-@pytest.mark.xdist_group('straight_run')   # one worker runs the shared straight run
 def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_run_finishes_bitwise(
     tmp_path, straight_run):
   """Issue 13.1/13.4: silently flipped bytes in the newest checkpoint (the
