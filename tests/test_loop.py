@@ -68,6 +68,33 @@ def test_host_syncs_happen_only_at_log_points(monkeypatch):
   assert sum('train/examples' in h and h['train/examples'] for h in hist) == 12 * 8
 
 
+@pytest.mark.parametrize('steps_per_call', [1, 2])
+def test_a_cpu_fit_hands_its_step_host_batches_without_a_device_put(monkeypatch, steps_per_call):
+  """On the CPU the jitted call copies a numpy batch itself: a device_put ahead
+  of it is a thread hand-off the step waits for (plan.to_step). Evaluation too."""
+  from purax import plan as plan_lib
+  task, train, evals = make(num_steps=8)
+  seen = []
+  real_put = pipeline.prefetch_to_device
+  monkeypatch.setattr(plan_lib, 'prefetch_to_device',
+                      lambda *a, **k: seen.append('prefetch') or real_put(*a, **k))
+  class Spy:
+    def __init__(self, real):
+      self.real, self._cache_size = real, getattr(real, '_cache_size', None)
+
+    def __call__(self, task_, state, acc, batch):
+      seen.extend(type(x).__name__ for x in jax.tree.leaves(batch))
+      return self.real(task_, state, acc, batch)
+
+  for name in ('train_step', 'multi_train_step', 'eval_step'):
+    monkeypatch.setattr(plan_lib, name, Spy(getattr(plan_lib, name)))
+  state = task.init(jax.random.key(0), train[0])
+  state, hist = loop.fit(task, state, train, eval_data=evals, log_every=4, eval_every=4,
+                         steps_per_call=steps_per_call, progress=False)
+  assert int(state.step) == 8 and {'eval/loss', 'train/loss'} <= set().union(*hist)
+  assert seen and set(seen) == {'ndarray'}, set(seen)
+
+
 def test_fit_resumes_from_the_state_step_and_learns():
   task, train, evals = make(num_steps=30)
   state = task.init(jax.random.key(0), train[0])
