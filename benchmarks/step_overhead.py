@@ -7,8 +7,9 @@ written as JSON after each model. Compilation is excluded (each path is warmed
 up first: purax by one untimed ``fit`` of the same settings). Nothing is
 asserted: the numbers go to the README.
 
-- ``purax_fit``: ``purax.fit`` with its defaults (grain batches, device
-  prefetch, donated state, metrics merged on device and fetched every
+- ``purax_fit``: ``purax.fit`` with its defaults (grain batches, handed to
+  the step as numpy on the CPU and prefetched to the device elsewhere,
+  donated state, metrics merged on device and fetched every
   ``log_every`` steps, the skip-on-non-finite guard, ``steps_per_call='auto'``:
   the k its rule picks is recorded as ``auto_steps_per_call``; no progress bar
   or writer).

@@ -3,8 +3,8 @@
 The train step is jitted once per (task, shapes) with the state and the
 running metrics donated; metrics stay on the device and are merged inside the
 same compiled call, so the loop's only host syncs are the log points (every
-``log_every`` steps) and evaluation. The next batch is put on the device while
-the current step runs.
+``log_every`` steps) and evaluation. On an accelerator the next batch is put
+on the device while the current step runs.
 
 Data comes from either kind of source:
 
@@ -198,7 +198,9 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       when ``eval_data`` is given).
     writer: receives ``train/*``, ``eval/*`` and ``steps_per_sec`` scalars.
     progress: show a progress bar (steps/s, loss, ETA).
-    prefetch: batches put on the device ahead of the step.
+    prefetch: batches put on the device ahead of the step (on an accelerator
+      or a mesh; on one CPU device the jitted call copies each numpy batch
+      itself, :func:`purax.plan.to_step`).
     checkpointer: saves ``{'state', 'train_metrics'}`` every
       ``checkpoint_every`` steps, at log/eval points where its wall-clock
       cadence says so (:meth:`Checkpointer.should_save`, ``interval_s``: 300 s

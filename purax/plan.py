@@ -15,8 +15,9 @@ A plan is any object with these methods (``fit`` calls nothing else):
 - ``place(state) -> state``: put the state where the step runs;
 - ``zero_metrics(state, batch)``: the zeroed running-metrics tree;
 - ``device_batches(host_batches, *, start, num_steps, prefetch)``: an iterator
-  of ``(batch_on_device, steps_in_it)`` (``train_step`` knows which it is:
-  :class:`SingleDevice` marks multi-step calls as :class:`Stacked`);
+  of ``(batch, steps_in_it)``, each batch as the step takes it: on the device,
+  or numpy on the CPU (:func:`to_step`); ``train_step`` knows which it is:
+  :class:`SingleDevice` marks multi-step calls as :class:`Stacked`;
 - ``train_step(state, acc, batch) -> (state, acc)``: donates state and acc;
 - ``evaluate(state, batches)``: the summed eval metrics tree (on device);
 - ``finished(state) -> bool``: nothing can change any more (checked at log points).
