@@ -23,9 +23,8 @@ asserted: the numbers go to the README.
   batches, ``jax.device_put`` per step, the loss read once at the end — the
   loop an experienced JAX engineer writes.
 - ``handwritten_numpy``: the same loop passing the numpy batch to the jitted
-  step (no ``jax.device_put``): on the CPU the call then copies it in the
-  calling thread, which is faster than ``device_put``'s asynchronous copy
-  (a thread hand-off the step waits for) and is what ``fit`` does on the CPU
+  step (no ``jax.device_put``), which on the CPU is faster than
+  ``device_put`` first and is what ``fit`` does on the CPU
   (``purax.plan.to_step``). The ratios ``*_vs_handwritten_numpy`` compare
   purax with this loop.
 - ``tutorial``: the same step, reading ``float(loss)`` after every step (a host

@@ -187,7 +187,10 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
       :func:`purax.restore_or_init` returns) brings its metrics window, data
       position and hook state along.
     train_data: random access by step (``train_data[s]`` is the batch of step
-      ``s``) or any iterable of batches; see the module docstring.
+      ``s``) or any iterable of batches; see the module docstring. Its
+      loader may refill a batch's arrays once it has yielded it: on the CPU
+      (and for batches held for a multi-step call) ``fit`` trains on a copy
+      (:func:`purax.io.pipeline.owned`).
     steps: the step to train to; default ``len(train_data)`` (random access)
       or until the iterable ends.
     eval_data: evaluation batches, iterated afresh at every evaluation (e.g.
@@ -199,7 +202,7 @@ def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
     writer: receives ``train/*``, ``eval/*`` and ``steps_per_sec`` scalars.
     progress: show a progress bar (steps/s, loss, ETA).
     prefetch: batches put on the device ahead of the step (on an accelerator
-      or a mesh; on one CPU device the jitted call copies each numpy batch
+      or a mesh; on one CPU device the jitted call takes each numpy batch
       itself, :func:`purax.plan.to_step`).
     checkpointer: saves ``{'state', 'train_metrics'}`` every
       ``checkpoint_every`` steps, at log/eval points where its wall-clock

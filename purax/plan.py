@@ -40,7 +40,7 @@ from purax.core import loops
 from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, DataError, expect
-from purax.io.pipeline import prefetch_to_device
+from purax.io.pipeline import owned, prefetch_to_device
 from purax.parallel import distributed
 
 
@@ -112,7 +112,7 @@ def _stacked(batches: Iterable, start: int, num_steps: int | None, k: int) -> It
       expect(shapes(batch) == shapes(group[0]), f'train_data batch of step {step}',
              f'the shapes of the other batches of its call of steps_per_call={k} '
              f'({shapes(group[0])})', shapes(batch), DataError)
-    group.append(batch)
+    group.append(owned(batch))    # held until the call: a loader may refill its arrays
     step += 1
     if step % k == 0:
       yield Stacked(jax.tree.map(lambda *xs: np.stack(xs), *group))
@@ -183,17 +183,19 @@ def to_step(batches: Iterable, prefetch: int, sharding=None) -> Iterator:
 
   With a ``sharding``, or on an accelerator: put on the device ``prefetch``
   ahead (:func:`purax.io.pipeline.prefetch_to_device`), so each transfer
-  overlaps the step before it. On the CPU without one: as they are (numpy).
-  A jitted call copies a numpy argument in the calling thread, while a
-  ``jax.device_put`` ahead of it is an asynchronous copy whose completion the
-  step's launch then waits for, a hand-off between threads: it cost 43 us of
-  a 0.66 ms step of the digits MLP (2-core CPU, jax 0.10.2; 0.617 ms with
-  numpy), and a CPU "device" has no transfer to overlap. That copy is the
-  plan's own, made at the call under :func:`host_batch_transfer`, so it
-  passes a ``jax.transfer_guard('disallow')`` around ``fit``.
+  overlaps the step before it. On the CPU without one: numpy, each batch a
+  private copy (:func:`purax.io.pipeline.owned`), handed to the jitted call
+  as it is. A ``jax.device_put`` ahead of the call cost 43 us of a 0.66 ms
+  step of the digits MLP (2-core CPU, jax 0.10.2: 0.617 ms with numpy
+  batches; ``device_put`` alone ~55 us of host time per batch), and a CPU
+  "device" has no transfer to overlap. The call's transfer is the plan's
+  own, made under :func:`host_batch_transfer`, so it passes a
+  ``jax.transfer_guard('disallow')`` around ``fit``.
   """
   if sharding is None and jax.default_backend() == 'cpu':
-    return iter(batches)
+    # Each batch copied (purax.io.pipeline.owned): the call may read a numpy
+    # array's memory in place after it returns. Stacked calls are new arrays.
+    return (b if isinstance(b, Stacked) else owned(b) for b in batches)
   return prefetch_to_device(batches, prefetch, sharding)
 
 
@@ -290,7 +292,8 @@ class SingleDevice:
             for b in calls)
 
   def _auto_batches(self, host_batches, start, num_steps, prefetch):
-    probe = list(itertools.islice(host_batches, PROBE_STEPS))
+    # Held before their steps run: copied, as a loader may refill its arrays.
+    probe = [owned(b) for b in itertools.islice(host_batches, PROBE_STEPS)]
     # train_step times these calls: the first call's host time (its tracing
     # and compilation: XLA dispatches the run itself asynchronously), then the
     # steps' run to the last probe step, the only one it syncs.

@@ -12,7 +12,7 @@ from purax import loop
 from purax.core import metrics as metrics_lib
 from purax.core.optim import set_hyperparams
 from purax.io import pipeline
-from tests.helpers import tiny_batch, tiny_task
+from tests.helpers import refilling, tiny_batch, tiny_task
 
 TRACES = []
 
@@ -93,6 +93,22 @@ def test_a_cpu_fit_hands_its_step_host_batches_without_a_device_put(monkeypatch,
                          steps_per_call=steps_per_call, progress=False)
   assert int(state.step) == 8 and {'eval/loss', 'train/loss'} <= set().union(*hist)
   assert seen and set(seen) == {'ndarray'}, set(seen)
+
+
+@pytest.mark.parametrize('steps_per_call', [1, 2, 'auto'])
+def test_a_loader_that_refills_its_arrays_trains_on_the_batches_it_yielded(steps_per_call):
+  """A loader may reuse its buffers once it has yielded a batch (a ring of
+  preallocated arrays): fit must not read a batch after the loader refilled it."""
+  task, train, _ = make(num_steps=12)
+  fresh = [train[s] for s in range(12)]
+  runs = []
+  for data in (fresh, refilling(fresh)):
+    state = task.init(jax.random.key(0), fresh[0])
+    state, _ = loop.fit(task, state, data, steps=12, log_every=4,
+                        steps_per_call=steps_per_call, progress=False)
+    runs.append(state.params)
+  for a, b in zip(*map(jax.tree.leaves, runs)):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_fit_resumes_from_the_state_step_and_learns():

@@ -99,20 +99,38 @@ def eval_batches(x: np.ndarray, y: np.ndarray, *, batch_size: int) -> grain.MapD
   return grain.MapDataset.range(n).batch(batch_size, drop_remainder=False).map(pad)
 
 
+def owned(batch):
+  """``batch`` with each numpy array copied: memory that no loader writes again.
+
+  On the CPU, ``jax.device_put`` and a jitted call may use an aligned numpy
+  array's memory in place until the step reads it, and XLA runs the step
+  after the call returns. A loader that refills the same array for its next
+  batch (a ring of buffers, a preallocated batch) would then change a batch
+  its step has not read yet, and training silently runs on other data
+  (``tests/test_loop.py``: a loader that refills one 4096-byte-aligned batch
+  trained differently, before and after ``fit`` stopped calling
+  ``device_put`` on the CPU). Costs one host copy of the batch; other
+  leaves (jax arrays, Python scalars) are kept as they are.
+  """
+  return jax.tree.map(lambda x: np.array(x) if isinstance(x, np.ndarray) else x, batch)
+
+
 def prefetch_to_device(batches: Iterable, size: int = 2,
                        sharding: jax.sharding.Sharding | None = None) -> Iterator:
   """Yields batches already put on the device, ``size`` ahead of the consumer.
 
   ``jax.device_put`` is asynchronous, so the next batch is transferred while
   the current step runs (the idea of ``flax.jax_utils.prefetch_to_device``,
-  for any sharding).
+  for any sharding). On the CPU each batch is copied first (:func:`owned`):
+  ``device_put`` may keep using a numpy array's memory there.
   """
   queue = collections.deque()
   iterator = iter(batches)
+  cpu = jax.default_backend() == 'cpu'
 
   def enqueue(n):
     for batch in itertools.islice(iterator, n):
-      queue.append(jax.device_put(batch, sharding))
+      queue.append(jax.device_put(owned(batch) if cpu else batch, sharding))
 
   enqueue(size)
   while queue:

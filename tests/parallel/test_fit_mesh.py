@@ -9,6 +9,7 @@ import pytest
 import purax
 from purax import ConfigError, parallel, testing
 from purax.app.cli import main
+from tests.helpers import refilling
 
 
 def test_fit_with_plan_equals_fit_on_one_device():
@@ -58,3 +59,20 @@ def test_cli_rejects_bad_mesh(tmp_path, capsys):
 def test_config_rejects_malformed_mesh():
   with pytest.raises(ConfigError, match="mesh axis: expected one of"):
     purax.app.config.TrainConfig.of(mesh='model=2').validate()
+
+
+def test_a_sharded_fit_trains_on_the_batches_a_refilling_loader_yielded():
+  """prefetch_to_device copies each batch on the CPU: device_put may use an
+  aligned numpy array's memory in place, which a loader refills next."""
+  task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(16,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=6))
+  rng = np.random.default_rng(0)
+  fresh = [{'x': rng.normal(size=(16, 8)).astype(np.float32),
+            'y': rng.integers(0, 4, 16).astype(np.int32)} for _ in range(6)]
+
+  mesh = parallel.make_mesh(data=4, fsdp=2)
+  plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh, fsdp_min_size=64), fresh[0])
+  runs = [purax.fit(task, plan.init(jax.random.key(0)), data, steps=6, log_every=3,
+                    progress=False, plan=plan)[0].params for data in (fresh, refilling(fresh))]
+  for a, b in zip(*map(jax.tree.leaves, runs)):
+    np.testing.assert_array_equal(a, b)
