@@ -12,14 +12,20 @@ from purax.app.cli import main
 from tests.helpers import refilling
 
 
-def test_fit_with_plan_equals_fit_on_one_device():
+def mlp_on_mesh(steps):
+  """A small MLP task, ``steps`` batches of 16 and its plan on a data=4 x fsdp=2 mesh."""
   task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(16,)),
-                    tx=purax.adamw(learning_rate=1e-2, total_steps=4))
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=steps))
   rng = np.random.default_rng(0)
   data = [{'x': rng.normal(size=(16, 8)).astype(np.float32),
-           'y': rng.integers(0, 4, 16).astype(np.int32)} for _ in range(4)]
+           'y': rng.integers(0, 4, 16).astype(np.int32)} for _ in range(steps)]
   mesh = parallel.make_mesh(data=4, fsdp=2)
-  plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh, fsdp_min_size=64), data[0])
+  return task, data, parallel.sharded(task, mesh, parallel.for_mesh(mesh, fsdp_min_size=64),
+                                      data[0])
+
+
+def test_fit_with_plan_equals_fit_on_one_device():
+  task, data, plan = mlp_on_mesh(4)
   with jax.default_matmul_precision('highest'):
     one, hist_one = purax.fit(task, jax.jit(task.init)(jax.random.key(0), data[0]), data,
                               log_every=2, progress=False)
@@ -64,14 +70,7 @@ def test_config_rejects_malformed_mesh():
 def test_a_sharded_fit_trains_on_the_batches_a_refilling_loader_yielded():
   """prefetch_to_device copies each batch on the CPU: device_put may use an
   aligned numpy array's memory in place, which a loader refills next."""
-  task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(16,)),
-                    tx=purax.adamw(learning_rate=1e-2, total_steps=6))
-  rng = np.random.default_rng(0)
-  fresh = [{'x': rng.normal(size=(16, 8)).astype(np.float32),
-            'y': rng.integers(0, 4, 16).astype(np.int32)} for _ in range(6)]
-
-  mesh = parallel.make_mesh(data=4, fsdp=2)
-  plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh, fsdp_min_size=64), fresh[0])
+  task, fresh, plan = mlp_on_mesh(6)
   runs = [purax.fit(task, plan.init(jax.random.key(0)), data, steps=6, log_every=3,
                     progress=False, plan=plan)[0].params for data in (fresh, refilling(fresh))]
   for a, b in zip(*map(jax.tree.leaves, runs)):
