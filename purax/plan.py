@@ -370,7 +370,7 @@ class SingleDevice:
       probe['marks'].append(time.perf_counter())
       state, acc = train_step(self.task, state, acc, batch)
       probe['marks'].append(time.perf_counter())
-      probe['key'] = (self.task, loops.shapes_key(batch))   # the device batch's dtypes
+      probe['key'] = (self.task, loops.shapes_key(batch))   # the dtypes jit sees
       if train_step._cache_size() > cached:
         _compile_s[probe['key']] = probe['marks'][1] - probe['marks'][0]
       if not probe['last']:                 # steps_per_call=1: only the first call is timed
@@ -511,9 +511,7 @@ class Population:
   def evaluate(self, pop, batches):
     acc = None
     replicated = None if self.mesh is None else self._sharding()
-    for batch in batches:
-      if replicated is not None:
-        batch = jax.device_put(batch, replicated)
+    for batch in to_step(batches, 2, replicated):   # copies on the CPU (owned)
       if acc is None:
         acc = pop_lib.zero_eval_metrics(self.task, pop, batch)
       with host_batch_transfer():

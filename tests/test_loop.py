@@ -111,6 +111,24 @@ def test_a_loader_that_refills_its_arrays_trains_on_the_batches_it_yielded(steps
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize('steps_per_call', [1, 3, 'auto'])
+def test_a_batch_with_python_number_leaves_trains_like_one_without(steps_per_call):
+  """Leaves jit takes as they are (a Python float, a list of ints) reach the
+  step as numpy batches do on the CPU: the plan's bookkeeping reads them as jit
+  sees them (loops.abstract), not by ``.shape``."""
+  task, train, _ = make(num_steps=9)
+  plain = [train[s] for s in range(9)]
+  extra = [{**b, 'temperature': 0.5, 'ids': [1, 2]} for b in plain]
+  runs = []
+  for data in (plain, extra):
+    state = task.init(jax.random.key(0), plain[0])
+    state, _ = loop.fit(task, state, data, log_every=3, steps_per_call=steps_per_call,
+                        progress=False)
+    runs.append(state.params)
+  for a, b in zip(*map(jax.tree.leaves, runs)):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_fit_resumes_from_the_state_step_and_learns():
   task, train, evals = make(num_steps=30)
   state = task.init(jax.random.key(0), train[0])

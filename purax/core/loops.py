@@ -85,9 +85,21 @@ def fori_loop(lower: int, upper: int, body: Callable, init: Any):
 UNROLLED_CPU_OPTIONS = {'xla_cpu_scheduler_type': 'CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED'}
 
 
+def abstract(x, *, drop_leading: bool = False) -> jax.ShapeDtypeStruct:
+  """``x`` as ``jax.jit`` sees it: shape, dtype (canonical: float64 is float32
+  without x64) and weak type (a Python number), for any leaf jit takes (jax
+  or numpy arrays, Python scalars, ``ShapeDtypeStruct`` s); ``drop_leading``
+  drops the first axis (a stack of batches)."""
+  aval = jax.typeof(x)
+  return jax.ShapeDtypeStruct(aval.shape[1:] if drop_leading else aval.shape, aval.dtype,
+                              weak_type=aval.weak_type)
+
+
 def shapes_key(tree) -> tuple:
-  """A hashable key of ``tree``'s leaf shapes and dtypes (arrays or ``ShapeDtypeStruct`` s)."""
-  return tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(tree))
+  """A hashable key of ``tree``'s leaf shapes and dtypes as jit sees them
+  (:func:`abstract`; a weak type is marked ``~``)."""
+  return tuple((tuple(a.shape), ('~' if a.weak_type else '') + str(a.dtype))
+               for a in map(abstract, jax.tree.leaves(tree)))
 
 
 _step_unrolls: dict = {}
@@ -99,11 +111,11 @@ def step_unrolls(task, batch, *, stacked: bool = False) -> bool:
   batch shapes, backend). ``stacked``: every leaf of ``batch`` has a leading
   axis of batches (``[k, batch, ...]``), dropped."""
   if stacked:
-    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
+    batch = jax.tree.map(lambda x: abstract(x, drop_leading=True), batch)
   key = (task, shapes_key(batch), jax.default_backend())
   if key not in _step_unrolls:
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
-    _step_unrolls[key] = unrolls(task.step, task.abstract_state(abstract), abstract)
+    shaped = jax.tree.map(abstract, batch)
+    _step_unrolls[key] = unrolls(task.step, task.abstract_state(shaped), shaped)
   return _step_unrolls[key]
 
 

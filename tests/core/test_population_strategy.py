@@ -126,3 +126,26 @@ def test_fit_takes_the_strategy_through_the_population_plan():
   pop = pinit(TASK, keys([0, 1]), {}, batch())
   with pytest.raises(ConfigError, match="strategy: expected one of"):
     purax.fit(TASK, pop, data, progress=False, plan=plan_lib.Population(TASK, strategy='all'))
+
+
+def test_a_population_evaluates_the_batches_a_refilling_loader_yielded():
+  """Population.evaluate copies each numpy batch on the CPU (pipeline.owned):
+  the eval step may read an aligned array's memory after the call returns."""
+  from tests.helpers import refilling, tiny_batch, tiny_task
+
+  class Refilling:                       # iterated afresh at every evaluation
+    def __init__(self, batches):
+      self.batches = batches
+
+    def __iter__(self):
+      return refilling(self.batches)
+
+  task = tiny_task('mlp')
+  evals = [tiny_batch(n=8, seed=100 + i, weight=True) for i in range(4)]
+  pop = pinit(task, keys(range(2)), {'peak_learning_rate': np.float32([1e-3, 1e-2])}, evals[0])
+  plan = plan_lib.Population(task)
+  fresh = purax.evaluate(task, pop, evals, plan=plan)
+  got = purax.evaluate(task, pop, Refilling(evals), plan=plan)
+  assert fresh.keys() == got.keys()
+  for name in fresh:
+    np.testing.assert_array_equal(fresh[name], got[name], err_msg=name)
