@@ -346,9 +346,8 @@ class SingleDevice:
 
   def _train_step(self, state, acc, batch):
     if isinstance(batch, Stacked):
-      stacked = loops.shapes_key(batch.batches)
-      _multi_compiled.add((self.task, tuple((shape[1:], dtype) for shape, dtype in stacked),
-                           stacked[0][0][0]))
+      _multi_compiled.add((self.task, loops.shapes_key(batch.batches, drop_leading=True),
+                           len(jax.tree.leaves(batch.batches)[0])))
       check = self.chosen.get('check')
       if check is None or len(check) >= 2:
         return multi_train_step(self.task, state, acc, batch.batches)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from jax.extend import core as jex_core
 
 #: Primitives that XLA:CPU runs slowly inside a loop body (see the module doc).
@@ -85,21 +86,33 @@ def fori_loop(lower: int, upper: int, body: Callable, init: Any):
 UNROLLED_CPU_OPTIONS = {'xla_cpu_scheduler_type': 'CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED'}
 
 
+def _shape_dtype(x) -> tuple[tuple, Any, bool]:
+  """``x``'s shape, dtype and weak type as jit sees them: numpy read directly
+  (cheap: it is on the step's path), anything else by ``jax.typeof``."""
+  if isinstance(x, (np.ndarray, np.generic)):
+    return tuple(x.shape), jax.dtypes.canonicalize_dtype(x.dtype), False
+  aval = jax.typeof(x)
+  return tuple(aval.shape), aval.dtype, aval.weak_type
+
+
 def abstract(x, *, drop_leading: bool = False) -> jax.ShapeDtypeStruct:
   """``x`` as ``jax.jit`` sees it: shape, dtype (canonical: float64 is float32
   without x64) and weak type (a Python number), for any leaf jit takes (jax
   or numpy arrays, Python scalars, ``ShapeDtypeStruct`` s); ``drop_leading``
   drops the first axis (a stack of batches)."""
-  aval = jax.typeof(x)
-  return jax.ShapeDtypeStruct(aval.shape[1:] if drop_leading else aval.shape, aval.dtype,
-                              weak_type=aval.weak_type)
+  shape, dtype, weak = _shape_dtype(x)
+  return jax.ShapeDtypeStruct(shape[1:] if drop_leading else shape, dtype, weak_type=weak)
 
 
-def shapes_key(tree) -> tuple:
-  """A hashable key of ``tree``'s leaf shapes and dtypes as jit sees them
-  (:func:`abstract`; a weak type is marked ``~``)."""
-  return tuple((tuple(a.shape), ('~' if a.weak_type else '') + str(a.dtype))
-               for a in map(abstract, jax.tree.leaves(tree)))
+def shapes_key(tree, *, drop_leading: bool = False) -> tuple:
+  """A hashable key of ``tree``'s leaf ``(shape, dtype, weak_type)`` as jit
+  sees them (:func:`abstract`); the dtype objects themselves (its name costs
+  ~2 us per leaf to build, and the key is built on the step's path)."""
+  key = []
+  for x in jax.tree.leaves(tree):
+    shape, dtype, weak = _shape_dtype(x)
+    key.append((shape[1:] if drop_leading else shape, dtype, weak))
+  return tuple(key)
 
 
 _step_unrolls: dict = {}
@@ -108,13 +121,12 @@ _step_unrolls: dict = {}
 def step_unrolls(task, batch, *, stacked: bool = False) -> bool:
   """Whether a loop of ``task.step`` over batches shaped like ``batch`` is
   unrolled (:func:`unrolls`); an abstract trace of the step, once per (task,
-  batch shapes, backend). ``stacked``: every leaf of ``batch`` has a leading
-  axis of batches (``[k, batch, ...]``), dropped."""
-  if stacked:
-    batch = jax.tree.map(lambda x: abstract(x, drop_leading=True), batch)
-  key = (task, shapes_key(batch), jax.default_backend())
+  batch shapes, backend); later calls only build the key. ``stacked``: every
+  leaf of ``batch`` has a leading axis of batches (``[k, batch, ...]``),
+  dropped."""
+  key = (task, shapes_key(batch, drop_leading=stacked), jax.default_backend())
   if key not in _step_unrolls:
-    shaped = jax.tree.map(abstract, batch)
+    shaped = jax.tree.map(lambda x: abstract(x, drop_leading=stacked), batch)
     _step_unrolls[key] = unrolls(task.step, task.abstract_state(shaped), shaped)
   return _step_unrolls[key]
 

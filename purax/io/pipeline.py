@@ -110,8 +110,7 @@ def owned(batch):
   (``tests/test_loop.py``: a loader that refills one 4096-byte-aligned batch
   trains differently without this copy; so it did, checked by hand, when
   ``fit`` still called ``device_put`` on the CPU). Costs one host copy of
-  the batch; other
-  leaves (jax arrays, Python scalars) are kept as they are.
+  the batch; other leaves (jax arrays, Python scalars) are kept as they are.
   """
   return jax.tree.map(lambda x: np.array(x) if isinstance(x, np.ndarray) else x, batch)
 
