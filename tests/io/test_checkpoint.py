@@ -15,7 +15,11 @@ import warnings
 import jax
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+import purax
+from purax.io import checkpoint as checkpoint_lib
 from purax.io.checkpoint import (Checkpointer, CheckpointError, CheckpointMismatchError,
                                  fingerprints)
 from tests.helpers import tiny_batch, tiny_task, tree_equal
@@ -144,8 +148,12 @@ HARMLESS = {
 
 @pytest.fixture(scope='module')
 def two_checkpoints(tmp_path_factory):
-  """Checkpoints 1 and 2 (different states) of a small MLP, written once."""
-  task, batch = tiny_task('mlp'), tiny_batch()
+  """Checkpoints 1 and 2 (different states) of an MLP, written once. Its first
+  kernel and that kernel's Adam moments (1.2 MiB each) are stored from device
+  arrays (with orbax's array metadata); the other leaves from host copies."""
+  task = purax.Task(model=purax.nn.MLP(num_classes=10, features=(4608,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=100, warmup_steps=0))
+  batch = tiny_batch()
   state = task.init(jax.random.key(0), batch)
   later = jax.jit(task.step)(state, batch)[0]
   directory = tmp_path_factory.mktemp('pristine')
@@ -292,6 +300,48 @@ def test_fingerprints_see_one_bit_and_not_the_sharding():
   assert fingerprints({**tree, 'x': x.T.copy()})[3] != base[3]     # positions count
   assert len(set(base)) == len(base)
 
+
+
+@given(dtype=st.sampled_from(sorted(checkpoint_lib._HOST_DTYPES, key=str)),
+       shape=st.sampled_from([(), (0,), (7,), (3, 5)]), seed=st.integers(0, 2 ** 16))
+def test_the_host_fingerprint_is_the_device_fingerprint_bit_for_bit(dtype, shape, seed):
+  # Any bits, NaN payloads and negative zeros included.
+  raw = np.random.default_rng(seed).integers(0, 256, (int(np.prod(shape)), dtype.itemsize),
+                                             dtype=np.uint8)
+  x = (raw[:, 0] % 2).astype(bool) if dtype == np.bool_ else raw.view(dtype)[:, 0]
+  x = x.reshape(shape)
+  device = jax.device_get(checkpoint_lib._fingerprints_on_device([x]))[0]
+  np.testing.assert_array_equal(checkpoint_lib._host_fingerprint(x), device)
+
+
+def test_a_large_leaf_is_fingerprinted_on_the_device_and_agrees_with_the_host():
+  x = np.random.default_rng(0).standard_normal((640, 512)).astype(np.float32)   # 1.25 MiB
+  assert x.nbytes > checkpoint_lib.HOST_LEAF_BYTES
+  on_device = jax.device_put(x)
+  assert not checkpoint_lib._on_host(on_device) and checkpoint_lib._on_host(x)
+  assert fingerprints([on_device]) == fingerprints([x])
+
+
+def test_saving_a_small_state_compiles_nothing_and_stores_host_copies(tmp_path, monkeypatch):
+  # Shapes no other test uses, so no program is in jit's cache already.
+  state = {'w': jax.numpy.ones((13, 11)), 'n': jax.numpy.int32(3), 'k': jax.random.key(5)}
+  handed = []
+  standard_save = checkpoint_lib.ocp.args.StandardSave
+  monkeypatch.setattr(checkpoint_lib.ocp.args, 'StandardSave',
+                      lambda tree, **k: handed.append(tree) or standard_save(tree, **k))
+  compiles = []
+  listener = lambda event, *a, **k: compiles.append(event) if 'backend_compile' in event \
+      else None   # noqa: E731
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    with Checkpointer(str(tmp_path)) as ckpt:
+      ckpt.save(1, {'state': state})
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert compiles == [], compiles
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(handed)), handed
+  restored, _, _ = Checkpointer(str(tmp_path)).restore(jax.eval_shape(lambda: {'state': state}))
+  assert tree_equal(keyless(restored), keyless({'state': state}))
 
 def _small_state():
   task, batch = tiny_task('mlp'), tiny_batch()
