@@ -214,10 +214,12 @@ def _fingerprints_on_device(tree):
   return [_leaf_fingerprint(x) for x in jax.tree.leaves(tree)]
 
 
-# Dtypes whose host fingerprint is computed by numpy, bit for bit the device's.
+# Dtypes whose host fingerprint is computed by numpy, bit for bit the device's
+# (not bool: for a byte other than 0 or 1, which numpy can be made to hold,
+# numpy's and XLA's conversions differ).
 _HOST_DTYPES = frozenset(np.dtype(d) for d in (
-    np.bool_, np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32, np.float16,
-    jnp.bfloat16, np.float32))
+    np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32, np.float16, jnp.bfloat16,
+    np.float32))
 
 
 def _host_fingerprint(x: np.ndarray) -> np.ndarray:
@@ -225,7 +227,7 @@ def _host_fingerprint(x: np.ndarray) -> np.ndarray:
   the same words, flat row-major positions and wrapping uint32 arithmetic."""
   x = np.ascontiguousarray(x).reshape(-1)
   u32 = np.uint32
-  w = x.astype(u32) if x.dtype == np.bool_ else x.view(f'u{x.dtype.itemsize}').astype(u32)
+  w = x.view(f'u{x.dtype.itemsize}').astype(u32)
   index = np.arange(w.size, dtype=u32)
   a = _fmix32(w ^ _fmix32(index * u32(0x9E3779B9) + u32(1), u32), u32)
   b = _fmix32(w + _fmix32(index ^ u32(0x7F4A7C15), u32), u32)
@@ -233,10 +235,12 @@ def _host_fingerprint(x: np.ndarray) -> np.ndarray:
 
 
 def _on_host(x) -> bool:
-  """Whether ``x`` is a leaf fingerprinted on the host: numpy, or a small array
-  that one process holds whole, of a ``_HOST_DTYPES`` dtype."""
+  """Whether ``x`` is a leaf fingerprinted on the host: a numpy array, or an
+  array that one process holds whole, of a ``_HOST_DTYPES`` dtype and at most
+  ``HOST_LEAF_BYTES`` (numpy's hash makes ~5 temporaries of the leaf's size
+  and runs on one core: larger leaves go to the device program)."""
   if isinstance(x, (np.ndarray, np.generic)):
-    return x.dtype in _HOST_DTYPES
+    return x.dtype in _HOST_DTYPES and x.nbytes <= HOST_LEAF_BYTES
   return (isinstance(x, jax.Array) and x.dtype in _HOST_DTYPES and x.is_fully_addressable
           and x.nbytes <= HOST_LEAF_BYTES)
 
@@ -245,8 +249,8 @@ def fingerprints(tree: PyTree) -> list[str]:
   """A 64-bit hex fingerprint of each leaf's bits (typed keys: their key data), in
   flattening order. Equal trees give equal fingerprints under any sharding.
 
-  Numpy leaves and small arrays (<= ``HOST_LEAF_BYTES``) are hashed by numpy on
-  the host, the rest by one jitted program: the same function either way, so a
+  Leaves up to ``HOST_LEAF_BYTES`` of the common dtypes (``_HOST_DTYPES``)
+  are hashed by numpy on the host, the rest by one jitted program: the same function either way, so a
   small state's save or restore compiles nothing (the program took ~0.6 s to
   compile for the default job's state, once per process).
   """

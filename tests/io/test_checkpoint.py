@@ -308,18 +308,21 @@ def test_the_host_fingerprint_is_the_device_fingerprint_bit_for_bit(dtype, shape
   # Any bits, NaN payloads and negative zeros included.
   raw = np.random.default_rng(seed).integers(0, 256, (int(np.prod(shape)), dtype.itemsize),
                                              dtype=np.uint8)
-  x = (raw[:, 0] % 2).astype(bool) if dtype == np.bool_ else raw.view(dtype)[:, 0]
-  x = x.reshape(shape)
+  x = raw.view(dtype)[:, 0].reshape(shape)
   device = jax.device_get(checkpoint_lib._fingerprints_on_device([x]))[0]
   np.testing.assert_array_equal(checkpoint_lib._host_fingerprint(x), device)
 
 
-def test_a_large_leaf_is_fingerprinted_on_the_device_and_agrees_with_the_host():
+def test_large_and_bool_leaves_are_fingerprinted_on_the_device_and_agree_with_numpy():
   x = np.random.default_rng(0).standard_normal((640, 512)).astype(np.float32)   # 1.25 MiB
   assert x.nbytes > checkpoint_lib.HOST_LEAF_BYTES
-  on_device = jax.device_put(x)
-  assert not checkpoint_lib._on_host(on_device) and checkpoint_lib._on_host(x)
-  assert fingerprints([on_device]) == fingerprints([x])
+  flags = np.array([True, False, True])
+  for leaf in (x, jax.device_put(x), flags, jax.device_put(flags)):
+    assert not checkpoint_lib._on_host(leaf)
+  small = jax.device_put(x[:8])
+  assert checkpoint_lib._on_host(small) and checkpoint_lib._on_host(x[:8])
+  by_numpy = [checkpoint_lib._host_fingerprint(a) for a in (x, x[:8], flags.view(np.uint8))]
+  assert fingerprints([x, small, flags]) == [f'{int(a):08x}{int(b):08x}' for a, b in by_numpy]
 
 
 def test_saving_a_small_state_compiles_nothing_and_stores_host_copies(tmp_path, monkeypatch):
