@@ -97,8 +97,8 @@ def _small_leaves_on_host(tree: PyTree) -> PyTree:
   a training state is mostly small leaves (scalars, biases, counters), so the
   save of the default job's 46 arrays commits in about half the time
   (``benchmarks/checkpoint.py``). The files are the same zarr arrays, restored
-  onto any target sharding. Large leaves stay ``jax.Array``\ s: orbax writes
-  them per shard, chunked. The copies are taken before ``save`` returns, so
+  onto any target sharding. Large leaves stay ``jax.Array`` leaves: orbax
+  writes them per shard, chunked. The copies are taken before ``save`` returns, so
   the next step may donate the buffers.
   """
   if jax.process_count() != 1:
@@ -250,9 +250,9 @@ def fingerprints(tree: PyTree) -> list[str]:
   flattening order. Equal trees give equal fingerprints under any sharding.
 
   Leaves up to ``HOST_LEAF_BYTES`` of the common dtypes (``_HOST_DTYPES``)
-  are hashed by numpy on the host, the rest by one jitted program: the same function either way, so a
-  small state's save or restore compiles nothing (the program took ~0.6 s to
-  compile for the default job's state, once per process).
+  are hashed by numpy on the host, the rest by one jitted program: the same
+  function either way, so a small state's save compiles nothing (the program
+  took ~0.6 s to compile for the default job's state, once per process).
   """
   leaves = jax.tree.leaves(_storable(tree))
   host = [i for i, x in enumerate(leaves) if _on_host(x)]
@@ -261,7 +261,8 @@ def fingerprints(tree: PyTree) -> list[str]:
   for i, x in zip(host, jax.device_get([leaves[i] for i in host])):
     sums[i] = _host_fingerprint(np.asarray(x))
   if device:
-    for i, s in zip(device, jax.device_get(_fingerprints_on_device([leaves[i] for i in device]))):
+    on_device = _fingerprints_on_device([leaves[i] for i in device])
+    for i, s in zip(device, jax.device_get(on_device)):
       sums[i] = s
   return [f'{int(s[0]):08x}{int(s[1]):08x}' for s in sums]
 
