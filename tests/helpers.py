@@ -1,5 +1,7 @@
 """Small shared fixtures for the tests: tiny tasks and batches."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,6 +40,19 @@ def tree_equal(a, b):
 def params_differ(a, b):
   return any(not np.array_equal(np.asarray(x), np.asarray(y))
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@contextlib.contextmanager
+def compilations():
+  """Yields a list that collects one entry per XLA backend compilation inside."""
+  events = []
+  listener = lambda event, *a, **k: events.append(event) if 'backend_compile' in event \
+      else None   # noqa: E731
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield events
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
 
 
 __all__ = ['tiny_batch', 'tiny_task', 'tree_equal', 'params_differ', 'jnp']

@@ -16,6 +16,7 @@ from purax.core import population as P
 from purax.core.errors import ConfigError
 from purax.io import pipeline
 from purax.loop import train_step, zero_metrics
+from tests.helpers import compilations
 
 try:   # share the compiled tiny task with the population tests
   import test_population as tp
@@ -78,9 +79,6 @@ def test_specs_parse_and_malformed_specs_are_named():
 
 
 def test_second_sweep_with_other_values_compiles_nothing():
-  compiles = []
-  listener = lambda event, *a, **k: compiles.append(event) if 'backend_compile' in event \
-      else None   # noqa: E731
   def one_sweep(seeds, lrs, smoothing):
     pop = tp.pinit(tp.TASK, tp.keys(seeds), {'peak_learning_rate': np.float32(lrs),
                                             'label_smoothing': np.float32(smoothing)}, tp.batch())
@@ -88,11 +86,8 @@ def test_second_sweep_with_other_values_compiles_nothing():
                                 eval_data=[tp.batch(9)], eval_every=2, log_every=2,
                                 patience=3, progress=False)
   one_sweep([0, 1, 2], [1e-3, 3e-3, 1e-2], [0.0, 0.1, 0.0])   # compiles the programs
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with compilations() as compiles:
     pop, history = one_sweep([5, 6, 7], [2e-2, 1e-4, 5e-4], [0.2, 0.0, 0.05])
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert compiles == [], compiles
   assert [r['step'] for r in history] == [2, 2, 4, 4]
   assert history[-1]['eval/loss'].shape == (3,)

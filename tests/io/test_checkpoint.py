@@ -22,7 +22,7 @@ import purax
 from purax.io import checkpoint as checkpoint_lib
 from purax.io.checkpoint import (Checkpointer, CheckpointError, CheckpointMismatchError,
                                  fingerprints)
-from tests.helpers import tiny_batch, tiny_task, tree_equal
+from tests.helpers import compilations, tiny_batch, tiny_task, tree_equal
 
 
 def keyless(tree):
@@ -301,7 +301,6 @@ def test_fingerprints_see_one_bit_and_not_the_sharding():
   assert len(set(base)) == len(base)
 
 
-
 @given(dtype=st.sampled_from(sorted(checkpoint_lib._HOST_DTYPES, key=str)),
        shape=st.sampled_from([(), (0,), (7,), (3, 5)]), seed=st.integers(0, 2 ** 16))
 def test_the_host_fingerprint_is_the_device_fingerprint_bit_for_bit(dtype, shape, seed):
@@ -332,19 +331,13 @@ def test_saving_a_small_state_compiles_nothing_and_stores_host_copies(tmp_path, 
   standard_save = checkpoint_lib.ocp.args.StandardSave
   monkeypatch.setattr(checkpoint_lib.ocp.args, 'StandardSave',
                       lambda tree, **k: handed.append(tree) or standard_save(tree, **k))
-  compiles = []
-  listener = lambda event, *a, **k: compiles.append(event) if 'backend_compile' in event \
-      else None   # noqa: E731
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
-    with Checkpointer(str(tmp_path)) as ckpt:
-      ckpt.save(1, {'state': state})
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
+  with compilations() as compiles, Checkpointer(str(tmp_path)) as ckpt:
+    ckpt.save(1, {'state': state})
   assert compiles == [], compiles
   assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(handed)), handed
   restored, _, _ = Checkpointer(str(tmp_path)).restore(jax.eval_shape(lambda: {'state': state}))
   assert tree_equal(keyless(restored), keyless({'state': state}))
+
 
 def _small_state():
   task, batch = tiny_task('mlp'), tiny_batch()
