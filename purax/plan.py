@@ -93,31 +93,47 @@ class Stacked(struct.PyTreeNode):
   batches: Any
 
 
-def _stacked(batches: Iterable, start: int, num_steps: int | None, k: int) -> Iterator:
+def _stacked(batches: Iterable, start: int, k: int) -> Iterator:
   """Groups batches into :class:`Stacked` calls of ``k`` that end at multiples of
   ``k``; the steps before the first multiple (a resumed run) and after the last
   (a tail shorter than ``k``) come as single batches, run by the one-step
-  program: a shorter scan would be another compilation."""
-  step, group = start, []
+  program: a shorter scan would be another compilation.
 
-  def shapes(b):
-    return [np.shape(x) for x in jax.tree.leaves(b)]
+  Each batch is copied once, into its slot of the call's new ``[k, ...]``
+  arrays, as it arrives: a loader may refill its arrays once it has yielded
+  them (:func:`purax.io.pipeline.owned`).
 
+  Raises:
+    DataError: a batch of a call whose structure, shapes or dtypes (as jit
+      sees them, :func:`purax.core.loops.shapes_key`) differ from the call's
+      first batch's.
+  """
+  step, n = start, 0
+  treedef = key = stacks = None
   for batch in batches:
-    if step % k and not group:         # not aligned yet: a single step
+    if step % k and not n:             # not aligned yet: a single step
       step += 1
       yield batch
       continue
-    if group:
-      expect(shapes(batch) == shapes(group[0]), f'train_data batch of step {step}',
-             f'the shapes of the other batches of its call of steps_per_call={k} '
-             f'({shapes(group[0])})', shapes(batch), DataError)
-    group.append(owned(batch))    # held until the call: a loader may refill its arrays
+    leaves, tree = jax.tree.flatten(batch)
+    if n == 0:
+      treedef, key = tree, loops.shapes_key(leaves)
+      stacks = [np.empty((k, *np.shape(x)), x.dtype if hasattr(x, 'dtype') else
+                         np.asarray(x).dtype) for x in leaves]
+    else:
+      got = (tree, loops.shapes_key(leaves))
+      expect(got == (treedef, key), f'train_data batch of step {step}',
+             f'the structure, shapes and dtypes of the first batch of its call of '
+             f'steps_per_call={k} ({treedef}, {key})', f'{got[0]}, {got[1]}', DataError)
+    for stack, x in zip(stacks, leaves):
+      stack[n] = x
+    n += 1
     step += 1
     if step % k == 0:
-      yield Stacked(jax.tree.map(lambda *xs: np.stack(xs), *group))
-      group = []
-  yield from group                     # the tail: single steps
+      yield Stacked(jax.tree.unflatten(treedef, stacks))
+      n, stacks = 0, None
+  for i in range(n):                   # the tail: single steps
+    yield jax.tree.unflatten(treedef, [stack[i] for stack in stacks])
 
 
 #: The share of the step time that ``k > 1`` steps per call is counted to save,
@@ -178,7 +194,8 @@ def choose_steps_per_call(step_s: float, compile_s: float, remaining: int | None
   return 1
 
 
-def to_step(batches: Iterable, prefetch: int, sharding=None) -> Iterator:
+def to_step(batches: Iterable, prefetch: int, sharding=None, *, copied: bool = False
+            ) -> Iterator:
   """Host batches as a plan's jitted step takes them.
 
   With a ``sharding``, or on an accelerator: put on the device ``prefetch``
@@ -190,12 +207,13 @@ def to_step(batches: Iterable, prefetch: int, sharding=None) -> Iterator:
   batches; ``device_put`` alone ~55 us of host time per batch), and a CPU
   "device" has no transfer to overlap. The call's transfer is the plan's
   own, made under :func:`host_batch_transfer`, so it passes a
-  ``jax.transfer_guard('disallow')`` around ``fit``.
+  ``jax.transfer_guard('disallow')`` around ``fit``. ``copied``: the batches
+  are private copies already (not copied again).
   """
   if sharding is None and jax.default_backend() == 'cpu':
     # Each batch copied (purax.io.pipeline.owned): the call may read a numpy
     # array's memory in place after it returns. Stacked calls are new arrays.
-    return (b if isinstance(b, Stacked) else owned(b) for b in batches)
+    return (b if copied or isinstance(b, Stacked) else owned(b) for b in batches)
   return prefetch_to_device(batches, prefetch, sharding)
 
 
@@ -284,10 +302,10 @@ class SingleDevice:
       # then knows what its compilation cost.
       self.chosen['probe'] = {'calls': 0, 'last': 0, 'marks': []}
       return ((b, 1) for b in to_step(host_batches, prefetch))
-    return self._batches(host_batches, start, num_steps, prefetch, k)
+    return self._batches(host_batches, start, prefetch, k)
 
-  def _batches(self, host_batches, start, num_steps, prefetch, k):
-    calls = to_step(_stacked(host_batches, start, num_steps, k), prefetch)
+  def _batches(self, host_batches, start, prefetch, k):
+    calls = to_step(_stacked(host_batches, start, k), prefetch)
     return ((b, len(jax.tree.leaves(b.batches)[0]) if isinstance(b, Stacked) else 1)
             for b in calls)
 
@@ -298,7 +316,7 @@ class SingleDevice:
     # and compilation: XLA dispatches the run itself asynchronously), then the
     # steps' run to the last probe step, the only one it syncs.
     self.chosen['probe'] = {'calls': 0, 'last': len(probe), 'marks': []}
-    for b in to_step(probe, prefetch):
+    for b in to_step(probe, prefetch, copied=True):
       yield b, 1
     timed = self.chosen.pop('probe')
     marks = timed['marks']
@@ -327,7 +345,7 @@ class SingleDevice:
     # step per call (the stacks already built are sliced).
     self.chosen['check'] = []
     fallback = False
-    for b, taken in self._batches(host_batches, start + len(probe), num_steps, prefetch, k):
+    for b, taken in self._batches(host_batches, start + len(probe), prefetch, k):
       if fallback and isinstance(b, Stacked):
         for i in range(taken):
           yield jax.tree.map(lambda x: x[i], b.batches), 1

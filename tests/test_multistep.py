@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 
 import purax
+from purax import plan as plan_lib
 from purax import testing
+from purax.core.errors import DataError
 from purax.io.checkpoint import Checkpointer
 from purax.nn import MLP
+from tests.helpers import refilling
 
 STEPS = 12
 
@@ -78,6 +81,35 @@ def test_a_tail_shorter_than_k_runs_as_single_steps_bitwise():
   bitwise(multi, single)
   assert [r['step'] for r in hk] == [r['step'] for r in h1] == [4, 8, 10]
 
+
+def test_a_call_holds_its_own_copy_of_each_batch_from_a_refilling_loader():
+  # Resumed at step 2 with k = 4 and 12 batches: steps 2-3 single (passed on as
+  # they are), calls of steps 4-7 and 8-11, then the tail, steps 12-13, single.
+  fresh = batches()
+  out = list(plan_lib._stacked(refilling(fresh), 2, 4))
+  assert [isinstance(o, plan_lib.Stacked) for o in out] == [False, False, True, True, False,
+                                                            False]
+  for call, first in zip(out[2:4], (2, 6)):
+    for key in ('x', 'y'):
+      np.testing.assert_array_equal(call.batches[key],
+                                    np.stack([b[key] for b in fresh[first:first + 4]]))
+  assert not np.shares_memory(out[2].batches['x'], out[3].batches['x'])
+  for single, batch in zip(out[4:], fresh[10:]):
+    assert not np.shares_memory(single['x'], out[0]['x'])   # not the loader's buffer
+    np.testing.assert_array_equal(single['x'], batch['x'])
+
+
+def test_a_call_of_batches_that_differ_in_shape_or_dtype_is_a_clear_error():
+  data = batches()
+  for changed in ({**data[1], 'x': data[1]['x'][:, :4]},
+                  {**data[1], 'y': data[1]['y'].astype(np.float32)}):
+    t = task()
+    state = t.init(jax.random.key(0), data[0])
+    with pytest.raises(DataError, match=r'train_data batch of step 1: expected the structure, '
+                                        r'shapes and dtypes of the first batch of its call of '
+                                        r'steps_per_call=2'):
+      purax.fit(t, state, [data[0], changed] + data[2:], log_every=4, progress=False,
+                steps_per_call=2)
 
 def test_auto_runs_probe_steps_then_the_chosen_k_bitwise(monkeypatch):
   # 'auto' times 5 single steps, then runs k per call; steps 5-7 realign one

@@ -84,8 +84,15 @@ def _storable(tree: PyTree) -> PyTree:
   return jax.tree.map(lambda x: jax.random.key_data(x) if _is_typed_key(x) else x, tree)
 
 
-# Leaves up to this size are handed to orbax as host numpy copies (one process only).
+# Leaves up to this size are handed to orbax as host numpy copies (one process
+# only) and fingerprinted by numpy.
 HOST_LEAF_BYTES = 1 << 20
+
+
+def _small_whole(x) -> bool:
+  """Whether ``x`` is a ``jax.Array`` this process holds whole, of at most
+  ``HOST_LEAF_BYTES``: cheap to copy to the host and handle there."""
+  return isinstance(x, jax.Array) and x.is_fully_addressable and x.nbytes <= HOST_LEAF_BYTES
 
 
 def _small_leaves_on_host(tree: PyTree) -> PyTree:
@@ -98,18 +105,13 @@ def _small_leaves_on_host(tree: PyTree) -> PyTree:
   save of the default job's 46 arrays commits in about half the time
   (``benchmarks/checkpoint.py``). The files are the same zarr arrays, restored
   onto any target sharding. Large leaves stay ``jax.Array`` leaves: orbax
-  writes them per shard, chunked. The copies are taken before ``save`` returns, so
-  the next step may donate the buffers.
+  writes them per shard, chunked. The copies are taken before ``save``
+  returns, so the next step may donate the buffers.
   """
   if jax.process_count() != 1:
     return tree
-
-  def small(x):
-    return (isinstance(x, jax.Array) and x.is_fully_addressable and
-            x.nbytes <= HOST_LEAF_BYTES)
-
   leaves, treedef = jax.tree.flatten(tree)
-  picked = [i for i, x in enumerate(leaves) if small(x)]
+  picked = [i for i, x in enumerate(leaves) if _small_whole(x)]
   on_host = jax.device_get([leaves[i] for i in picked])   # one batch of transfers
   for i, x in zip(picked, on_host):
     leaves[i] = np.array(x, copy=True)   # owned: never a view of a donated buffer
@@ -241,8 +243,7 @@ def _on_host(x) -> bool:
   and runs on one core: larger leaves go to the device program)."""
   if isinstance(x, (np.ndarray, np.generic)):
     return x.dtype in _HOST_DTYPES and x.nbytes <= HOST_LEAF_BYTES
-  return (isinstance(x, jax.Array) and x.dtype in _HOST_DTYPES and x.is_fully_addressable
-          and x.nbytes <= HOST_LEAF_BYTES)
+  return _small_whole(x) and x.dtype in _HOST_DTYPES
 
 
 def fingerprints(tree: PyTree) -> list[str]:
