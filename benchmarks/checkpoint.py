@@ -67,8 +67,7 @@ def throughput(task, data, *, every, directory, interval_s='default'):
           blocked[0] += time.perf_counter() - t
       setattr(ckpt, name, timed)
   start = time.perf_counter()
-  state, _ = purax.fit(task, state, data, log_every=50, progress=False, checkpointer=ckpt,
-                       checkpoint_every=every)
+  state, _ = purax.fit(task, state, data, hooks=purax.hooks.standard(log_every=50, progress=False, checkpointer=ckpt, checkpoint_every=every))
   jax.block_until_ready(state.params)
   elapsed = time.perf_counter() - start   # includes waiting for the last commit
   if ckpt is not None:

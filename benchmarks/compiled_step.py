@@ -37,7 +37,7 @@ from step_overhead import BATCH, handwritten_step
 
 def purax_ms(task, batches):
   state = task.init(jax.random.key(0), batches[0])
-  acc = plan_lib.SingleDevice(task).zero_metrics(state, batches[0])
+  acc = plan_lib.SingleDevicePlan(task).zero_metrics(state, batches[0])
   state, acc = plan_lib.train_step(task, state, acc, batches[0])    # compiled, untimed
   jax.block_until_ready(acc)
   start = time.perf_counter()

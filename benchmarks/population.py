@@ -10,7 +10,7 @@ the same number of steps, in one process:
   with the population strategy ``'auto'`` (what ``fit`` uses; the chunk size
   it picks is recorded) and each of ``--strategies`` (``vmap``,
   ``sequential``, ``chunked`` or a chunk size);
-- ``sequential_runs``: ``purax.loop.train_step`` (what ``purax.fit`` runs), K
+- ``sequential_runs``: ``purax.plan.train_step`` (what ``purax.fit`` runs), K
   runs one after the other, one jitted call per step per run.
 
 Populations smaller than 16 repeat the steps (``16 // K`` times; the JSON's
@@ -43,7 +43,8 @@ import purax
 from purax.core import metrics as metrics_lib
 from purax.core import population as P
 from purax.io import datasets
-from purax.loop import train_step, zero_metrics
+from purax.core.metrics import zeros_of as zero_metrics
+from purax.plan import train_step
 
 
 def build(steps: int, width: int = 256, model: str = 'mlp'):

@@ -110,11 +110,12 @@ def run_purax(task, data, *, log_every, steps_per_call='auto', warm_up=True):
   for timed in (False, True) if warm_up else (True,):
     state = task.init(jax.random.key(0), data[0])
     # fit(plan=None) builds exactly this plan; built here to read the k it chose.
-    plan = plan_lib.SingleDevice(task, k, cadence=log_every)
+    plan = plan_lib.SingleDevicePlan(task)
     start = time.perf_counter()
-    state, _ = purax.fit(task, state, data, log_every=log_every, progress=False, plan=plan)
+    state, _ = purax.fit(task, state, data, plan=plan, steps_per_call=k,
+                         hooks=purax.hooks.standard(log_every=log_every, progress=False))
     jax.block_until_ready(state.params)
-  return len(data) / (time.perf_counter() - start), plan.chosen.get('steps_per_call', k)
+  return len(data) / (time.perf_counter() - start), plan.chosen_steps_per_call
 
 
 DS = None

@@ -33,9 +33,7 @@ def train(source, directory, steps=STEPS, **resume):
   """Trains to `steps`, from the newest checkpoint in `directory` if there is one."""
   restored = purax.restore_or_init(directory, task, jax.random.key(0), next(iter(source())))
   ckpt = Checkpointer(directory)
-  state, _ = purax.fit(task, restored.state, source(), steps=steps, progress=False,
-                       log_every=STEPS, checkpointer=ckpt, train_metrics=restored.train_metrics,
-                       data_state=restored.data_state, **resume)
+  state, _ = purax.fit(task, restored, source(), steps=steps, **resume, hooks=purax.hooks.standard(log_every=STEPS, progress=False, checkpointer=ckpt))
   ckpt.close()
   return state
 

@@ -33,7 +33,7 @@ def train(model, batches, params):
   state = task.init(jax.random.key(0), batches[0])
   params = jax.tree.map(jnp.copy, params)   # fit donates the state: give each run its own copy
   state = state.replace(params=params, opt_state=task.tx.init(params))   # start from given weights
-  state, history = purax.fit(task, state, batches, log_every=STEPS, progress=False)
+  state, history = purax.fit(task, state, batches, hooks=purax.hooks.standard(log_every=STEPS, progress=False))
   return state, history[-1]['train/loss']
 
 if __name__ == '__main__':

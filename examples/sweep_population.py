@@ -35,7 +35,7 @@ if __name__ == '__main__':
   state = population.member(pop, best)
   hparams = purax.hyperparams(state, task.tx)   # the current learning rate included
   print(f'best member {best}:', {k: float(f'{v:.4g}') for k, v in hparams.items()})
-  state, _ = purax.fit(task, state, batches, progress=False, log_every=MORE)
+  state, _ = purax.fit(task, state, batches, hooks=purax.hooks.standard(log_every=MORE, progress=False))
   final = purax.evaluate(task, state, [test])
   print(f'sweep_population: best temperature {GRID[best][0]}, lr {GRID[best][1]}, '
         f'continued to step {int(state.step)}: test nn_accuracy {final["nn_accuracy"]:.3f}, '

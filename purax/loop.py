@@ -24,36 +24,28 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import math
 import signal
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Iterable, Literal
 
 import jax
-import numpy as np
 
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ConfigError, NonFiniteError, expect
+from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
 from purax.core.task import Task
-from purax import hooks as hooks_lib
-from purax import plan as plan_lib
-from purax.io import progress as progress_lib
-from purax.io.checkpoint import Checkpointer
+from purax.hooks.builtin import standard
+from purax.hooks.loop import Loop, cadences, due, gcd, name_of
 from purax.io.resume import Restored
-from purax.io.writers import MetricWriter
-from purax.plan import eval_step as eval_step
-from purax.plan import multi_train_step as multi_train_step
-from purax.plan import train_step as train_step
-from purax.plan import zero_metrics as zero_metrics
+from purax.plan import SingleDevicePlan
 
 
 class StopOnSignal(contextlib.AbstractContextManager):
   """Turns SIGTERM/SIGINT into a flag polled by the loop; a second signal acts as usual.
 
-  Use as ``with StopOnSignal() as stop: fit(..., should_stop=stop)``: the
+  Use as ``with StopOnSignal() as stop: fit(..., hooks=standard(should_stop=stop))``: the
   loop then finishes its step, checkpoints and returns; ``stop.received``
   names the signal. Handlers are installed only on the main thread.
   """
@@ -93,7 +85,8 @@ def evaluate(task: Task, state: TrainState, batches: Iterable, *, plan=None
   Raises:
     ConfigError: no batches.
   """
-  return metrics_lib.compute(plan_lib.as_plan(plan, task).evaluate(state, batches))
+  plan = SingleDevicePlan(task) if plan is None else plan
+  return metrics_lib.compute(plan.evaluate(state, batches))
 
 
 def is_random_access(data) -> bool:
@@ -150,380 +143,147 @@ class _Source:
       self.positions.append(self.iterator.get_state() if self.stateful else None)
       yield batch
 
-  def position(self) -> Any:
-    """The data position after the batch just consumed (JSON-serialisable) or None."""
-    return self.positions.popleft() if self.positions else None
+  def position(self, step: int, taken: int) -> dict:
+    """The data position after the ``taken`` batches just consumed (JSON)."""
+    iterator = None
+    for _ in range(taken):
+      iterator = self.positions.popleft() if self.positions else None
+    return {'next_step': step, **({} if iterator is None else {'iterator': iterator})}
 
 
-def _checked(batches, check):
-  for batch in batches:
-    check(batch)
-    yield batch
-
-
-def _iterator_position(value) -> dict:
-  return {} if value is None else {'iterator': value}
-
-
-def fit(task: Task, state: TrainState, train_data, *, steps: int | None = None,
-        eval_data: Iterable | None = None, log_every: int = 50, eval_every: int = 0,
-        writer: MetricWriter | None = None, progress: bool = True,
-        prefetch: int = 2, checkpointer: Checkpointer | None = None,
-        checkpoint_every: int = 0, train_metrics=None,
-        should_stop: Callable[[], bool] | None = None, plan=None,
-        max_consecutive_skips: int | None = 10, data_state: Any = None,
+def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | None = None,
+        plan=None, hooks: Iterable | None = None, steps_per_call: int | Literal['auto'] = 'auto',
         iterator_resume: Literal['error', 'warn', 'skip'] = 'error',
-        steps_per_call: int | Literal['auto'] = 'auto', hooks=(), hook_state: dict | None = None,
-        hook_arrays: dict | None = None,
-        checks: Literal['first', 'every', 'none'] = 'first',
         ) -> tuple[Any, list[dict[str, Any]]]:
-  """Trains from ``state.step`` to ``steps``.
+  """Trains from ``state.step`` to ``steps``: the plan's step, then the hooks.
+
+  After each call of the plan's jitted step (one step, or ``steps_per_call``
+  of them) every due hook runs (:mod:`purax.hooks`: logging, evaluation,
+  checkpoints, the stop flag, the progress bar, your own), with the true
+  step number; each hook's ``end`` runs once at the end, however the loop ends.
+
+  Example::
+
+    task = purax.Task(model=purax.nn.MLP(features=(64,), num_classes=10),
+                      tx=purax.adamw(learning_rate=1e-3, total_steps=100))
+    state = task.init(jax.random.key(0), batches[0])
+    state, history = purax.fit(task, state, batches, steps=100,
+                               hooks=purax.hooks.standard(log_every=10, eval_data=test))
 
   Args:
     task: the static model/optimizer/loss.
-    state: the initial (or restored) state — a :class:`TrainState`, or what the
-      plan steps (a :class:`purax.core.population.Population`); consumed
-      (donated). A :class:`purax.io.resume.Restored` (what
-      :func:`purax.restore_or_init` returns) brings its metrics window, data
-      position and hook state along.
+    state: the initial state — a :class:`TrainState`, or what the plan steps
+      (a :class:`purax.core.population.Population`) — or a
+      :class:`purax.io.resume.Restored` (:func:`purax.restore_or_init`),
+      which brings its metrics window, data position and hook state along.
+      Consumed (donated).
     train_data: random access by step (``train_data[s]`` is the batch of step
-      ``s``) or any iterable of batches; see the module docstring. Its
-      loader may refill a batch's arrays once it has yielded it: on the CPU
-      (and for batches held for a multi-step call) ``fit`` trains on a copy
-      (:func:`purax.io.pipeline.owned`).
+      ``s``) or any iterable of batches (the module docstring). Its loader may
+      refill a batch's arrays once it has yielded it: ``fit`` trains on a copy
+      where a call could still read it (:func:`purax.io.pipeline.owned`).
     steps: the step to train to; default ``len(train_data)`` (random access)
       or until the iterable ends.
-    eval_data: evaluation batches, iterated afresh at every evaluation (e.g.
-      :func:`purax.io.pipeline.eval_batches`).
-    log_every: fetch and write the training metrics every this many steps
-      (the loop's only host sync).
-    eval_every: evaluate every this many steps and at the end (0: only at the end
-      when ``eval_data`` is given).
-    writer: receives ``train/*``, ``eval/*`` and ``steps_per_sec`` scalars.
-    progress: show a progress bar (steps/s, loss, ETA).
-    prefetch: batches put on the device ahead of the step (on an accelerator
-      or a mesh; on one CPU device the jitted call takes each numpy batch
-      itself, :func:`purax.plan.to_step`).
-    checkpointer: saves ``{'state', 'train_metrics'}`` every
-      ``checkpoint_every`` steps, at log/eval points where its wall-clock
-      cadence says so (:meth:`Checkpointer.should_save`, ``interval_s``: 300 s
-      by default), when stopped, and at the end (then waits for the commit);
-      asynchronously, with the evaluation metrics when evaluated at that step
-      (for keep-best); the extra JSON holds the data position
-      (``{'data': {'next_step', 'iterator'}}``).
-    checkpoint_every: steps between checkpoints (0: none besides the
-      checkpointer's wall-clock cadence, the stop and the end).
-    train_metrics: the running metrics window to continue (from a
-      checkpoint), so a resumed run logs bitwise what the straight run logs.
-    should_stop: polled after every step (a cheap host flag, e.g. set by a
-      SIGTERM handler, :class:`StopOnSignal`); when true the loop checkpoints
-      and returns early.
-    plan: how the state is placed and stepped (:mod:`purax.plan`): None (one
-      device), a :func:`purax.parallel.sharded` plan (the step on its mesh,
-      the state in its sharding, each process feeding only its rows of every
-      global batch), or ``purax.plan.Population(task)`` (every member of a
-      population at once; metrics ``[members]``; training ends early when
-      every member is frozen). Only process 0 writes.
-    max_consecutive_skips: stop with :class:`NonFiniteError` when this many
-      consecutive steps had non-finite gradients (skipped updates; seen at the
-      next log point, naming the step window); ``None``: never.
-    data_state: an iterable's saved position (``extra['data']['iterator']``
-      of the checkpoint resumed from), restored with ``set_state``.
+    plan: how the state is placed and stepped (:mod:`purax.plan`): default a
+      :class:`purax.plan.SingleDevicePlan`; a :func:`purax.parallel.sharded`
+      plan (a mesh; each process feeds only its rows of every global batch;
+      only process 0 writes) or a :class:`purax.plan.PopulationPlan`.
+    hooks: what runs between calls, in their ``order``; default
+      :func:`purax.hooks.standard` ``()`` (log every 50 steps, a progress bar,
+      the non-finite streak); ``[]``: none.
+    steps_per_call: ``k`` steps per call (:class:`purax.plan.SingleDevicePlan`;
+      other plans take 1), with exactly the result of ``k`` single steps
+      (bitwise on the CPU). Calls end at multiples of ``k``, so every hook's
+      ``every`` must be a multiple of ``k``; the steps before the first
+      multiple, after the last and in a hook's ``alone`` range run one at a
+      time. ``'auto'``: :mod:`purax.plan.auto` chooses (1 on other plans).
     iterator_resume: what resuming (``state.step > 0``) with an iterable that
-      cannot be repositioned does: ``'error'`` (default) refuses, ``'warn'``
-      says in one line that the data position is not restored and continues
-      on what the iterator yields, ``'skip'`` draws and drops ``state.step``
-      batches first (exact for a deterministic iterable).
-    steps_per_call: ``k`` steps per dispatch (``lax.scan`` of the step over
-      ``k`` stacked batches, unrolled on the CPU when the model has
-      convolutions (:mod:`purax.core.loops`): one host-to-device transfer and
-      one Python iteration per ``k`` steps), with exactly the result of ``k`` single
-      steps (bitwise on CPU). Calls end at multiples of ``k``; the steps
-      before the first (a resumed run) and after the last run one at a time,
-      so ``log_every``, ``eval_every``, ``checkpoint_every`` and the hooks'
-      ``every`` must be multiples of ``k``; ``should_stop`` is polled per
-      call. ``'auto'`` (default): the first 5 steps run singly and are timed
-      (a host sync each), then ``k`` is the largest divisor of the gcd of
-      those cadences that is <= ``min(32, ceil(10 ms / step time))``, and 1
-      unless the rest of the run saves (at 10% of the step time) more than
-      the second compilation costs (:func:`purax.plan.choose_steps_per_call`):
-      a small model stops paying Python and dispatch per step, a large one
-      or a short run keeps ``k = 1``. With a ``plan``, ``'auto'`` is 1 and an
-      integer ``k > 1`` is refused (single device only).
-    hooks: :mod:`purax.hooks` run at log/eval points on their own cadence
-      (early stopping, PBT, EMA, histograms, your callbacks); their
-      ``state_dict()`` is saved in every checkpoint (``extra['hooks']``), their
-      ``arrays`` (hooks with ``init_arrays``) in its array tree; an
-      ``info['histograms']`` goes to ``writer.write_histograms`` when the
-      writer has it.
-    hook_state: the hooks' saved state to continue from
-      (``restore_or_init(...).extra.get('hooks')``).
-    hook_arrays: the array state of the hooks that have ``init_arrays``
-      (:class:`purax.hooks.EMA`), ``{name: tree}``, to continue from
-      (``restore_or_init(..., hooks=hooks).hook_arrays``); a hook without
-      saved arrays starts from ``hook.init_arrays(state)``. Saved in every
-      checkpoint's array tree under ``'hooks'``.
-    checks: value checks of the batches on the host (:meth:`Task.check_values`:
-      labels and token ids in range, weights finite and >= 0, for the provided
-      losses): ``'first'`` batch only (default: before anything compiles),
-      ``'every'`` batch (a host pass over each batch: for debugging data), or
-      ``'none'``. Shapes and dtypes are always checked (at trace time).
+      cannot be repositioned does: ``'error'`` refuses, ``'warn'`` says so in
+      one line and continues on what the iterator yields, ``'skip'`` draws
+      and drops ``state.step`` batches first (exact for a deterministic one).
 
   Returns:
     ``(state, history)``: the final state and every record written.
 
   Raises:
-    ConfigError: ``log_every`` or ``eval_every`` out of range; an iterable
+    ConfigError: an option out of range, a cadence that is not a multiple of
+      ``steps_per_call``, deleted (donated) state arrays, or an iterable
       that cannot be repositioned under ``iterator_resume='error'``.
     DataError, ContractError: a malformed batch or loss (at the first trace).
-    NonFiniteError: ``max_consecutive_skips`` consecutive skipped updates.
+    NonFiniteError: from :class:`purax.hooks.NonFiniteStreak`.
   """
-  if isinstance(state, Restored):      # fit(task, restore_or_init(...), data, ...)
-    train_metrics = state.train_metrics if train_metrics is None else train_metrics
-    data_state = state.data_state if data_state is None else data_state
-    hook_state = state.extra.get('hooks') if hook_state is None else hook_state
-    hook_arrays = state.hook_arrays if hook_arrays is None else hook_arrays
-    state = state.state
+  restored = state if isinstance(state, Restored) else Restored(state, None, 0, None, {})
+  hooks = sorted(standard() if hooks is None else hooks, key=lambda h: getattr(h, 'order', 0))
+  _check(restored.state, train_data, steps, steps_per_call, hooks)
+  plan = SingleDevicePlan(task) if plan is None else plan
+  start = plan.start_step(restored.state)       # host read before the loop only
+  source = _Source(train_data, start, steps, restored.data_state, iterator_resume)
+  expect(source.num_steps is None or 0 <= start <= source.num_steps, 'state.step',
+         f'in [0, {source.num_steps}]', start, ConfigError)
+  host_batches = plan.checked(source.batches)
+  first = next(host_batches, None)
+  loop = Loop(task, plan, plan.place(restored.state), restored.train_metrics, start,
+              source.num_steps, steps_per_call, gcd(cadences(hooks)), hooks,
+              {'next_step': start, **({'iterator': restored.data_state}
+                                      if restored.data_state is not None else {})},
+              start=start, first=start,
+              ranges=[h.alone for h in hooks if getattr(h, 'alone', None) is not None])
+  if first is not None and loop.metrics is None:
+    loop.metrics = plan.zero_metrics(loop.state, first)
+  loop.restore_hooks(restored.hook_states, restored.hook_arrays)
+  ends = [h for h in hooks if callable(getattr(h, 'end', None))]
+  for hook in hooks:
+    if callable(getattr(hook, 'start', None)):
+      hook.start(loop)
+  batches = itertools.chain([first], host_batches) if first is not None else iter(())
+  try:
+    for batch, taken in plan.device_batches(batches, loop):
+      loop.state, loop.metrics = plan.train_step(loop.state, loop.metrics, batch)
+      loop.first, loop.step = loop.step, loop.step + taken
+      loop.position = source.position(loop.step, taken)
+      loop.at_end, loop.record = loop.step == loop.num_steps, {}
+      loop.began = time.perf_counter()
+      for hook in hooks:
+        if due(hook.every, loop.first, loop.step, evaluated=loop.evaluated,
+               at_end=loop.at_end and hook.at_end):
+          loop.run_hook(hook)
+      loop.hook_s, loop.began = loop.hook_seconds(), None
+      if loop.stop or loop.at_end:
+        break
+    else:
+      loop.at_end = loop.step > start     # the data ran out: that is the end of training
+  except BaseException:
+    loop.failed = True
+    raise
+  finally:
+    for hook in ends:
+      hook.end(loop)
+  return loop.state, loop.history
+
+
+def _check(state, train_data, steps, steps_per_call, hooks) -> None:
+  """fit's argument checks, before anything runs (named ConfigErrors)."""
   deleted = [jax.tree_util.keystr(path) for path, x in
              jax.tree_util.tree_flatten_with_path(state)[0]
              if isinstance(x, jax.Array) and x.is_deleted()]
   expect(not deleted, 'state', 'live arrays (fit donates its state: pass a copy, '
          'jax.tree.map(jnp.copy, state), to keep one)',
          f'deleted arrays at {deleted[:3]}', ConfigError)
-  expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
-  expect(eval_every >= 0, 'eval_every', '>= 0', eval_every, ConfigError)
-  expect(checkpoint_every >= 0, 'checkpoint_every', '>= 0', checkpoint_every, ConfigError)
   expect(steps is None or (isinstance(steps, int) and steps >= 0), 'steps',
          'None or an integer >= 0', steps, ConfigError)
   expect(not isinstance(train_data, dict), 'train_data',
          'batches (a random-access dataset or an iterable of batches), not one batch',
          f'a dict with keys {sorted(train_data)}' if isinstance(train_data, dict) else '',
          ConfigError)
-  expect(eval_data is None or eval_every == 0 or iter(eval_data) is not eval_data,
-         'eval_data', 'a collection iterated afresh at every evaluation (a list, a grain '
-         'dataset)', f'a one-shot {type(eval_data).__name__}', ConfigError)
-  hooks = list(hooks)
   k = steps_per_call
   expect(k == 'auto' or (isinstance(k, int) and k >= 1), 'steps_per_call',
          "an integer >= 1 or 'auto'", k, ConfigError)
-  cadences = [('log_every', log_every), ('eval_every', eval_every),
-              ('checkpoint_every', checkpoint_every)]
-  cadences += [(f'{type(hook).__name__}.every', hook.every) for hook in hooks]
-  for i, (name, every) in enumerate(cadences):
-    multiple = '' if k == 'auto' else f'a multiple of steps_per_call={k}'
-    expect(every >= 0 and (k == 'auto' or every % k == 0), name,
-           ' and '.join(filter(None, ['>= 0' if i >= 3 else '', multiple])) or '>= 0', every,
-           ConfigError)
-  plan = plan_lib.as_plan(plan, task, steps_per_call,
-                          cadence=math.gcd(*[every for _, every in cadences]))
+  cadences(hooks)                          # every: None or an integer >= 0
   for hook in hooks:
-    saved = (hook_state or {}).get(getattr(hook, 'name', type(hook).__name__))
-    if saved is not None and hasattr(hook, 'load_state_dict'):
-      hook.load_state_dict(saved)
-  start = plan.start_step(state)      # host read before the loop only
-  source = _Source(train_data, start, steps, data_state, iterator_resume)
-  num_steps = source.num_steps
-  expect(num_steps is None or 0 <= start <= num_steps, 'state.step',
-         f'in [0, {num_steps}]', start, ConfigError)
-  history: list[dict[str, Any]] = []
-
-  def write(step, scalars):
-    history.append({'step': step, **scalars})
-    if writer is not None and jax.process_index() == 0:
-      writer.write_scalars(step, scalars)
-
-  expect(checks in ('first', 'every', 'none'), 'checks', "'first', 'every' or 'none'",
-         repr(checks), ConfigError)
-  host_batches = source.batches
-  first = next(host_batches, None)
-  if first is not None and checks != 'none' and isinstance(
-      plan, (plan_lib.SingleDevice, plan_lib.Sharded)):
-    abstract = task.abstract_state(first)   # no transfer; traced once per (task, shapes)
-    task.check_values(first, abstract)
-    if checks == 'every':
-      host_batches = _checked(host_batches, lambda b: task.check_values(b, abstract))
-  acc = train_metrics
-  state = plan.place(state)
-  array_hooks = {getattr(h, 'name', type(h).__name__): h for h in hooks
-                 if callable(getattr(h, 'init_arrays', None))}
-  for name, hook in array_hooks.items():
-    saved = (hook_arrays or {}).get(name)
-    hook.arrays = hook.init_arrays(state) if saved is None else saved
-  if first is not None and acc is None:
-    acc = plan.zero_metrics(state, first)
-  host_batches = itertools.chain([first], host_batches) if first is not None else iter(())
-  position = {'next_step': start, **_iterator_position(data_state)}
-
-  def save(step, metrics=None):
-    if checkpointer is not None:
-      extra = {'data': dict(position)}
-      states = {getattr(h, 'name', type(h).__name__): h.state_dict() for h in hooks
-                if hasattr(h, 'state_dict')}
-      if states:
-        extra['hooks'] = states
-      tree = {'state': state, 'train_metrics': acc}
-      if array_hooks:
-        tree['hooks'] = {name: h.arrays for name, h in array_hooks.items()}
-      checkpointer.save(step, tree, metrics=metrics, extra=extra)
-
-  def log(step, window_start):
-    """The loop's one host sync: fetch the merged metrics of the window."""
-    nonlocal acc, last_time, last_step
-    scalars = {f'train/{name}': v for name, v in metrics_lib.compute(acc).items()}
-    now = time.perf_counter()
-    scalars['steps_per_sec'] = (step - last_step) / max(now - last_time, 1e-9)
-    last_time, last_step = now, step
-    acc = metrics_lib.zeros_like(acc)
-    if np.ndim(scalars.get('train/loss', ())) == 0 and 'train/loss' in scalars:
-      bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", refresh=False)
-    write(step, scalars)
-    streak = float(np.max(scalars.get('train/skip_streak', 0)))
-    if max_consecutive_skips is not None and streak >= max_consecutive_skips:
-      bar.close()
-      raise NonFiniteError(
-          f'train/skip_streak: expected fewer than {max_consecutive_skips} consecutive '
-          f'steps with non-finite gradients, got {int(streak)} ending in steps '
-          f'({window_start}, {step}]; the state is that of the last finite update '
-          f'(try a lower learning rate, clipping, or --debug-nans to find the source)')
-    return scalars
-
-  def run_eval(step):
-    """Evaluates, writes ``eval/*`` and returns it (a host sync, not training time)."""
-    nonlocal last_time
-    scalars = {f'eval/{name}': v for name, v in
-               metrics_lib.compute(plan.evaluate(state, eval_data)).items()}
-    write(step, scalars)
-    last_time = time.perf_counter()
-    return scalars
-
-  def run_hooks(step, at_end, evaluated, record):
-    nonlocal state
-    stop = False
-    for hook in hooks:
-      due = (evaluated if hook.every == 0 else step % hook.every == 0)
-      if due and (not at_end or hook.at_end):
-        state, info = hook(step, state, record)
-        info = dict(info or {})
-        stop = bool(info.pop('stop', False)) or stop
-        histograms = info.pop('histograms', None)
-        if histograms and writer is not None and jax.process_index() == 0 and hasattr(
-            writer, 'write_histograms'):
-          writer.write_histograms(step, histograms)
-        if info:
-          write(step, info)
-    return stop
-
-  bar = progress_lib.bar(num_steps, start, enabled=progress)
-  done = {'logged': None, 'evaluated': None, 'saved': None}   # the last step of each
-  last_time, last_step = time.perf_counter(), start
-  window_start = step = start
-  for batch, taken in plan.device_batches(host_batches, start=start, num_steps=num_steps,
-                                          prefetch=prefetch):
-    state, acc = plan.train_step(state, acc, batch)
-    step += taken
-    for _ in range(taken):
-      iterator_position = source.position()
-    position = {'next_step': step, **_iterator_position(iterator_position)}
-    bar.update(taken)
-    at_end = step == num_steps
-    record = {}
-    if step % log_every == 0 or at_end:
-      record.update(log(step, window_start))
-      window_start = done['logged'] = step
-      at_end = at_end or plan.finished(state)
-    eval_scalars = None
-    if eval_data is not None and ((eval_every and step % eval_every == 0) or at_end):
-      eval_scalars = run_eval(step)
-      record.update(eval_scalars)
-    hook_stop = run_hooks(step, at_end, eval_scalars is not None, record)
-    stop = hook_stop or (should_stop is not None and should_stop())
-    if ((checkpoint_every and step % checkpoint_every == 0) or at_end or stop
-        or (record and checkpointer is not None and checkpointer.should_save(step))):
-      save(step, eval_scalars if eval_scalars and np.ndim(
-          next(iter(eval_scalars.values()))) == 0 else None)
-      done['saved'] = step
-    if eval_scalars is not None:
-      done['evaluated'] = step
-    if stop or at_end:
-      break
-  else:
-    if step > start and step != num_steps:
-      # An iterable ran out: that is the end of training (logged, evaluated and
-      # saved, unless its last step already was).
-      if done['logged'] != step:
-        log(step, window_start)
-      eval_scalars = None
-      if eval_data is not None and done['evaluated'] != step:
-        eval_scalars = run_eval(step)
-      if done['saved'] != step:
-        save(step, eval_scalars)
-  bar.close()
-  if writer is not None:
-    writer.flush()
-  if checkpointer is not None:
-    checkpointer.wait()
-  return state, history
-
-
-def fit_population(task, pop, train_data, *, batch_index=None, plan=None,
-                   eval_data=None, eval_every: int = 0, log_every: int = 50,
-                   metric: str = 'loss', mode: Literal['min', 'max'] = 'min',
-                   patience: int = 0, pbt_every: int = 0, pbt_fraction: float = 0.25,
-                   pbt_names=None, pbt_bounds=None,
-                   pbt_key: jax.Array | None = None, progress: bool = True):
-  """Trains a population from its step to ``len(train_data)``: :func:`fit`
-  with the :class:`purax.plan.Population` plan and the population hooks
-  (``purax sweep`` is this).
-
-  Args:
-    task: the :class:`Task` every member runs.
-    pop: the :class:`purax.core.population.Population`; consumed (donated).
-    train_data: ``train_data[s]`` is step ``s``'s batch, shared, or stacked
-      ``[n, batch, ...]`` with ``batch_index`` (see :func:`population.step`).
-    batch_index: int32 ``[members]`` or None.
-    plan: a :class:`purax.plan.Population` (e.g. on a mesh); default
-      ``Population(task, batch_index)``.
-    eval_data: evaluation batches shared by all members, iterated afresh.
-    eval_every: evaluate every N steps and at the end (0: at the end only).
-    log_every: fetch training metrics every N steps (the only host sync).
-    metric, mode: the eval metric ranking members (early stopping, PBT).
-    patience: early-stop a member after this many evaluations without
-      improvement (0: off; :class:`purax.hooks.PopulationEarlyStopping`).
-    pbt_every: every N steps (a multiple of ``eval_every``), after that
-      step's evaluation, run :func:`pbt.exploit_explore` (0: off;
-      :class:`purax.hooks.PBT`).
-    pbt_fraction: PBT's truncation fraction.
-    pbt_names, pbt_bounds: the hyperparameters PBT perturbs and their clip
-      intervals (:func:`purax.core.pbt.exploit_explore`'s defaults when None).
-    pbt_key: typed key of PBT, folded with the step.
-    progress: show a progress bar for the population.
-
-  Returns:
-    ``(pop, history)``: records ``{'step', 'train/NAME' | 'eval/NAME': [members]}``
-    of numpy arrays, plus ``'pbt/source'`` records when PBT ran.
-
-  Raises:
-    ConfigError: an interval out of range, PBT or early stopping without
-      ``eval_data``, or ``pbt_every`` not a multiple of ``eval_every``.
-  """
-  expect(log_every >= 1, 'log_every', '>= 1', log_every, ConfigError)
-  for name, value in (('eval_every', eval_every), ('patience', patience),
-                      ('pbt_every', pbt_every)):
-    expect(value >= 0, name, '>= 0', value, ConfigError)
-    expect(value == 0 or name == 'eval_every' or eval_data is not None, name,
-           '0 when there is no eval data', value, ConfigError)
-  hooks = []
-  if patience:
-    hooks.append(hooks_lib.PopulationEarlyStopping(metric=metric, mode=mode,
-                                                   patience=patience))
-  if pbt_every:
-    pbt_hook = hooks_lib.PBT(every=pbt_every, metric=metric, mode=mode,
-                             fraction=pbt_fraction, key=pbt_key,
-                             names=None if pbt_names is None else tuple(pbt_names),
-                             bounds=pbt_bounds)
-    pbt_hook.check(eval_every)
-    hooks.append(pbt_hook)
-  plan = plan if plan is not None else plan_lib.Population(task, batch_index)
-  return fit(task, pop, train_data, plan=plan,
-             eval_data=eval_data, eval_every=eval_every, log_every=log_every,
-             progress=progress, hooks=hooks, max_consecutive_skips=None)
+    expect(callable(hook) and hasattr(hook, 'every') and hasattr(hook, 'at_end'), 'hooks',
+           'hooks with every, at_end and __call__(step, state, record) (purax.hooks)',
+           type(hook).__name__, ConfigError)
+    every = hook.every
+    expect(k == 'auto' or not every or every % k == 0,
+           getattr(hook, 'option', f'{name_of(hook)}.every'),
+           f'a multiple of steps_per_call={k} (calls end at multiples of it)', every,
+           ConfigError)

@@ -24,10 +24,7 @@ def task(**kw):
 def test_a_generator_ending_on_a_checkpoint_step_saves_and_evaluates_it_once(tmp_path):
   t = task()
   ckpt = purax.Checkpointer(str(tmp_path / 'c'))
-  state, history = purax.fit(t, t.init(jax.random.key(0), batch()),
-                             (batch(i) for i in range(10)), log_every=5, eval_every=5,
-                             checkpoint_every=5, checkpointer=ckpt, eval_data=[batch(99)],
-                             progress=False)
+  state, history = purax.fit(t, t.init(jax.random.key(0), batch()), (batch(i) for i in range(10)), hooks=purax.hooks.standard(log_every=5, progress=False, eval_data=[batch(99)], eval_every=5, checkpointer=ckpt, checkpoint_every=5))
   ckpt.close()
   with purax.Checkpointer(str(tmp_path / 'c')) as again:
     assert int(state.step) == 10 and again.steps() == [5, 10]
@@ -55,12 +52,10 @@ def test_a_task_rebuilt_with_the_same_adamw_values_is_equal():
      r"_Deterministic.__call__: expected a call purax can make.*got required parameters \['deterministic'\]"),
     (lambda: task(model=_TwoHeads()).init(jax.random.key(0), batch()), purax.DataError,
      r'model outputs: expected \[batch, classes\] logits, got tuple'),
-    (lambda: purax.fit(task(), task().init(jax.random.key(0), batch()), batch(), progress=False),
+    (lambda: purax.fit(task(), task().init(jax.random.key(0), batch()), batch(), hooks=purax.hooks.standard(progress=False)),
      purax.ConfigError, r"train_data: expected batches .* got a dict with keys \['x', 'y'\]"),
-    (lambda: purax.fit(task(), task().init(jax.random.key(0), batch()), [batch()], steps=-1,
-                       progress=False), purax.ConfigError, r'steps: expected None or an integer >= 0, got -1'),
-    (lambda: purax.fit(task(), task().init(jax.random.key(0), batch()), [batch()] * 4,
-                       eval_every=2, eval_data=iter([batch()]), progress=False),
+    (lambda: purax.fit(task(), task().init(jax.random.key(0), batch()), [batch()], steps=-1, hooks=purax.hooks.standard(progress=False)), purax.ConfigError, r'steps: expected None or an integer >= 0, got -1'),
+    (lambda: purax.fit(task(), task().init(jax.random.key(0), batch()), [batch()] * 4, hooks=purax.hooks.standard(progress=False, eval_data=iter([batch()]), eval_every=2)),
      purax.ConfigError, r'eval_data: expected a collection iterated afresh'),
 ])
 def test_bad_input_is_named(make, error, match):
@@ -88,16 +83,16 @@ def test_fit_checks_values_of_the_first_batch_by_default(change, match):
   t = task()
   bad = change(batch())
   with pytest.raises(purax.DataError, match=match):
-    purax.fit(t, t.init(jax.random.key(0), batch()), [bad], progress=False)
-  purax.fit(t, t.init(jax.random.key(0), batch()), [bad], progress=False, checks='none')
+    purax.fit(t, t.init(jax.random.key(0), batch()), [bad], hooks=purax.hooks.standard(progress=False))
+  purax.fit(t, t.init(jax.random.key(0), batch()), [bad], hooks=purax.hooks.standard(progress=False), plan=purax.plan.SingleDevicePlan(t, checks='none'))
 
 
 def test_fit_checks_every_batch_when_asked():
   t = task()
   batches = [batch(0), dict(batch(1), y=np.full(8, 7, np.int32))]
-  purax.fit(t, t.init(jax.random.key(0), batch()), batches, progress=False)   # first only
+  purax.fit(t, t.init(jax.random.key(0), batch()), batches, hooks=purax.hooks.standard(progress=False))   # first only
   with pytest.raises(purax.DataError, match=r"batch\['y'\]: expected class labels in \[0, 3\)"):
-    purax.fit(t, t.init(jax.random.key(0), batch()), batches, progress=False, checks='every')
+    purax.fit(t, t.init(jax.random.key(0), batch()), batches, hooks=purax.hooks.standard(progress=False), plan=purax.plan.SingleDevicePlan(t, checks='every'))
 
 
 def test_token_ids_beyond_the_vocabulary_are_named():

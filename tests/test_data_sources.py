@@ -60,7 +60,7 @@ class SignalAt:
 def straight(data, **kw):
   t = task()
   state = t.init(jax.random.key(0), make_batch(0))
-  return purax.fit(t, state, data, steps=STEPS, log_every=2, progress=False, **kw)[0]
+  return purax.fit(t, state, data, steps=STEPS, **kw, hooks=purax.hooks.standard(log_every=2, progress=False))[0]
 
 
 def assert_bitwise(a, b):
@@ -73,16 +73,12 @@ def test_grain_iter_dataset_sigterm_and_resume_equal_the_straight_run(tmp_path):
   ckpt = Checkpointer(str(tmp_path / 'ckpt'), keep_last=2)
   state = t.init(jax.random.key(0), make_batch(0))
   with purax.StopOnSignal() as stop:
-    state, _ = purax.fit(t, state, iter_dataset(), steps=STEPS, log_every=2, progress=False,
-                         writer=SignalAt(6), checkpointer=ckpt, checkpoint_every=4,
-                         should_stop=stop)
+    state, _ = purax.fit(t, state, iter_dataset(), steps=STEPS, hooks=purax.hooks.standard(log_every=2, progress=False, writer=SignalAt(6), checkpointer=ckpt, checkpoint_every=4, should_stop=stop))
   assert stop.received == 'SIGTERM' and int(state.step) == 6
   ckpt.close()
   restored = purax.restore_or_init(str(tmp_path / 'ckpt'), t, jax.random.key(99), make_batch(0))
   assert restored.step == 6 and restored.data_state is not None
-  final, _ = purax.fit(t, restored.state, iter_dataset(), steps=STEPS, log_every=2,
-                       progress=False, train_metrics=restored.train_metrics,
-                       data_state=restored.data_state)
+  final, _ = purax.fit(t, restored, iter_dataset(), steps=STEPS, hooks=purax.hooks.standard(log_every=2, progress=False))
   assert int(final.step) == STEPS
   assert_bitwise(final, expected)
 
@@ -97,7 +93,7 @@ def _half_run(tmp_path):
   state = t.init(jax.random.key(0), make_batch(0))
   ckpt = Checkpointer(str(tmp_path / 'ckpt'))
   gen = generator()
-  state, _ = purax.fit(t, state, gen, steps=6, log_every=2, progress=False, checkpointer=ckpt)
+  state, _ = purax.fit(t, state, gen, steps=6, hooks=purax.hooks.standard(log_every=2, progress=False, checkpointer=ckpt))
   ckpt.close()
   return t, purax.restore_or_init(str(tmp_path / 'ckpt'), t, jax.random.key(0), make_batch(0))
 
@@ -106,10 +102,8 @@ def test_a_generator_resume_refuses_by_default_and_skips_exactly_when_asked(tmp_
   t, restored = _half_run(tmp_path)
   assert restored.step == 6 and restored.data_state is None
   with pytest.raises(purax.ConfigError, match='cannot be repositioned'):
-    purax.fit(t, restored.state, generator(), steps=STEPS, progress=False)
-  final, _ = purax.fit(t, restored.state, generator(), steps=STEPS, log_every=2,
-                       progress=False, train_metrics=restored.train_metrics,
-                       iterator_resume='skip')
+    purax.fit(t, restored.state, generator(), steps=STEPS, hooks=purax.hooks.standard(progress=False))
+  final, _ = purax.fit(t, restored, generator(), steps=STEPS, iterator_resume='skip', hooks=purax.hooks.standard(log_every=2, progress=False))
   assert_bitwise(final, straight(generator()))
 
 
@@ -117,8 +111,7 @@ def test_a_generator_resume_can_warn_and_continue_on_what_comes_next(tmp_path):
   t, restored = _half_run(tmp_path)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
-    final, history = purax.fit(t, restored.state, generator(), steps=STEPS, log_every=2,
-                               progress=False, iterator_resume='warn')
+    final, history = purax.fit(t, restored.state, generator(), steps=STEPS, iterator_resume='warn', hooks=purax.hooks.standard(log_every=2, progress=False))
   messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
   assert any('the data position is not restored' in m for m in messages)
   assert int(final.step) == STEPS
@@ -127,9 +120,7 @@ def test_a_generator_resume_can_warn_and_continue_on_what_comes_next(tmp_path):
 def test_an_iterable_that_ends_early_ends_training_with_a_final_log_and_save(tmp_path):
   t = task()
   ckpt = Checkpointer(str(tmp_path / 'ckpt'))
-  state, history = purax.fit(t, t.init(jax.random.key(0), make_batch(0)),
-                             (make_batch(i) for i in range(5)), log_every=2, progress=False,
-                             checkpointer=ckpt, eval_data=[make_batch(99)])
+  state, history = purax.fit(t, t.init(jax.random.key(0), make_batch(0)), (make_batch(i) for i in range(5)), hooks=purax.hooks.standard(log_every=2, progress=False, eval_data=[make_batch(99)], checkpointer=ckpt))
   ckpt.close()
   assert int(state.step) == 5
   assert [r['step'] for r in history if 'train/loss' in r] == [2, 4, 5]
@@ -140,14 +131,13 @@ def test_an_iterable_that_ends_early_ends_training_with_a_final_log_and_save(tmp
 
 def test_fit_takes_what_restore_or_init_returns(tmp_path):
   t, restored = _half_run(tmp_path)
-  final, _ = purax.fit(t, restored, generator(), steps=STEPS, log_every=2, progress=False,
-                       iterator_resume='skip')
+  final, _ = purax.fit(t, restored, generator(), steps=STEPS, iterator_resume='skip', hooks=purax.hooks.standard(log_every=2, progress=False))
   assert_bitwise(final, straight(generator()))
 
 
 def test_fit_refuses_a_state_whose_arrays_a_donation_deleted():
   t = task()
   state = t.init(jax.random.key(0), make_batch(0))
-  purax.fit(t, state, [make_batch(0)], progress=False)          # donates state
+  purax.fit(t, state, [make_batch(0)], hooks=purax.hooks.standard(progress=False))          # donates state
   with pytest.raises(purax.ConfigError, match=r'state: expected live arrays \(fit donates'):
-    purax.fit(t, state, [make_batch(0)], progress=False)
+    purax.fit(t, state, [make_batch(0)], hooks=purax.hooks.standard(progress=False))

@@ -52,8 +52,7 @@ def test_ema_is_the_decayed_average_of_the_sampled_params():
   evaluate = lambda s: purax.evaluate(TASK, s, [DATA[0]])             # noqa: E731
   ema = hooks_lib.EMA(decay=0.75, every=2, evaluate=evaluate)
   recorder = Recorder(every=2)
-  final, history = purax.fit(TASK, state, DATA, progress=False, hooks=[recorder, ema],
-                             eval_data=[DATA[0]], eval_every=4)
+  final, history = purax.fit(TASK, state, DATA, hooks=purax.hooks.standard(progress=False, eval_data=[DATA[0]], eval_every=4) + list([recorder, ema]))
   assert sorted(recorder.seen) == [2, 4, 6] and int(ema.arrays['count']) == 3
   expected = start
   for s in (2, 4, 6):
@@ -89,8 +88,7 @@ def test_histograms_are_read_back_by_tensorboards_event_reader(tmp_path):
   hook = hooks_lib.Histograms(every=3, task=TASK, batch=DATA[0])
   state = fresh_state()
   recorder = Recorder(every=3)
-  _, history = purax.fit(TASK, state, DATA, log_every=3, writer=writer, progress=False,
-                         hooks=[recorder, hook])
+  _, history = purax.fit(TASK, state, DATA, hooks=purax.hooks.standard(log_every=3, progress=False, writer=writer) + list([recorder, hook]))
   writer.close()
   reader = event_accumulator.EventAccumulator(
       str(tmp_path), size_guidance={event_accumulator.HISTOGRAMS: 0})
@@ -129,15 +127,14 @@ def test_histograms_check_their_settings():
 
 def test_the_user_hook_of_the_module_docstring_runs_as_written():
   """The example class in purax.hooks' docstring, executed from the docstring."""
-  code = re.search(r'one number of state.*?::\n\n(.*?)\n\n  hook = ', hooks_lib.__doc__,
+  code = re.search(r'one number of state.*?::\n\n(.*?)\n\n  hooks = ', hooks_lib.__doc__,
                    re.S).group(1)
   namespace = {}
   exec(compile('\n'.join(line[2:] for line in code.splitlines()), 'hooks-doc', 'exec'),
        namespace)
   hook = namespace['StopAtLoss'](target=100.0)       # any loss is below it: stops at once
   hook.every = 2
-  state, history = purax.fit(TASK, fresh_state(), DATA, log_every=2, progress=False,
-                             hooks=[hook])
+  state, history = purax.fit(TASK, fresh_state(), DATA, hooks=purax.hooks.standard(log_every=2, progress=False) + list([hook]))
   assert int(state.step) == 2 and hook.reached == 2
   assert any('params/global_norm' in r for r in history)
   again = namespace['StopAtLoss'](target=0.0)
@@ -159,17 +156,15 @@ def test_ema_on_a_mesh_resumes_onto_the_sharded_params(tmp_path):
   mesh = parallel.make_mesh(data=2, fsdp=2, devices=jax.devices()[:4])
   plan = parallel.sharded(TASK, mesh, parallel.for_mesh(mesh, fsdp_min_size=8), DATA[0])
   straight = hooks_lib.EMA(decay=0.5, every=2)
-  purax.fit(TASK, plan.init(jax.random.key(0)), DATA, plan=plan, progress=False,
-            hooks=[straight])
+  purax.fit(TASK, plan.init(jax.random.key(0)), DATA, plan=plan, hooks=purax.hooks.standard(progress=False) + list([straight]))
   first = hooks_lib.EMA(decay=0.5, every=2)
   with Checkpointer(str(tmp_path)) as ckpt:
-    purax.fit(TASK, plan.init(jax.random.key(0)), DATA, steps=4, plan=plan, progress=False,
-              hooks=[first], checkpointer=ckpt)
+    purax.fit(TASK, plan.init(jax.random.key(0)), DATA, steps=4, plan=plan, hooks=purax.hooks.standard(progress=False, checkpointer=ckpt) + list([first]))
   resumed = hooks_lib.EMA(decay=0.5, every=2)
   restored = purax.restore_or_init(str(tmp_path), TASK, jax.random.key(0), DATA[0], plan=plan,
                                    hooks=[resumed])
   assert int(restored.hook_arrays['ema']['count']) == 2
-  final, _ = purax.fit(TASK, restored, DATA, plan=plan, progress=False, hooks=[resumed])
+  final, _ = purax.fit(TASK, restored, DATA, plan=plan, hooks=purax.hooks.standard(progress=False) + list([resumed]))
   assert int(resumed.arrays['count']) == int(straight.arrays['count']) == 3
   # The average follows the params' shardings (FSDP: not a full copy per device).
   sharded_leaves = [p for p in jax.tree.leaves(final.params) if not p.sharding.is_fully_replicated]

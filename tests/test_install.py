@@ -54,7 +54,7 @@ EXAMPLE = textwrap.dedent("""
   train = [{{'x': x[i:i + 64], 'y': y[i:i + 64]}} for i in (0, 64, 128) * 10]
   test = [{{'x': x[192:], 'y': y[192:]}}]
   state, history = purax.fit(task, task.init(jax.random.key(0), batch), train,
-                             eval_data=test, log_every=10)
+                             hooks=purax.hooks.standard(eval_data=test, log_every=10))
   assert int(state.step) == 30 and 'eval/accuracy' in history[-1], history[-1]
   print('ok')
 """).format(optional=OPTIONAL)

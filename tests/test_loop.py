@@ -40,14 +40,14 @@ def test_fit_compiles_once_and_a_new_learning_rate_does_not_recompile(monkeypatc
   task, train, evals = make()
   TRACES.clear()
   state = task.init(jax.random.key(0), train[0])
-  before = loop.train_step._cache_size()
-  s1, hist1 = loop.fit(task, state, train, eval_data=evals, log_every=4, progress=False)
+  before = purax.plan.train_step._cache_size()
+  s1, hist1 = loop.fit(task, state, train, hooks=purax.hooks.standard(log_every=4, progress=False, eval_data=evals))
   assert len(TRACES) == 1 + 1  # the step's jit trace + the (cached) eval_shape of the metrics
-  assert loop.train_step._cache_size() == before + 1
+  assert purax.plan.train_step._cache_size() == before + 1
   state = task.init(jax.random.key(0), train[0])
   state = state.replace(opt_state=set_hyperparams(state.opt_state, peak_learning_rate=0.5))
-  s2, hist2 = loop.fit(task, state, train, eval_data=evals, log_every=4, progress=False)
-  assert loop.train_step._cache_size() == before + 1, 'a new learning rate recompiled'
+  s2, hist2 = loop.fit(task, state, train, hooks=purax.hooks.standard(log_every=4, progress=False, eval_data=evals))
+  assert purax.plan.train_step._cache_size() == before + 1, 'a new learning rate recompiled'
   assert len(TRACES) == 2      # nothing traced again: the metrics structure is cached too
   assert hist1[0]['train/loss'] != hist2[0]['train/loss']
   assert int(s1.step) == int(s2.step) == 12
@@ -60,8 +60,7 @@ def test_host_syncs_happen_only_at_log_points(monkeypatch):
   monkeypatch.setattr(metrics_lib, 'compute', lambda m: calls.append(1) or real(m))
   state = task.init(jax.random.key(0), train[0])
   with jax.transfer_guard('disallow'):   # no implicit transfers anywhere in the loop
-    state, hist = loop.fit(task, state, train, eval_data=evals, log_every=5,
-                           eval_every=0, progress=False)
+    state, hist = loop.fit(task, state, train, hooks=purax.hooks.standard(log_every=5, progress=False, eval_data=evals, eval_every=0))
   # Logs at steps 5, 10, 12 and one evaluation at the end.
   assert len(calls) == 3 + 1
   assert [h['step'] for h in hist] == [5, 10, 12, 12]
@@ -72,11 +71,12 @@ def test_host_syncs_happen_only_at_log_points(monkeypatch):
 def test_a_cpu_fit_hands_its_step_host_batches_without_a_device_put(monkeypatch, steps_per_call):
   """On the CPU the jitted call takes each numpy batch itself: a device_put
   ahead of it made the MLP step 7% slower (plan.to_step). Evaluation too."""
-  from purax import plan as plan_lib
+  from purax.parallel import plan as base
+  from purax.plan import single
   task, train, evals = make(num_steps=8)
   seen = []
   real_put = pipeline.prefetch_to_device
-  monkeypatch.setattr(plan_lib, 'prefetch_to_device',
+  monkeypatch.setattr(base, 'prefetch_to_device',
                       lambda *a, **k: seen.append('prefetch') or real_put(*a, **k))
   class Spy:
     def __init__(self, real):
@@ -86,11 +86,11 @@ def test_a_cpu_fit_hands_its_step_host_batches_without_a_device_put(monkeypatch,
       seen.extend(type(x).__name__ for x in jax.tree.leaves(batch))
       return self.real(task_, state, acc, batch)
 
-  for name in ('train_step', 'multi_train_step', 'eval_step'):
-    monkeypatch.setattr(plan_lib, name, Spy(getattr(plan_lib, name)))
+  for module, name in ((single, 'train_step'), (single, 'multi_train_step'),
+                       (base, '_eval_step')):
+    monkeypatch.setattr(module, name, Spy(getattr(module, name)))
   state = task.init(jax.random.key(0), train[0])
-  state, hist = loop.fit(task, state, train, eval_data=evals, log_every=4, eval_every=4,
-                         steps_per_call=steps_per_call, progress=False)
+  state, hist = loop.fit(task, state, train, steps_per_call=steps_per_call, hooks=purax.hooks.standard(log_every=4, progress=False, eval_data=evals, eval_every=4))
   assert int(state.step) == 8 and {'eval/loss', 'train/loss'} <= set().union(*hist)
   assert seen and set(seen) == {'ndarray'}, set(seen)
 
@@ -104,8 +104,7 @@ def test_a_loader_that_refills_its_arrays_trains_on_the_batches_it_yielded(steps
   runs = []
   for data in (fresh, refilling(fresh)):
     state = task.init(jax.random.key(0), fresh[0])
-    state, _ = loop.fit(task, state, data, steps=12, log_every=4,
-                        steps_per_call=steps_per_call, progress=False)
+    state, _ = loop.fit(task, state, data, steps=12, steps_per_call=steps_per_call, hooks=purax.hooks.standard(log_every=4, progress=False))
     runs.append(state.params)
   for a, b in zip(*map(jax.tree.leaves, runs)):
     np.testing.assert_array_equal(a, b)
@@ -122,8 +121,7 @@ def test_a_batch_with_python_number_leaves_trains_like_one_without(steps_per_cal
   runs = []
   for data in (plain, extra):
     state = task.init(jax.random.key(0), plain[0])
-    state, _ = loop.fit(task, state, data, log_every=3, steps_per_call=steps_per_call,
-                        progress=False)
+    state, _ = loop.fit(task, state, data, steps_per_call=steps_per_call, hooks=purax.hooks.standard(log_every=3, progress=False))
     runs.append(state.params)
   for a, b in zip(*map(jax.tree.leaves, runs)):
     np.testing.assert_array_equal(a, b)
@@ -132,13 +130,13 @@ def test_a_batch_with_python_number_leaves_trains_like_one_without(steps_per_cal
 def test_fit_resumes_from_the_state_step_and_learns():
   task, train, evals = make(num_steps=30)
   state = task.init(jax.random.key(0), train[0])
-  straight, hist = loop.fit(task, state, train, log_every=10, progress=False)
+  straight, hist = loop.fit(task, state, train, hooks=purax.hooks.standard(log_every=10, progress=False))
   assert hist[-1]['train/loss'] < hist[0]['train/loss']
   half = pipeline.train_dataset(*(lambda d: (d['x'], d['y']))(tiny_batch(n=40, seed=1)),
                                 batch_size=8, seed=0, num_steps=15)
   state = task.init(jax.random.key(0), train[0])
-  mid, _ = loop.fit(task, state, half, log_every=10, progress=False)
-  resumed, _ = loop.fit(task, mid, train, log_every=10, progress=False)
+  mid, _ = loop.fit(task, state, half, hooks=purax.hooks.standard(log_every=10, progress=False))
+  resumed, _ = loop.fit(task, mid, train, hooks=purax.hooks.standard(log_every=10, progress=False))
   for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
     np.testing.assert_array_equal(a, b)
 
@@ -147,4 +145,4 @@ def test_fit_rejects_bad_arguments():
   task, train, _ = make()
   state = task.init(jax.random.key(0), train[0])
   with pytest.raises(purax.ConfigError, match='log_every: expected >= 1, got 0'):
-    loop.fit(task, state, train, log_every=0, progress=False)
+    loop.fit(task, state, train, hooks=purax.hooks.standard(log_every=0, progress=False))

@@ -34,10 +34,11 @@ def task():
                     tx=purax.adamw(learning_rate=1e-2, total_steps=STEPS))
 
 
-def run(k, **kw):
+def run(k, state=None, steps=None, **kw):
   t = task()
-  state = kw.pop('state', None) or t.init(jax.random.key(0), batches()[0])
-  return purax.fit(t, state, batches(), log_every=4, progress=False, steps_per_call=k, **kw)
+  state = state or t.init(jax.random.key(0), batches()[0])
+  hooks = purax.hooks.standard(**{'log_every': 4, 'progress': False, **kw})
+  return purax.fit(t, state, batches(), steps=steps, steps_per_call=k, hooks=hooks)
 
 
 def bitwise(a, b, what='state'):
@@ -64,7 +65,7 @@ def test_multi_step_resume_from_a_mid_run_checkpoint_is_exact(tmp_path):
   assert int(half.step) == 8
   t = task()
   restored = purax.restore_or_init(str(tmp_path / 'c'), t, jax.random.key(0), batches()[0])
-  final, _ = run(4, state=restored.state, train_metrics=restored.train_metrics)
+  final, _ = run(4, state=restored)
   bitwise(final, expected)
 
 
@@ -86,7 +87,7 @@ def test_a_call_holds_its_own_copy_of_each_batch_from_a_refilling_loader():
   # Resumed at step 2 with k = 4 and 12 batches: steps 2-3 single (passed on as
   # they are), calls of steps 4-7 and 8-11, then the tail, steps 12-13, single.
   fresh = batches()
-  out = list(plan_lib._stacked(refilling(fresh), 2, 4))
+  out = list(plan_lib.single.stacked(refilling(fresh), 2, 4))
   assert [isinstance(o, plan_lib.Stacked) for o in out] == [False, False, True, True, False,
                                                             False]
   for call, first in zip(out[2:4], (2, 6)):
@@ -108,8 +109,7 @@ def test_a_call_of_batches_that_differ_in_shape_or_dtype_is_a_clear_error():
     with pytest.raises(DataError, match=r'train_data batch of step 1: expected the structure, '
                                         r'shapes and dtypes of the first batch of its call of '
                                         r'steps_per_call=2'):
-      purax.fit(t, state, [data[0], changed] + data[2:], log_every=4, progress=False,
-                steps_per_call=2)
+      purax.fit(t, state, [data[0], changed] + data[2:], steps_per_call=2, hooks=purax.hooks.standard(log_every=4, progress=False))
 
 def test_auto_runs_probe_steps_then_the_chosen_k_bitwise(monkeypatch):
   # 'auto' times 5 single steps, then runs k per call; steps 5-7 realign one
@@ -117,12 +117,12 @@ def test_auto_runs_probe_steps_then_the_chosen_k_bitwise(monkeypatch):
   # rule itself is tested below), so the test does not depend on the machine.
   from purax import plan as plan_lib
   chosen = []
-  monkeypatch.setattr(plan_lib, 'choose_steps_per_call',
+  monkeypatch.setattr(plan_lib.auto, 'choose_steps_per_call',
                       lambda *a, **kw: chosen.append(a) or 4)
   single, h1 = run(1)
   calls = []
   real = plan_lib.multi_train_step
-  monkeypatch.setattr(plan_lib, 'multi_train_step',
+  monkeypatch.setattr(plan_lib.single, 'multi_train_step',
                       lambda *a: calls.append(len(jax.tree.leaves(a[3])[0])) or real(*a))
   auto, ha = run('auto')
   bitwise(auto, single)
@@ -136,7 +136,7 @@ def test_auto_times_its_probe_with_one_host_sync(monkeypatch):
   # that settles on k = 1 syncs once more than k = 1, not once per probe step.
   from purax import plan as plan_lib
   chosen = []
-  monkeypatch.setattr(plan_lib, 'choose_steps_per_call',
+  monkeypatch.setattr(plan_lib.auto, 'choose_steps_per_call',
                       lambda *a, **kw: chosen.append(a) or 1)
   syncs = []
   real = jax.block_until_ready
@@ -159,16 +159,15 @@ def test_auto_weighs_the_compilation_an_earlier_single_step_fit_timed(monkeypatc
   from purax import plan as plan_lib
   t = purax.Task(model=MLP(num_classes=3, features=(23,)),     # shapes no other test compiles
                  tx=purax.adamw(learning_rate=1e-2, total_steps=STEPS))
-  fit = lambda k: purax.fit(t, t.init(jax.random.key(0), batches()[0]), batches(),
-                            log_every=4, progress=False, steps_per_call=k)
+  fit = lambda k: purax.fit(t, t.init(jax.random.key(0), batches()[0]), batches(), steps_per_call=k, hooks=purax.hooks.standard(log_every=4, progress=False))
   fit(1)
-  [compile_s] = [s for key, s in plan_lib._compile_s.items() if key[0] == t]
+  [compile_s] = [s for key, s in plan_lib.auto.COMPILED.one_step.items() if key[0] == t]
   assert compile_s > 0
   chosen = []
-  monkeypatch.setattr(plan_lib, 'choose_steps_per_call', lambda *a, **kw: chosen.append(a) or 1)
+  monkeypatch.setattr(plan_lib.auto, 'choose_steps_per_call', lambda *a, **kw: chosen.append(a) or 1)
   fit('auto')
   assert chosen[-1][1] == compile_s
-  monkeypatch.setattr(plan_lib, '_compile_s', {})
+  monkeypatch.setattr(plan_lib.auto.COMPILED, 'one_step', {})
   fit('auto')
   assert chosen[-1][1] == math.inf
 
@@ -226,7 +225,7 @@ def test_auto_goes_back_to_single_steps_when_the_scanned_step_is_slower(monkeypa
   # third stack already built: sliced) runs one step per call; same state.
   import time
   from purax import plan as plan_lib
-  monkeypatch.setattr(plan_lib, 'choose_steps_per_call', lambda *a, **kw: 2)
+  monkeypatch.setattr(plan_lib.auto, 'choose_steps_per_call', lambda *a, **kw: 2)
   single, _ = run(1)
   calls = []
   real = plan_lib.multi_train_step
@@ -236,10 +235,11 @@ def test_auto_goes_back_to_single_steps_when_the_scanned_step_is_slower(monkeypa
     time.sleep(0.5)
     return real(*a)
 
-  monkeypatch.setattr(plan_lib, 'multi_train_step', slow)
+  monkeypatch.setattr(plan_lib.single, 'multi_train_step', slow)
   t = task()
-  plan = plan_lib.SingleDevice(t, 'auto', cadence=4)
-  auto, _ = purax.fit(t, t.init(jax.random.key(0), batches()[0]), batches(), log_every=4,
-                      progress=False, plan=plan)
+  plan = plan_lib.SingleDevicePlan(t)
+  auto, _ = purax.fit(t, t.init(jax.random.key(0), batches()[0]), batches(), plan=plan,
+                      steps_per_call='auto',
+                      hooks=purax.hooks.standard(log_every=4, progress=False))
   bitwise(auto, single)
-  assert len(calls) == 2 and plan.chosen['steps_per_call'] == 1
+  assert len(calls) == 2 and plan.chosen_steps_per_call == 1

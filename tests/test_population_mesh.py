@@ -2,6 +2,7 @@
 devices gives what one device gives (XLA partitions the same program)."""
 
 import jax
+import purax
 import numpy as np
 import pytest
 
@@ -18,8 +19,9 @@ except ImportError:   # pragma: no cover
 def _train(plan):
   pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2, 3]),
                  {'peak_learning_rate': np.float32([1e-3, 3e-3, 1e-2, 3e-2])}, tp.batch())
-  pop, history = loop.fit_population(tp.TASK, pop, [tp.batch(s) for s in range(4)], plan=plan,
-                                     eval_data=[tp.batch(9)], log_every=2, progress=False)
+  pop, history = loop.fit(tp.TASK, pop, [tp.batch(s) for s in range(4)], plan=plan,
+                          hooks=purax.hooks.standard(eval_data=[tp.batch(9)], log_every=2,
+                                                     progress=False, max_consecutive_skips=None))
   return pop, history
 
 
@@ -27,8 +29,8 @@ def _train(plan):
 def test_population_on_a_mesh_equals_one_device(shard):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ('data',))
   with jax.default_matmul_precision('highest'):
-    single, h1 = _train(plan_lib.Population(tp.TASK))
-    meshed, h2 = _train(plan_lib.Population(tp.TASK, mesh=mesh, shard=shard))
+    single, h1 = _train(plan_lib.PopulationPlan(tp.TASK))
+    meshed, h2 = _train(plan_lib.PopulationPlan(tp.TASK, mesh=mesh, shard=shard))
   leaf = jax.tree.leaves(meshed.state.params)[0]
   if shard == 'members':
     assert leaf.sharding.spec[0] == ('data',) or leaf.sharding.spec[0] == 'data'
@@ -42,4 +44,4 @@ def test_member_axis_must_divide_the_mesh():
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ('data',))
   pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {}, tp.batch())
   with pytest.raises(Exception, match=r'members: expected a multiple of the mesh size 2'):
-    plan_lib.Population(tp.TASK, mesh=mesh, shard='members').place(pop)
+    plan_lib.PopulationPlan(tp.TASK, mesh=mesh, shard='members').place(pop)

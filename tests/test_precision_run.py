@@ -16,7 +16,7 @@ def run(precision, steps=300):
   train = pipeline.train_dataset(ds.x_train, ds.y_train, batch_size=64, seed=0, num_steps=steps)
   evals = pipeline.eval_batches(ds.x_test, ds.y_test, batch_size=360)
   state = task.init(jax.random.key(0), train[0])
-  _, history = purax.fit(task, state, train, eval_data=evals, log_every=50, progress=False)
+  _, history = purax.fit(task, state, train, hooks=purax.hooks.standard(log_every=50, progress=False, eval_data=evals))
   losses = [h['train/loss'] for h in history if 'train/loss' in h]
   return np.array(losses), history[-1]['eval/accuracy']
 

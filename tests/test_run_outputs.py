@@ -25,6 +25,7 @@ def piped_run(tmp_path_factory):
   out = subprocess.run(
       [sys.executable, '-m', 'purax', 'train', '--model', 'mlp', '--steps', '12',
        '--log-every', '4', '--eval-every', '0', '--checkpoint-every', '0',
+       '--steps-per-call', '4',      # the profiled steps 5-7 still run one per call
        '--profile', '5:8', '--workdir', str(workdir)],
       env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
   assert out.returncode == 0, out.stdout.decode()[-3000:]

@@ -4,6 +4,7 @@ import json
 import os
 
 import jax
+import purax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,7 +16,8 @@ from purax.app.config import SweepConfig
 from purax.core import population as P
 from purax.core.errors import ConfigError
 from purax.io import pipeline
-from purax.loop import train_step, zero_metrics
+from purax.core.metrics import zeros_of as zero_metrics
+from purax.plan import PopulationPlan, train_step
 from tests.helpers import compilations
 
 try:   # share the compiled tiny task with the population tests
@@ -82,9 +84,10 @@ def test_second_sweep_with_other_values_compiles_nothing():
   def one_sweep(seeds, lrs, smoothing):
     pop = tp.pinit(tp.TASK, tp.keys(seeds), {'peak_learning_rate': np.float32(lrs),
                                             'label_smoothing': np.float32(smoothing)}, tp.batch())
-    return loop.fit_population(tp.TASK, pop, [tp.batch(s) for s in range(4)],
-                                eval_data=[tp.batch(9)], eval_every=2, log_every=2,
-                                patience=3, progress=False)
+    hooks = purax.hooks.standard(eval_data=[tp.batch(9)], eval_every=2, log_every=2,
+                                 progress=False, max_consecutive_skips=None)
+    return loop.fit(tp.TASK, pop, [tp.batch(s) for s in range(4)], plan=PopulationPlan(tp.TASK),
+                    hooks=hooks + [purax.hooks.PopulationEarlyStopping(patience=3)])
   one_sweep([0, 1, 2], [1e-3, 3e-3, 1e-2], [0.0, 0.1, 0.0])   # compiles the programs
   with compilations() as compiles:
     pop, history = one_sweep([5, 6, 7], [2e-2, 1e-4, 5e-4], [0.2, 0.0, 0.05])
@@ -103,8 +106,9 @@ def test_member_reads_its_own_seeds_batches_like_a_single_run():
   pop = tp.pinit(tp.TASK, tp.keys(seeds), {'peak_learning_rate': np.float32([1e-2, 1e-2, 3e-3])},
                  tp.batch())
   with jax.default_matmul_precision('highest'):
-    pop, _ = loop.fit_population(tp.TASK, pop, sweep.SeedBatches(datasets),
-                                  batch_index=np.int32([0, 1, 0]), progress=False)
+    pop, _ = loop.fit(tp.TASK, pop, sweep.SeedBatches(datasets),
+                      plan=PopulationPlan(tp.TASK, np.int32([0, 1, 0])),
+                      hooks=purax.hooks.standard(progress=False, max_consecutive_skips=None))
     for i, (seed, lr) in enumerate(zip(seeds, (1e-2, 1e-2, 3e-3))):
       state = tp.sinit(jax.random.key(seed), {'peak_learning_rate': lr}, tp.batch())
       data = datasets[0 if seed == 3 else 1]
@@ -175,7 +179,7 @@ def test_failure_midway_removes_the_sweep_directory(tmp_path, monkeypatch):
     raise RuntimeError('disk full')
   # Training is not the point here: a trivial init, and the report fails.
   monkeypatch.setattr(sweep.pop_lib, 'init', lambda task, keys, hparams, batch: keys)
-  monkeypatch.setattr(sweep, 'fit_population', lambda task, pop, *a, **k: (pop, []))
+  monkeypatch.setattr(sweep, 'fit', lambda task, pop, *a, **k: (pop, []))
   monkeypatch.setattr(sweep_report, 'write', boom)
   workdir = tmp_path / 'midway'
   with pytest.raises(RuntimeError, match='disk full'):
@@ -187,7 +191,5 @@ def test_failure_midway_removes_the_sweep_directory(tmp_path, monkeypatch):
 def test_pbt_off_the_evaluation_cadence_is_a_clear_error():
   with pytest.raises(ConfigError, match=r'pbt_every: expected 0 or a multiple of eval_every=100'):
     SweepConfig.of(learning_rate='1e-3,2e-3', pbt_every=50, eval_every=100).validate()
-  pop = tp.pinit(tp.TASK, tp.keys([0, 1]), {}, tp.batch())
   with pytest.raises(ConfigError, match=r'pbt_every: expected a multiple of eval_every=2'):
-    loop.fit_population(tp.TASK, pop, [tp.batch(s) for s in range(4)],
-                         eval_data=[tp.batch(9)], eval_every=2, pbt_every=3)
+    purax.hooks.PBT(every=3).check(2)

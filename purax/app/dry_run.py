@@ -14,7 +14,6 @@ from typing import TextIO
 
 import jax
 
-from purax import plan as plan_lib
 from purax.app import job as job_lib
 from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
@@ -60,15 +59,9 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
   job = job_lib.build(config)
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), job.sample)
   state, acc = job.abstract['state'], job.abstract['train_metrics']
-  if job.plan is None:
-    lowered = plan_lib.train_step.lower(job.task, state, acc, batch)
-  else:
-    with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
-    state = jax.tree.map(with_sharding, state, job.plan.state_sharding)
-    batch = jax.tree.map(lambda x: with_sharding(x, job.plan.batch_sharding), batch)
-    lowered = job.plan.train_step.lower(state, acc, batch)
+  lowered = job.plan.lower(state, acc, batch)
   cost = summary_lib.compiled_cost(lowered.compile())
-  info = print_summary(state, stream=stream)
+  info = print_summary(state, shardings=job.plan.state_sharding, stream=stream)
   print(summary_lib.format_cost(cost), file=stream)
   print(f'dry run of {config.model.name} on {config.data.name}: {config.run.steps} steps of '
         f'batch {config.data.batch_size} would run in {config.run.workdir}; nothing written',

@@ -21,6 +21,7 @@ import purax
 from purax import hooks as hooks_lib
 from purax import loop
 from purax import parallel
+from purax.plan import SingleDevicePlan
 from purax.app import data as data_lib
 from purax.app import models
 from purax.app.config import TrainConfig
@@ -72,8 +73,7 @@ class Job:
     task: the :class:`purax.Task`.
     sample: a zero batch of the run's shapes ``[batch_size, ...]``.
     abstract: the abstract checkpoint tree ``{'state', 'train_metrics'}``.
-    plan: the :mod:`purax.plan` plan on a mesh, or None: one device (``fit``
-      builds its single-device plan, with ``--steps-per-call``).
+    plan: the :mod:`purax.plan` plan: one device, or a mesh (``--mesh``).
     train_data: the run's training batches, random access by step (None
       for a saved run rebuilt from its recorded shapes).
     hooks: the run's :mod:`purax.hooks` (EMA, histograms); an EMA's arrays
@@ -95,9 +95,7 @@ class Job:
 
   def init(self, seed: int):
     """The fresh state of ``seed``, placed as the plan wants it."""
-    if self.plan is None:
-      return jax.jit(self.task.init)(jax.random.key(seed), self.sample)
-    return self.plan.init(jax.random.key(seed))
+    return self.plan.init_state(jax.random.key(seed), self.sample)
 
   def metadata(self) -> dict:
     """What every checkpoint records beside the arrays; with the per-example
@@ -137,7 +135,7 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
   phase('tracing the model')
   run = config.run
   train_data = data.train(config.data.batch_size, run.seed, run.steps)   # checks the batch size
-  plan, num_devices = None, 1        # one device: fit's own plan (steps per call included)
+  plan, num_devices = SingleDevicePlan(task), 1
   if mesh and config.run.mesh is not None:
     device_mesh = parallel.make_mesh(**parallel.parse_mesh(config.run.mesh))
     plan = parallel.sharded(task, device_mesh, parallel.for_mesh(device_mesh), sample)

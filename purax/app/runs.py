@@ -16,7 +16,6 @@ return normally.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import signal
@@ -36,9 +35,10 @@ from purax.app.dry_run import print_summary
 from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
 from purax.io import export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
-from purax.io.resume import abstract_checkpoint
+from purax.io.resume import Restored, abstract_checkpoint
 from purax.loop import StopOnSignal, evaluate, fit
 from purax.nn.generate import generate
+from purax.plan import SingleDevicePlan
 
 
 class StoppedBeforeStart(Exception):
@@ -73,7 +73,7 @@ def train(config: TrainConfig) -> dict:
     starting('checking the run directory')
     job = job_lib.build(config, phase=starting)
     if rundir.primary:
-      print_summary(job.abstract['state'], shardings=getattr(job.plan, 'state_sharding', None))
+      print_summary(job.abstract['state'], shardings=job.plan.state_sharding)
     rundir.create()
     if rundir.primary:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
@@ -81,8 +81,8 @@ def train(config: TrainConfig) -> dict:
                       keep_best=config.run.keep_best, metadata=job.metadata(),
                       interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
       try:
-        state, window, arrays, step = restore_or_init(job, rundir, checkpointer)
-        state, history = _fit(job, rundir, checkpointer, state, window, arrays, step, stop)
+        state, history = _fit(job, rundir, checkpointer,
+                              restore_or_init(job, rundir, checkpointer), stop)
       finally:   # a committed checkpoint keeps the directory, however the run ends
         with contextlib.suppress(Exception):
           if checkpointer.steps():
@@ -117,9 +117,10 @@ def _start_phases(stop):
   return starting
 
 
-def restore_or_init(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: Checkpointer):
-  """``(state, metrics window or None, hook arrays or None, step)``: the newest readable checkpoint
-  of a resumed run (an unreadable one is moved aside), else a fresh state.
+def restore_or_init(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: Checkpointer
+                    ) -> Restored:
+  """The newest readable checkpoint of a resumed run (an unreadable one is
+  moved aside), else a fresh state: a :class:`purax.io.resume.Restored`.
 
   Raises:
     CheckpointMismatchError: the checkpoint's shapes differ from the model's.
@@ -128,50 +129,47 @@ def restore_or_init(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: C
   restored = None
   if rundir.resuming and checkpointer.steps():
     try:
-      restored = checkpointer.restore(job.abstract, move_aside=True)
+      restored = Restored.of(*checkpointer.restore(job.abstract, move_aside=True))
     except CheckpointError as e:
       if isinstance(e, CheckpointMismatchError) or checkpointer.steps():
         raise    # a mismatch or a failure that is not the files': stop, with its reason
       print(f'purax: no readable checkpoint in {checkpointer.directory} (all moved '
             'aside); starting again from step 0', file=sys.stderr)
   if restored is None:
-    return job.init(job.config.run.seed), None, None, 0
-  tree, extra, step = restored
-  state = tree['state']
-  reached = int(jax.device_get(state.step))
-  expect(extra['data']['next_step'] == reached, 'checkpoint data position',
-         f'next_step == state.step ({reached}) in checkpoint {step}',
-         extra['data']['next_step'], ConfigError)
+    return Restored(job.init(job.config.run.seed), None, 0, None, {})
+  reached = int(jax.device_get(restored.state.step))
   job.config.check_resumable(rundir.saved_config(), reached=reached)
   rundir.update_config()
-  print(f'purax: resuming {rundir.path} from step {step}', file=sys.stderr)
-  return state, tree['train_metrics'], tree.get('hooks'), step
+  print(f'purax: resuming {rundir.path} from step {restored.step}', file=sys.stderr)
+  return restored
 
 
-def _fit(job, rundir, checkpointer, state, window, arrays, step, stop):
-  """The run's :func:`purax.fit`: writers, evaluation, profiler, signals."""
+def _fit(job, rundir, checkpointer, restored, stop):
+  """The run's :func:`purax.fit`: writers, evaluation, profiler, signals, as hooks."""
   run = job.config.run
   writer = None
   try:
     if rundir.primary:
-      rundir_lib.truncate_jsonl(rundir.file('metrics.jsonl'), step)
+      rundir_lib.truncate_jsonl(rundir.file('metrics.jsonl'), restored.step)
       writer = writers.create_default_writer(rundir.path, console=True,
                                              wandb_project=run.wandb_project,
-                                             resume_step=step)
+                                             resume_step=restored.step)
       writers.write_run_info(writer, job.config.flat(), job.config.to_json())
       writer = job_lib.with_throughput(writer, job)
-    with jax.debug_nans(run.debug_nans), \
-        profile.run_profiler(rundir.path, run.profile, step,
-                             memory=run.profile_memory) as profiler:
-      return fit(job.task, state, job.train_data,
-                 eval_data=job.data.eval(job.config.data.eval_batch_size),
-                 log_every=run.log_every, eval_every=run.eval_every, writer=writer,
-                 progress=run.progress and rundir.primary and progress.interactive(),
-                 checkpointer=checkpointer, checkpoint_every=run.checkpoint_every,
-                 train_metrics=window, plan=job.plan, hooks=job.hooks, hook_arrays=arrays,
-                 should_stop=profiler(_agreed(stop, every=run.log_every)),
-                 max_consecutive_skips=job.config.optimizer.max_consecutive_skips,
-                 steps_per_call=run.steps_per_call)
+    multihost = jax.process_count() > 1
+    hooks = hooks_lib.standard(
+        log_every=run.log_every, writer=writer,
+        eval_data=job.data.eval(job.config.data.eval_batch_size), eval_every=run.eval_every,
+        checkpointer=checkpointer, checkpoint_every=run.checkpoint_every,
+        should_stop=_agreed(stop) if multihost else stop,
+        stop_every=run.log_every if multihost else None,
+        max_consecutive_skips=job.config.optimizer.max_consecutive_skips,
+        progress=run.progress and rundir.primary and progress.interactive(),
+        profile=profile.parse_range(run.profile) if run.profile else None,
+        profile_dir=rundir.path, profile_memory=run.profile_memory)
+    with jax.debug_nans(run.debug_nans), profile.memory_profile_on_oom(rundir.path):
+      return fit(job.task, restored, job.train_data, plan=job.plan,
+                 hooks=hooks + list(job.hooks), steps_per_call=run.steps_per_call)
   finally:
     if writer is not None:
       writer.close()
@@ -212,20 +210,12 @@ def finish(job, rundir, state, history, stop) -> dict:
   return final
 
 
-def _agreed(poll, *, every: int):
-  """``poll`` (a stop flag), agreed by all processes of a multi-host run.
-
-  Every process asks at the same steps, every ``every`` calls, and all stop
-  when any was signalled: a process that stopped alone would leave the others
-  waiting in the step's collectives. One process: ``poll`` itself, every call.
-  """
-  if jax.process_count() == 1:
-    return poll
-  calls = itertools.count(1)
-
+def _agreed(poll):
+  """``poll`` (a stop flag), agreed by all processes of a multi-host run: all
+  stop when any was signalled (a process that stopped alone would leave the
+  others waiting in the step's collectives). Polled at the same steps on
+  every process (:class:`purax.hooks.Stop` with the log cadence)."""
   def agreed() -> bool:
-    if next(calls) % every:
-      return False
     return bool(np.any(multihost_utils.process_allgather(np.int32(poll()))))
   return agreed
 
@@ -291,7 +281,7 @@ def restore_run(workdir: str, *, need_data: bool = True):
       ema = config.run.ema_decay    # its arrays are in the checkpoint: restored, not used
       hooks = (hooks_lib.EMA(decay=ema, every=config.run.ema_every),) if ema else ()
       job = job_lib.Job(config, None, task, sample,
-                        abstract_checkpoint(task, sample, hooks=hooks), None, 1,
+                        abstract_checkpoint(task, sample, hooks=hooks), SingleDevicePlan(task), 1,
                         shapes['num_classes'])
     tree, _, _ = ckpt.restore(job.abstract)
   return job, tree['state']

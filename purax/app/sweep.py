@@ -8,7 +8,7 @@ or loss hyperparameter of :data:`purax.app.hparams.HPARAMS` a search spec.
 Each member ``i`` reads the batches of its own seed (members that share a
 seed share batches), so member ``i`` computes what ``purax train`` computes
 with member ``i``'s hyperparameters and seed. The loop is :func:`purax.fit`
-(through :func:`purax.loop.fit_population`). At the end the report
+(a :class:`purax.plan.PopulationPlan` and :func:`population_hooks`). At the end the report
 (:mod:`purax.app.report`) ranks the members, writes ``sweep.json`` and
 ``curves.png`` and saves the best member as an ordinary run in ``WORKDIR/best``.
 """
@@ -31,7 +31,8 @@ from purax.app.hparams import BY_STATE
 from purax.app.search import members_from_specs, parse_seeds
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
-from purax.loop import fit_population
+from purax import hooks as hooks_lib
+from purax.loop import fit
 
 
 @jax.jit
@@ -64,6 +65,33 @@ def members(config: SweepConfig):
                             key=jax.random.key(config.population.sample_seed))
 
 
+def population_hooks(config: SweepConfig, hparams: dict, eval_data) -> list:
+  """The sweep's hooks: logging and evaluation, per-member early stopping
+  (``--patience``) and PBT (``--pbt-every``), ranked by ``--metric``.
+
+  Raises:
+    ConfigError: ``pbt_every`` not a multiple of ``eval_every``.
+  """
+  population, run = config.population, config.run
+  mode = 'min' if population.metric == 'loss' else 'max'
+  hooks = hooks_lib.standard(log_every=run.log_every, eval_data=eval_data,
+                             eval_every=run.eval_every, max_consecutive_skips=None,
+                             progress=run.progress)
+  if population.patience:
+    hooks.append(hooks_lib.PopulationEarlyStopping(metric=population.metric, mode=mode,
+                                                   patience=population.patience))
+  if population.pbt_every:
+    pbt = hooks_lib.PBT(every=population.pbt_every, metric=population.metric, mode=mode,
+                        fraction=population.pbt_fraction,
+                        key=jax.random.key(population.sample_seed),
+                        names=report.swept(hparams) or ('peak_learning_rate',),
+                        bounds={name: BY_STATE[name].clip_bounds() for name in hparams
+                                if name in BY_STATE})
+    pbt.check(run.eval_every)
+    hooks.append(pbt)
+  return hooks
+
+
 def run(config: SweepConfig) -> dict:
   """Runs a sweep end to end; returns the summary written to ``sweep.json``.
 
@@ -92,22 +120,13 @@ def run(config: SweepConfig) -> dict:
   expect(not os.path.exists(workdir), 'workdir', 'a directory that does not exist yet',
          repr(workdir), FileExistsError)
   index = None if len(unique) == 1 else jnp.asarray(batch_index, jnp.int32)
-  plan = plan_lib.Population(job.task, index, mesh=mesh)
+  plan = plan_lib.PopulationPlan(job.task, index, mesh=mesh)
   pop = jax.jit(pop_lib.init, static_argnums=0)(job.task, _keys(jnp.asarray(seeds)), hparams,
                                                 job.sample)
-  population = config.population
   os.makedirs(workdir)
   try:
-    pop, history = fit_population(
-        job.task, pop, train_data, plan=plan,
-        eval_data=job.data.eval(config.data.eval_batch_size),
-        eval_every=config.run.eval_every, log_every=config.run.log_every,
-        metric=population.metric, mode='min' if population.metric == 'loss' else 'max',
-        patience=population.patience, pbt_every=population.pbt_every,
-        pbt_fraction=population.pbt_fraction,
-        pbt_names=report.swept(hparams) or ('peak_learning_rate',),
-        pbt_bounds={name: BY_STATE[name].clip_bounds() for name in hparams if name in BY_STATE},
-        pbt_key=jax.random.key(population.sample_seed), progress=config.run.progress)
+    pop, history = fit(job.task, pop, train_data, plan=plan, hooks=population_hooks(
+        config, hparams, job.data.eval(config.data.eval_batch_size)))
     summary = report.write(config, job, pop, seeds, history)
   except BaseException:
     shutil.rmtree(workdir, ignore_errors=True)

@@ -9,7 +9,7 @@ device inside the training loop, and become Python numbers only in
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +107,12 @@ def merge(a: Metrics, b: Metrics) -> dict[str, Metric]:
 def _zeros_on_device(metrics):
   return jax.tree.map(lambda m: m.reset() if isinstance(m, Streak)
                       else jax.tree.map(jnp.zeros_like, m), metrics, is_leaf=is_metric)
+
+
+def zeros_of(fn, *args) -> Any:
+  """The zeroed metrics tree of the structure ``fn(*args)`` returns (traced
+  abstractly with ``jax.eval_shape``: nothing runs)."""
+  return zeros_like(jax.eval_shape(fn, *args))
 
 
 def zeros_like(metrics: Metrics) -> dict[str, Metric]:

@@ -63,7 +63,7 @@ class LossSpec:
       independent per-example terms (see the module docstring).
     check_values: ``(outputs_shape, batch) -> None`` on the host (numpy):
       raises :class:`DataError` for values the loss cannot take (labels out of
-      range, negative weights); run by ``fit(checks=...)``.
+      range, negative weights); run by a plan's ``checks``.
   """
 
   hparams: tuple[tuple[str, float], ...] = ()

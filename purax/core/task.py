@@ -169,7 +169,7 @@ class Task:
     """Checks the batch's *values* on the host (numpy), where the loss declares
     how (:class:`purax.core.objectives.LossSpec`): for the provided losses,
     labels / token ids in range and weights finite and >= 0. Not traced, so
-    never in a compiled step; ``fit(checks=...)`` runs it.
+    never in a compiled step; a plan's ``checks`` runs it (:class:`purax.plan.Plan`).
 
     Raises:
       DataError: naming the field, the expected range and the values found.

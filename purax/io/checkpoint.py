@@ -400,7 +400,7 @@ class Checkpointer:
   """Saves and restores purax runs with an orbax ``CheckpointManager``.
 
   When to save is the caller's (``fit``'s) decision, from two sources: an
-  explicit cadence (``fit(checkpoint_every=N)``), and this object's wall-clock
+  explicit cadence (:class:`purax.hooks.Checkpoint` ``every``), and this object's wall-clock
   cadence :meth:`should_save` (``interval_s``), which ``fit`` asks at its log
   points; either saves, and ``fit`` always saves at the end and when stopped.
 

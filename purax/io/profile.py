@@ -13,7 +13,7 @@ The files land in ``logdir/plugins/profile/<time>/``: ``<host>.xplane.pb``
 ``pip install tensorboard-plugin-profile``, or ``xprof --logdir runs``) and
 ``perfetto_trace.json.gz`` (open it at https://ui.perfetto.dev).
 
-In a host loop (what :func:`purax.fit` does with ``profile=(start, stop)``)::
+In a host loop of your own (``fit`` has :class:`purax.hooks.Profile`)::
 
   profiler = Profiler(workdir, start=5, stop=8)
   for s in range(first, num_steps):

@@ -1,14 +1,16 @@
-"""Resume from Python: the newest checkpoint of a directory, or a fresh state.
+"""Resume from Python: the run's checkpoint layout, and the newest checkpoint
+of a directory or a fresh state.
 
-``fit`` checkpoints ``{'state': TrainState, 'train_metrics': window}`` with the
-data position in the extra JSON; :func:`restore_or_init` is the inverse, for
-research code as for ``purax train``::
+A run's checkpoint is :func:`checkpoint_tree` (arrays: ``{'state':
+TrainState, 'train_metrics': window, 'hooks': {name: arrays}}``) with
+:func:`checkpoint_extra` in its JSON (``{'data': position, 'hooks': {name:
+state_dict}}``); :func:`restore_or_init` is the inverse, for research code as
+for ``purax train``, and ``fit`` takes what it returns::
 
-  restored = purax.restore_or_init('runs/mine/checkpoints', task, jax.random.key(0), batch)
-  state, history = purax.fit(task, restored.state, data, steps=1000,
-                             train_metrics=restored.train_metrics,
-                             data_state=restored.data_state,
-                             checkpointer=Checkpointer('runs/mine/checkpoints'))
+  ckpt = purax.Checkpointer('runs/mine/checkpoints')
+  restored = purax.restore_or_init(ckpt, task, jax.random.key(0), batch)
+  state, history = purax.fit(task, restored, data, steps=1000,
+                             hooks=purax.hooks.standard(checkpointer=ckpt))
 """
 
 from __future__ import annotations
@@ -22,6 +24,23 @@ import jax
 from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
 from purax.io.checkpoint import Checkpointer
+from purax.parallel.plan import Plan
+
+
+def checkpoint_tree(state, train_metrics, hook_arrays: dict | None = None) -> dict:
+  """The array tree of a run's checkpoint (``hooks`` only when a hook has arrays)."""
+  tree = {'state': state, 'train_metrics': train_metrics}
+  if hook_arrays:
+    tree['hooks'] = dict(hook_arrays)
+  return tree
+
+
+def checkpoint_extra(position: dict, hook_states: dict | None = None) -> dict:
+  """The JSON a run's checkpoint adds: the data position and the hooks' state."""
+  extra = {'data': dict(position)}
+  if hook_states:
+    extra['hooks'] = dict(hook_states)
+  return extra
 
 
 def abstract_checkpoint(task, batch, hooks=()) -> dict:
@@ -45,7 +64,7 @@ class Restored:
     state: the restored (or fresh) :class:`TrainState`.
     train_metrics: the running metrics window to continue (``None`` when fresh).
     step: the checkpoint's step (0 when fresh).
-    data_state: an iterable's saved position (``fit(data_state=...)``), or None.
+    data_state: an iterable's saved position (``fit`` takes the whole :class:`Restored`), or None.
     extra: the checkpoint's JSON extra (``{}`` when fresh).
     hook_arrays: ``{name: tree}`` of the hooks with array state (``fit``'s
       ``hook_arrays``), or None (fresh, or no such hook given).
@@ -62,6 +81,26 @@ class Restored:
   def fresh(self) -> bool:
     return not self.extra
 
+  @property
+  def hook_states(self) -> dict | None:
+    """``{name: state_dict}`` of the hooks, as saved (None when fresh)."""
+    return self.extra.get('hooks')
+
+  @classmethod
+  def of(cls, tree: dict, extra: dict, step: int) -> 'Restored':
+    """What checkpoint ``step`` (``tree`` and its JSON ``extra``) holds.
+
+    Raises:
+      ConfigError: the data position disagrees with the state's step.
+    """
+    data = extra.get('data', {})
+    state_step = int(jax.device_get(tree['state'].step))
+    expect(data.get('next_step', state_step) == state_step, 'checkpoint data position',
+           f'next_step == state.step ({state_step}) in checkpoint {step}',
+           data.get('next_step'), ConfigError)
+    return cls(tree['state'], tree['train_metrics'], step, data.get('iterator'), extra,
+               tree.get('hooks'))
+
 
 def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, *,
                     plan=None, hooks=()) -> Restored:
@@ -75,8 +114,9 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
       strict, never a cast).
     key: the PRNG key of a fresh state (``task.init(key, batch)``).
     batch: a sample batch (only shapes matter).
-    plan: a :class:`purax.parallel.Sharded`: the state is restored (or
-      created) directly in its sharding.
+    plan: the run's plan (:mod:`purax.plan`); a
+      :class:`purax.parallel.ShardedPlan` restores (or creates) the state
+      directly in its sharding.
     hooks: the hooks the run will use; those with array state
       (:class:`purax.hooks.EMA`) get it restored (``Restored.hook_arrays``).
       Give the same hooks as the run that saved: a checkpoint saved with an
@@ -91,20 +131,8 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
       differ from the task's state. ConfigError: a checkpoint whose data
       position disagrees with its state.
   """
-  abstract = abstract_checkpoint(task, batch, hooks)
-  if plan is not None:
-    abstract['state'] = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract['state'],
-        plan.state_sharding)
-    # The metrics window and the hooks' arrays: replicated on the plan's mesh,
-    # so that all the restored arrays live on the same devices (one device
-    # otherwise, and the first jitted copy refuses the mix). EMA's jitted
-    # update then carries the params' shardings over to its average.
-    mesh = jax.tree.leaves(plan.state_sharding)[0].mesh
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    for name in [n for n in abstract if n != 'state']:
-      abstract[name] = jax.tree.map(
-          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), abstract[name])
+  plan = Plan(task) if plan is None else plan
+  abstract = plan.abstract_checkpoint(abstract_checkpoint(task, batch, hooks))
   checkpointer = directory
   if not isinstance(directory, Checkpointer):
     inner = os.path.join(directory, 'checkpoints')
@@ -113,15 +141,8 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
     checkpointer = (Checkpointer(directory) if os.path.isdir(directory) and os.listdir(directory)
                     else None)
   if checkpointer is not None and checkpointer.steps():
-    tree, extra, step = checkpointer.restore(abstract)
-    data = extra.get('data', {})
-    state_step = int(jax.device_get(tree['state'].step))
-    expect(data.get('next_step', state_step) == state_step, 'checkpoint data position',
-           f'next_step == state.step ({state_step}) in checkpoint {step}',
-           data.get('next_step'), ConfigError)
+    restored = Restored.of(*checkpointer.restore(abstract))
     if checkpointer is not directory:
       checkpointer.close()
-    return Restored(tree['state'], tree['train_metrics'], step, data.get('iterator'), extra,
-                    tree.get('hooks'))
-  state = plan.init(key) if plan is not None else jax.jit(task.init)(key, batch)
-  return Restored(state, None, 0, None, {})
+    return restored
+  return Restored(plan.init_state(key, batch), None, 0, None, {})

@@ -10,7 +10,7 @@ Use::
 
   from purax.io.wandb_writer import WandbWriter
   writer = WandbWriter('my-project', directory='runs/mine', config={'lr': 1e-3})
-  purax.fit(task, state, train, writer=writer)
+  purax.fit(task, state, train, hooks=purax.hooks.standard(writer=writer))
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Your own writer is any object with the three methods of :class:`MetricWriter`;
     def flush(self): pass
     def close(self): pass
 
-  purax.fit(task, state, train, writer=LossPrinter())
+  purax.fit(task, state, train, hooks=purax.hooks.standard(writer=LossPrinter()))
   # or next to the defaults:
   writer = writers.MultiWriter([writers.create_default_writer(workdir), LossPrinter()])
 

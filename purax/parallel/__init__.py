@@ -38,5 +38,6 @@ from purax.parallel.spmd import shard_map_step as shard_map_step
 from purax.parallel.spmd import split_batch as split_batch
 from purax.parallel.spmd import unreplicate as unreplicate
 from purax.parallel.spmd import with_axis_name as with_axis_name
-from purax.parallel.step import Sharded as Sharded
+from purax.parallel.plan import Plan as Plan
+from purax.parallel.step import ShardedPlan as ShardedPlan
 from purax.parallel.step import sharded as sharded

@@ -164,7 +164,7 @@ def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
   and ``jax.device_put(batch, batch_sharding(mesh, rules))`` accept every batch
   pytree whose leaves have a leading batch axis (``{'x', 'y'}``, with
   ``'weight'``, or any other structure). Sizes are checked where the batch is
-  placed (:func:`batch_shardings`, :meth:`purax.parallel.Sharded.shard_batch`).
+  placed (:func:`batch_shardings`, :meth:`purax.parallel.ShardedPlan.shard_batch`).
 
   Raises:
     ConfigError: ``rules.batch_axes`` names an axis the mesh lacks.
@@ -193,7 +193,7 @@ def shard(tree: PyTree, mesh: Mesh, rules: Rules, *, logical: PyTree | None = No
   """Places a TrainState, a batch or a parameter tree on ``mesh`` by ``rules``.
 
   Single-process placement (``jax.device_put``). With several processes, build
-  states with :meth:`purax.parallel.Sharded.init` and batches with
+  states with :meth:`purax.parallel.ShardedPlan.init` and batches with
   :func:`purax.parallel.distributed.global_batch`, which never need the whole
   array on one host.
 

@@ -13,12 +13,12 @@ Example::
   state = plan.init(jax.random.key(0))             # born sharded
   for batch in batches:
     state, metrics = plan.step(state, plan.shard_batch(batch))
+  state, history = purax.fit(task, state, batches, plan=plan)   # or the loop's
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import jax
 from jax.sharding import Mesh, NamedSharding
@@ -28,14 +28,19 @@ from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.parallel import distributed
+from purax.parallel.plan import Plan
 from purax.parallel.rules import Rules
 from purax.parallel.shard import (batch_sharding, batch_shardings, logical_axes, replicated,
                                   state_shardings)
 
 
-@dataclasses.dataclass(frozen=True)
-class Sharded:
-  """A task's compiled functions on one mesh, with their shardings.
+class ShardedPlan(Plan):
+  """A task's compiled functions on one mesh, with their shardings: a plan
+  (:mod:`purax.parallel.plan`) that :func:`purax.fit` drives, and the pieces
+  to step by hand.
+
+  With several processes each feeds only its rows of every global batch
+  (:func:`purax.parallel.distributed.process_rows`).
 
   Attributes:
     task, mesh, rules: what it was built from.
@@ -50,20 +55,20 @@ class Sharded:
     step: ``(state, batch) -> (state, metrics)``; ``state`` is donated.
     train_step: ``(state, acc, batch) -> (state, acc)``, metrics merged into
       ``acc`` on the device; ``state`` and ``acc`` donated (as in ``fit``).
-    evaluate: ``(state, batch) -> metrics`` of one batch (any structure,
+    eval_step: ``(state, batch) -> metrics`` of one batch (any structure,
       e.g. :func:`purax.io.pipeline.eval_batches`' padded ones).
+    checks, prefetch: as :class:`purax.plan.Plan`.
   """
 
-  task: Task
-  mesh: Mesh
-  rules: Rules
-  state_sharding: TrainState
-  batch_sharding: NamedSharding
-  sample_batch: Mapping[str, Any]
-  init: Callable
-  step: Callable
-  train_step: Callable
-  evaluate: Callable
+  def __init__(self, task: Task, mesh: Mesh, rules: Rules, state_sharding: TrainState,
+               batch_sharding: NamedSharding, sample_batch: Mapping[str, Any], *,
+               init: Callable, step: Callable, train_step: Callable, eval_step: Callable,
+               checks: str = 'first', prefetch: int = 2):
+    super().__init__(task, checks=checks, prefetch=prefetch)
+    self.mesh, self.rules, self.sample_batch = mesh, rules, sample_batch
+    self.state_sharding, self.batch_sharding = state_sharding, batch_sharding
+    self.init, self.step, self.eval_step = init, step, eval_step
+    self.train_step = train_step     # (state, acc, batch) -> (state, acc): the protocol's
 
   def shard_state(self, state: TrainState) -> TrainState:
     """Places an existing state (e.g. a restored one) on the mesh, in new
@@ -78,35 +83,66 @@ class Sharded:
     """
     return jax.device_put(batch, batch_shardings(batch, self.mesh, self.rules))
 
-  def evaluate_batches(self, state: TrainState, batches: Iterable) -> dict[str, float]:
-    """Metrics over all ``batches`` (padded ones carry ``weight``), as numbers.
+  def place(self, state):
+    return jax.device_put(state, self.state_sharding)   # no-op when placed
 
-    Each global batch is placed on the mesh (with several processes, each
-    feeds its rows, as in :func:`purax.loop.fit`) and evaluated by the
-    compiled :attr:`evaluate`; the metrics merge on the device and are fetched
-    once at the end.
+  def init_state(self, key, batch):
+    return self.init(key)
 
-    Raises:
-      ConfigError: ``batches`` is empty.
-      DataError: a batch size not divisible by the batch axes.
-    """
-    acc = None
+  def abstract_checkpoint(self, abstract):
+    """The state in its sharding; the metrics window and the hooks' arrays
+    replicated on the mesh, so that all the restored arrays live on the same
+    devices (one device otherwise, and the first jitted copy refuses the mix;
+    EMA's jitted update then carries the params' shardings to its average)."""
+    with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)  # noqa: E731
+    repl = replicated(self.mesh)
+    return {name: jax.tree.map(with_sharding, tree, self.state_sharding) if name == 'state'
+            else jax.tree.map(lambda a: with_sharding(a, repl), tree)
+            for name, tree in abstract.items()}
+
+  def zero_metrics(self, state, batch):
+    return metrics_lib.zeros_like(jax.eval_shape(lambda s, b: self.task.step(s, b)[1],
+                                                 state, batch))
+
+  def _global(self, batches: Iterable) -> Iterator:
+    """Each global batch as this process's rows of it, assembled on the mesh."""
     for batch in batches:
-      if jax.process_count() > 1:
-        rows = distributed.process_rows(self.mesh, self.rules,
-                                        len(jax.tree.leaves(batch)[0]))
-        placed = distributed.global_batch(jax.tree.map(lambda v: v[rows], batch),
-                                          self.mesh, self.rules)
-      else:
-        placed = self.shard_batch(batch)
-      metrics = self.evaluate(state, placed)
-      acc = metrics if acc is None else _merge(acc, metrics)
+      rows = distributed.process_rows(self.mesh, self.rules, len(jax.tree.leaves(batch)[0]))
+      yield distributed.global_batch(jax.tree.map(lambda v: v[rows], batch), self.mesh,
+                                     self.rules)
+
+  def device_batches(self, host_batches, loop):
+    if jax.process_count() == 1:
+      return super().device_batches(host_batches, loop)
+    super().device_batches((), loop)    # the same refusals
+    return ((b, 1) for b in self._global(host_batches))
+
+  def eval_batch(self, state, acc, batch):
+    return _merge(acc, self.eval_step(state, batch))
+
+  def zero_eval_metrics(self, state, batch):
+    return metrics_lib.zeros_like(jax.eval_shape(self.eval_step, state, batch))
+
+  def evaluate(self, state, batches):
+    if jax.process_count() == 1:
+      return super().evaluate(state, batches)
+    acc = None
+    for placed in self._global(batches):
+      acc = (self.eval_step(state, placed) if acc is None
+             else self.eval_batch(state, acc, placed))
     expect(acc is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
-    return metrics_lib.compute(acc)
+    return acc
+
+  def lower(self, state, acc, batch):
+    with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+    state = jax.tree.map(with_sharding, state, self.state_sharding)
+    batch = jax.tree.map(lambda x: with_sharding(x, self.batch_sharding), batch)
+    return self.train_step.lower(state, acc, batch)
 
 
 def sharded(task: Task, mesh: Mesh, rules: Rules, sample_batch: Mapping[str, Any], *,
-            logical: TrainState | None = None) -> Sharded:
+            logical: TrainState | None = None, checks: str = 'first',
+            prefetch: int = 2) -> ShardedPlan:
   """Builds the jitted ``init`` / ``step`` / ``evaluate`` of ``task`` on ``mesh``.
 
   Args:
@@ -118,9 +154,10 @@ def sharded(task: Task, mesh: Mesh, rules: Rules, sample_batch: Mapping[str, Any
       only its shapes and dtypes matter.
     logical: the state's logical axes; default :func:`logical_axes` when the
       rules are tensor parallel.
+    checks, prefetch: as :class:`purax.plan.Plan`.
 
   Returns:
-    A :class:`Sharded` plan.
+    A :class:`ShardedPlan`.
 
   Raises:
     DataError: a malformed batch, or a batch size not divisible by the batch axes.
@@ -147,10 +184,10 @@ def sharded(task: Task, mesh: Mesh, rules: Rules, sample_batch: Mapping[str, Any
 
   train_step = jax.jit(_train_step, in_shardings=(s_state, repl, s_batch),
                        out_shardings=(s_state, repl), donate_argnums=(0, 1))
-  evaluate = jax.jit(task.evaluate, in_shardings=(s_state, s_batch), out_shardings=repl)
-  return Sharded(task=task, mesh=mesh, rules=rules, state_sharding=s_state,
-                 batch_sharding=s_batch, sample_batch=sample_batch, init=init, step=step,
-                 train_step=train_step, evaluate=evaluate)
+  eval_step = jax.jit(task.evaluate, in_shardings=(s_state, s_batch), out_shardings=repl)
+  return ShardedPlan(task, mesh, rules, s_state, s_batch, sample_batch, init=init, step=step,
+                     train_step=train_step, eval_step=eval_step, checks=checks,
+                     prefetch=prefetch)
 
 
 _merge = jax.jit(metrics_lib.merge)

@@ -16,7 +16,7 @@ from purax import plan as plan_lib
 from purax import testing
 from purax.core import loops
 from purax.core import population as P
-from purax.loop import zero_metrics
+from purax.core.metrics import zeros_of as zero_metrics
 
 
 class TinyConv(nn.Module):
@@ -91,22 +91,19 @@ def test_a_population_one_member_at_a_time_keeps_no_loop_around_a_convolution(
 def test_unrolled_conv_steps_equal_single_steps_bitwise():
   t = task(TinyConv())
   data = [batch(i) for i in range(4)]
-  single, _ = purax.fit(t, t.init(jax.random.key(0), data[0]), data, log_every=2,
-                        progress=False, steps_per_call=1)
-  multi, _ = purax.fit(t, t.init(jax.random.key(0), data[0]), data, log_every=2,
-                       progress=False, steps_per_call=2)
+  single, _ = purax.fit(t, t.init(jax.random.key(0), data[0]), data, steps_per_call=1, hooks=purax.hooks.standard(log_every=2, progress=False))
+  multi, _ = purax.fit(t, t.init(jax.random.key(0), data[0]), data, steps_per_call=2, hooks=purax.hooks.standard(log_every=2, progress=False))
   testing.assert_trees_close(multi, single, testing.Tolerance(0.0, 0.0), what='state')
 
 
 @pytest.mark.parametrize('model,unrolled', [(TinyConv(), True), (TinyDense(), False)])
 def test_auto_weighs_the_k_step_program_as_unrolled_when_it_is(monkeypatch, model, unrolled):
   seen = []
-  monkeypatch.setattr(plan_lib, 'choose_steps_per_call',
+  monkeypatch.setattr(plan_lib.auto, 'choose_steps_per_call',
                       lambda *a, **kw: seen.append(kw.get('unrolled')) or 4)
   t = task(model)
   data = [batch(i) for i in range(8)]
-  purax.fit(t, t.init(jax.random.key(1), data[0]), data, log_every=4, progress=False,
-            steps_per_call='auto')
+  purax.fit(t, t.init(jax.random.key(1), data[0]), data, steps_per_call='auto', hooks=purax.hooks.standard(log_every=4, progress=False))
   assert bool(seen[-1]) is unrolled
 
 

@@ -3,6 +3,7 @@ and with PBT off a population is just independent runs."""
 
 import chex
 import jax
+import purax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -90,13 +91,15 @@ def test_pbt_off_population_equals_independent_runs():
   # run_population with pbt_every=0 and early stopping off: member i is the
   # standalone run i (tolerance as in test_population).
   from purax import loop as sweep
+  from purax.plan import PopulationPlan
+  HOOKS = lambda: purax.hooks.standard(  # noqa: E731
+      eval_data=[tp.batch(9)], eval_every=2, log_every=2, progress=False,
+      max_consecutive_skips=None)
   lrs, k = np.float32([1e-3, 3e-3, 1e-2]), 4
   pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {'peak_learning_rate': lrs}, tp.batch())
   data = [tp.batch(s) for s in range(k)]
   with jax.default_matmul_precision('highest'):
-    pop, history = sweep.fit_population(tp.TASK, pop, data, eval_data=[tp.batch(9)],
-                                        eval_every=2, log_every=2, pbt_every=0,
-                                        progress=False)
+    pop, history = sweep.fit(tp.TASK, pop, data, plan=PopulationPlan(tp.TASK), hooks=HOOKS())
     assert not any('pbt/source' in r for r in history)
     for i in range(3):
       state, _ = tp.standalone(i, {'peak_learning_rate': lrs[i]}, data, k)
@@ -104,9 +107,8 @@ def test_pbt_off_population_equals_independent_runs():
                                   rtol=tp.RTOL, atol=tp.ATOL)
   # With PBT on, the same loop records who copied whom at the evaluation.
   pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {'peak_learning_rate': lrs}, tp.batch())
-  _, history = sweep.fit_population(tp.TASK, pop, data, eval_data=[tp.batch(9)],
-                                    eval_every=2, log_every=2, pbt_every=2, pbt_fraction=0.34,
-                                    progress=False)
+  _, history = sweep.fit(tp.TASK, pop, data, plan=PopulationPlan(tp.TASK), hooks=HOOKS() + [
+      purax.hooks.PBT(every=2, fraction=0.34)])
   sources = [r['pbt/source'] for r in history if 'pbt/source' in r]
   assert len(sources) == 1 and sorted(set(sources[0].tolist())) != [0, 1, 2]
 

@@ -27,7 +27,8 @@ import purax
 from purax.core import metrics as metrics_lib
 from purax.core import population as P
 from purax.core.errors import ConfigError
-from purax.loop import train_step, zero_metrics
+from purax.core.metrics import zeros_of as zero_metrics
+from purax.plan import train_step
 from purax.nn import MLP
 from tests.helpers import params_differ
 

@@ -119,13 +119,12 @@ def test_fit_takes_the_strategy_through_the_population_plan():
   finals = {}
   for strategy in ('vmap', 'sequential'):
     pop = pinit(TASK, keys([0, 1, 2]), {'peak_learning_rate': LRS[[0, 1, 3]]}, batch())
-    finals[strategy], _ = purax.fit(TASK, pop, data, log_every=2, progress=False,
-                                    plan=plan_lib.Population(TASK, strategy=strategy))
+    finals[strategy], _ = purax.fit(TASK, pop, data, plan=plan_lib.PopulationPlan(TASK, strategy=strategy), hooks=purax.hooks.standard(log_every=2, progress=False))
   chex.assert_trees_all_close(values(finals['sequential']), values(finals['vmap']),
                               rtol=RTOL, atol=ATOL)
   pop = pinit(TASK, keys([0, 1]), {}, batch())
   with pytest.raises(ConfigError, match="strategy: expected one of"):
-    purax.fit(TASK, pop, data, progress=False, plan=plan_lib.Population(TASK, strategy='all'))
+    purax.fit(TASK, pop, data, plan=plan_lib.PopulationPlan(TASK, strategy='all'), hooks=purax.hooks.standard(progress=False))
 
 
 def test_a_population_evaluates_the_batches_a_refilling_loader_yielded():
@@ -143,7 +142,7 @@ def test_a_population_evaluates_the_batches_a_refilling_loader_yielded():
   task = tiny_task('mlp')
   evals = [tiny_batch(n=8, seed=100 + i, weight=True) for i in range(4)]
   pop = pinit(task, keys(range(2)), {'peak_learning_rate': np.float32([1e-3, 1e-2])}, evals[0])
-  plan = plan_lib.Population(task)
+  plan = plan_lib.PopulationPlan(task)
   fresh = purax.evaluate(task, pop, evals, plan=plan)
   got = purax.evaluate(task, pop, Refilling(evals), plan=plan)
   assert fresh.keys() == got.keys()

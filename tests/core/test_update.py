@@ -144,7 +144,7 @@ def test_on_finite_batches_the_guarded_step_is_bitwise_the_unguarded_one(model):
   out = {}
   for name, task in (('guarded', guarded), ('plain', plain)):
     state = task.init(jax.random.key(0), batches[0])
-    acc = plan_lib.zero_metrics(lambda st, b: task.step(st, b)[1], state, batches[0])
+    acc = purax.metrics.zeros_of(lambda st, b: task.step(st, b)[1], state, batches[0])
     for b in batches:
       state, acc = plan_lib.train_step(task, state, acc, b)
     out[name] = state, acc
@@ -200,8 +200,7 @@ def test_a_run_with_skipped_steps_ends_at_its_last_step_and_resumes_there(tmp_pa
   task = mlp_task()
   init = task.init(jax.random.key(0), train[0])
   with Checkpointer(str(tmp_path / 'ckpt')) as ckpt:
-    straight, history = loop.fit(task, init, Poisoned(), log_every=4, progress=False,
-                                 checkpointer=ckpt, checkpoint_every=4)
+    straight, history = loop.fit(task, init, Poisoned(), hooks=purax.hooks.standard(log_every=4, progress=False, checkpointer=ckpt, checkpoint_every=4))
     assert int(straight.step) == 8
     assert [r['train/skipped'] for r in history if 'train/skipped' in r] == [1, 1]
     counts = [int(c) for _, c in
@@ -209,8 +208,7 @@ def test_a_run_with_skipped_steps_ends_at_its_last_step_and_resumes_there(tmp_pa
     assert counts and set(counts) == {6}              # updates applied: 8 - 2 skipped
     tree, _, step = ckpt.restore(abstract_checkpoint(task, train[0]), step=4)
   assert step == 4 and int(tree['state'].step) == 4
-  resumed, _ = loop.fit(task, tree['state'], Poisoned(), log_every=4, progress=False,
-                        train_metrics=tree['train_metrics'])
+  resumed, _ = loop.fit(task, purax.io.resume.Restored(tree['state'], tree['train_metrics'], 0, None, {}), Poisoned(), hooks=purax.hooks.standard(log_every=4, progress=False))
   assert tree_equal(resumed.params, straight.params)
 
 
@@ -225,7 +223,7 @@ def test_the_loop_stops_naming_the_window_after_consecutive_skips():
   with pytest.raises(purax.core.errors.NonFiniteError,
                      match=r'expected fewer than 3 consecutive steps with non-finite gradients, '
                            r'got 5 ending in steps \(0, 5\]'):
-    loop.fit(task, state, train, log_every=5, max_consecutive_skips=3, progress=False)
+    loop.fit(task, state, train, hooks=purax.hooks.standard(log_every=5, progress=False, max_consecutive_skips=3))
 
 
 @pytest.mark.parametrize('policy', ['full', 'dots_saveable', 'nothing_saveable'])

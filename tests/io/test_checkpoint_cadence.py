@@ -14,7 +14,7 @@ import pytest
 
 import purax
 from purax.io.checkpoint import Checkpointer, CheckpointError
-from purax.io.resume import abstract_checkpoint
+from purax.io.resume import Restored, abstract_checkpoint
 from tests.helpers import tiny_batch, tiny_task, tree_equal
 
 STEPS, LOG = 12, 2
@@ -25,8 +25,9 @@ NEVER = 10 ** 9   # seconds: an interval no test lives to see
 
 def run(checkpointer=None, state=None, steps=STEPS, log_every=LOG, **kwargs):
   state = jax.jit(TASK.init)(jax.random.key(0), DATA[0]) if state is None else state
-  return purax.fit(TASK, state, DATA, steps=steps, log_every=log_every, progress=False,
-                   checkpointer=checkpointer, **kwargs)
+  hooks = purax.hooks.standard(**{'log_every': log_every, 'progress': False,
+                                  'checkpointer': checkpointer, **kwargs})
+  return purax.fit(TASK, state, DATA, steps=steps, hooks=hooks)
 
 
 def backdate(ckpt, seconds):
@@ -81,10 +82,10 @@ def test_resume_from_an_interval_checkpoint_equals_the_straight_run_bitwise(tmp_
   ckpt.close()
   assert Checkpointer(str(tmp_path / 'c')).steps() == [LOG, 2 * LOG]
   ckpt = Checkpointer(str(tmp_path / 'c'), interval_s=3600)
-  tree, extra, step = ckpt.restore(abstract_checkpoint(TASK, DATA[0]), step=LOG)
+  restored = Restored.of(*ckpt.restore(abstract_checkpoint(TASK, DATA[0]), step=LOG))
   ckpt.close()
-  assert step == LOG and extra['data']['next_step'] == LOG
-  resumed, _ = run(state=tree['state'], train_metrics=tree['train_metrics'])
+  assert restored.step == LOG and restored.extra['data']['next_step'] == LOG
+  resumed, _ = run(state=restored)
   assert tree_equal(jax.random.key_data(resumed.rng), jax.random.key_data(straight.rng))
   assert tree_equal(resumed.replace(rng=None), straight.replace(rng=None))
 

@@ -27,10 +27,8 @@ def mlp_on_mesh(steps):
 def test_fit_with_plan_equals_fit_on_one_device():
   task, data, plan = mlp_on_mesh(4)
   with jax.default_matmul_precision('highest'):
-    one, hist_one = purax.fit(task, jax.jit(task.init)(jax.random.key(0), data[0]), data,
-                              log_every=2, progress=False)
-    many, hist_many = purax.fit(task, plan.init(jax.random.key(0)), data, log_every=2,
-                                progress=False, plan=plan)
+    one, hist_one = purax.fit(task, jax.jit(task.init)(jax.random.key(0), data[0]), data, hooks=purax.hooks.standard(log_every=2, progress=False))
+    many, hist_many = purax.fit(task, plan.init(jax.random.key(0)), data, plan=plan, hooks=purax.hooks.standard(log_every=2, progress=False))
   assert many.params['Dense_0']['kernel'].sharding.spec == \
       plan.state_sharding.params['Dense_0']['kernel'].spec
   testing.assert_trees_close(many.params, one.params,
@@ -71,7 +69,6 @@ def test_a_sharded_fit_trains_on_the_batches_a_refilling_loader_yielded():
   """prefetch_to_device copies each batch on the CPU: device_put may use an
   aligned numpy array's memory in place, which a loader refills next."""
   task, fresh, plan = mlp_on_mesh(6)
-  runs = [purax.fit(task, plan.init(jax.random.key(0)), data, steps=6, log_every=3,
-                    progress=False, plan=plan)[0].params for data in (fresh, refilling(fresh))]
+  runs = [purax.fit(task, plan.init(jax.random.key(0)), data, steps=6, plan=plan, hooks=purax.hooks.standard(log_every=3, progress=False))[0].params for data in (fresh, refilling(fresh))]
   for a, b in zip(*map(jax.tree.leaves, runs)):
     np.testing.assert_array_equal(a, b)

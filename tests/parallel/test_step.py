@@ -92,7 +92,7 @@ def test_sharded_step_keeps_shardings_and_donates():
   acc = purax.metrics.zeros_like(jax.eval_shape(lambda s, b: MLP.step(s, b)[1], state, batch))
   state, acc = plan.train_step(state, acc, plan.shard_batch(batch))
   assert purax.metrics.compute(acc)['examples'] == 8
-  ev = purax.metrics.compute(plan.evaluate(state, plan.shard_batch(batch)))
+  ev = purax.metrics.compute(plan.eval_step(state, plan.shard_batch(batch)))
   assert ev['examples'] == 8
 
 
@@ -115,8 +115,8 @@ def test_sharded_plan_evaluates_padded_eval_batches_as_one_device():
   plan = parallel.sharded(MLP, mesh, parallel.data_parallel(), {'x': x[:8], 'y': y[:8]})
   state = plan.init(jax.random.key(0))
   with jax.default_matmul_precision('highest'):
-    got = plan.evaluate_batches(state, batches)
-    one = plan.evaluate(state, plan.shard_batch(batches[9]))   # the jitted function itself
+    got = loop.evaluate(MLP, state, batches, plan=plan)
+    one = plan.eval_step(state, plan.shard_batch(batches[9]))   # the jitted function itself
     want = loop.evaluate(MLP, jax.device_get(state), batches)
   assert got['examples'] == 997
   assert purax.metrics.compute(one)['examples'] == 97

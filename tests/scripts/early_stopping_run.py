@@ -30,11 +30,7 @@ def main(directory, stop_at):
   hook = purax.hooks.EarlyStopping(metric='loss', patience=3)
   ckpt = Checkpointer(directory)
   steps = itertools.count(restored.step + 1)      # should_stop is polled after every step
-  state, _ = purax.fit(task, restored.state, [batch(i) for i in range(40)], log_every=2,
-                       eval_every=2, eval_data=[batch(99)], progress=False, checkpointer=ckpt,
-                       train_metrics=restored.train_metrics, hooks=[hook],
-                       hook_state=restored.extra.get('hooks'),
-                       should_stop=lambda: bool(stop_at) and next(steps) >= stop_at)
+  state, _ = purax.fit(task, restored, [batch(i) for i in range(40)], hooks=purax.hooks.standard(log_every=2, progress=False, eval_data=[batch(99)], eval_every=2, checkpointer=ckpt, should_stop=lambda: bool(stop_at) and next(steps) >= stop_at) + list([hook]))
   ckpt.close()
   print(f'final step {int(state.step)} stale {hook.stale}')
 

@@ -30,9 +30,7 @@ def main(directory, stop_at, out):
   restored = purax.restore_or_init(directory, task, jax.random.key(0), batch(0), hooks=[ema])
   ckpt = Checkpointer(directory)
   steps = itertools.count(restored.step + 1)      # should_stop is polled after every step
-  state, _ = purax.fit(task, restored, [batch(i) for i in range(10)], log_every=1,
-                       progress=False, checkpointer=ckpt, hooks=[ema],
-                       should_stop=lambda: bool(stop_at) and next(steps) >= stop_at)
+  state, _ = purax.fit(task, restored, [batch(i) for i in range(10)], hooks=purax.hooks.standard(log_every=1, progress=False, checkpointer=ckpt, should_stop=lambda: bool(stop_at) and next(steps) >= stop_at) + list([ema]))
   ckpt.close()
   flat = {f'ema{jax.tree_util.keystr(p)}': np.asarray(x) for p, x in
           jax.tree_util.tree_flatten_with_path(ema.params)[0]}

@@ -9,6 +9,8 @@ import hashlib
 import os
 import sys
 
+import purax
+
 from purax.app import cli, runs
 
 stop_after = int(sys.argv[1])
@@ -32,15 +34,17 @@ class Recorded:
     return batch
 
 
-def fit(*args, should_stop, **kwargs):
+def fit(task, state, train_data, **kwargs):
   calls = [0]
+  (hook,) = [h for h in kwargs['hooks'] if isinstance(h, purax.hooks.Stop)]
+  poll = hook.poll
 
-  def stop():
+  def stop():                 # polled after every call, as the run's own flag is
     calls[0] += 1
-    return should_stop() or (stop_after > 0 and calls[0] >= stop_after)
+    return poll() or (stop_after > 0 and calls[0] >= stop_after)
 
-  task, state, train_data, *rest = args
-  return real_fit(task, state, Recorded(train_data), *rest, should_stop=stop, **kwargs)
+  hook.poll = stop
+  return real_fit(task, state, Recorded(train_data), **kwargs)
 
 
 runs.fit = fit

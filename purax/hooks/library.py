@@ -1,70 +1,5 @@
-"""Hooks: what ``fit`` runs at its log and evaluation points (the CLU
-periodic-action idea), on their own cadence.
-
-A hook is any object with
-
-- ``every``: run after the log/eval point of every step ``s`` with
-  ``s % every == 0``; ``0``: after every evaluation;
-- ``at_end``: whether to run at the last step too;
-- ``__call__(step, state, record) -> (state, info)``: ``record`` holds the
-  numbers written at this step (``train/*``, ``eval/*``, each a float or, for
-  a population, a ``[members]`` array); the hook returns the state (changed
-  or not) and a dict of numbers to write (``{'stop': True}`` ends training
-  after this step, checkpointed);
-- optionally ``state_dict() -> JSON`` and ``load_state_dict(d)``: what a later
-  decision depends on (best score, patience counter); ``fit`` saves it in
-  every checkpoint (``extra['hooks'][name]``) and restores it from
-  ``hook_state=`` (``restore_or_init(...).extra.get('hooks')``).
-
-- optionally ``init_arrays(state) -> pytree`` and an ``arrays`` attribute:
-  array state too large for JSON (an average of the params). ``fit`` sets
-  ``hook.arrays = hook.init_arrays(state)`` at the start of a fresh run,
-  saves ``hook.arrays`` in the checkpoint's array tree (under
-  ``hooks/<name>``, next to ``state`` and ``train_metrics``) and, on resume,
-  sets it from ``hook_arrays=`` (``restore_or_init(..., hooks=[...])``,
-  which restores it: ``init_arrays`` must be traceable, for ``jax.eval_shape``);
-- ``info`` may hold ``'histograms'``: ``{tag: numpy array}``, sent to the
-  writer's ``write_histograms`` when it has one (TensorBoard), not to the
-  scalar writers nor to ``fit``'s history.
-
-Provided: :class:`EarlyStopping` (one run), :class:`PopulationEarlyStopping`
-and :class:`PBT` (populations), :class:`EMA` (an average of the params,
-checkpointed) and :class:`Histograms` (per-layer parameter and gradient
-histograms at log points).
-
-Your own hook is a plain class. This one writes the global parameter norm
-every 10 steps and stops the run when the training loss falls below a
-target; its one number of state (the step it first got there) survives a
-resume::
-
-  import numpy as np
-  import optax
-
-  class StopAtLoss:
-    every = 10            # run at steps 10, 20, ... (0: after every evaluation)
-    at_end = False        # not again at the last step
-    name = 'stop_at_loss' # its key in the checkpoint's hook state
-
-    def __init__(self, target):
-      self.target, self.reached = target, None
-
-    def __call__(self, step, state, record):
-      info = {'params/global_norm': float(optax.global_norm(state.params))}
-      loss = record.get('train/loss')      # written at this step when it is a log point
-      if loss is not None and loss < self.target:
-        self.reached = step if self.reached is None else self.reached
-        info['stop'] = True
-      return state, info
-
-    def state_dict(self):
-      return {'reached': self.reached}
-
-    def load_state_dict(self, d):
-      self.reached = d['reached']
-
-  hook = StopAtLoss(target=0.5)
-  state, history = purax.fit(task, state, data, steps=1000, log_every=10, hooks=[hook])
-"""
+"""The hook library: early stopping (one run and per member), PBT, EMA and
+histograms, on the protocol of :mod:`purax.hooks`."""
 
 from __future__ import annotations
 
@@ -152,7 +87,7 @@ class PopulationEarlyStopping:
   mode: Literal['min', 'max'] = 'min'
   patience: int = 3
   every: int = 0
-  at_end: bool = True
+  at_end: bool = False
   name: str = 'population_early_stopping'
 
   def __call__(self, step, pop, record):
@@ -190,7 +125,12 @@ class PBT:
            f'a multiple of eval_every={eval_every} (PBT ranks members by the evaluation '
            'at its step)', self.every, ConfigError)
 
+  def start(self, loop) -> None:
+    self.loop = loop
+
   def __call__(self, step, pop, record):
+    if getattr(self, 'loop', None) is not None and self.loop.at_end:
+      return pop, {}   # the last step: members keep the hyperparameters they trained with
     key = jax.random.key(0) if self.key is None else self.key
     pop, info = pbt.exploit_explore(pop, jnp.asarray(scores(record, self.metric, self.mode)),
                                     key=jax.random.fold_in(key, step), fraction=self.fraction,
@@ -258,10 +198,9 @@ class EMA:
   Attributes:
     decay: in ``[0, 1)``.
     every: sample every this many steps (>= 1), or 0: after every evaluation.
-    at_end: sample at the last step when it falls on the cadence (``fit``
-      runs no hook with ``at_end=False`` at the last step); the last step
-      off the cadence is never sampled, so a run trained longer later
-      continues the same average.
+    at_end: also sample at the last step off the cadence (default False:
+      the last step is sampled when it falls on the cadence, so a run
+      trained longer later continues the same average).
     evaluate: optional ``state -> {name: number}`` (e.g. :func:`purax.evaluate`
       over the eval batches, with the run's ``plan``): called on the state
       with the average at each sample that falls on an evaluation of the run
@@ -276,7 +215,7 @@ class EMA:
 
   decay: float = 0.999
   every: int = 1
-  at_end: bool = True
+  at_end: bool = False
   name: str = 'ema'
   evaluate: Any = None
   arrays: Any = None
@@ -359,7 +298,7 @@ class Histograms:
   Attributes:
     every: steps between calls (>= 1; put it on the log cadence).
     task, batch: both or neither: the gradient histograms.
-    at_end: run at the last step when it falls on the cadence.
+    at_end: also run at the last step off the cadence.
 
   Raises:
     ConfigError: ``every < 1``, or only one of ``task`` and ``batch``.
@@ -368,7 +307,7 @@ class Histograms:
   every: int = 100
   task: Any = None
   batch: Any = None
-  at_end: bool = True
+  at_end: bool = False
   name: str = 'histograms'
 
   def __post_init__(self):

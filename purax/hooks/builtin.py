@@ -1,0 +1,324 @@
+"""The loop's own hooks: logging, evaluation, the non-finite streak, the stop
+flag, checkpoints, the progress bar and the profiler; :func:`standard` builds
+them from the familiar options."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable
+
+import jax
+import numpy as np
+
+from purax.core import metrics as metrics_lib
+from purax.core.errors import ConfigError, NonFiniteError, expect
+from purax.hooks.loop import due
+from purax.io import profile as profile_lib
+from purax.io import progress as progress_lib
+from purax.io.resume import checkpoint_extra, checkpoint_tree
+
+
+class Log:
+  """Fetches and writes the training metrics every ``every`` steps and at the
+  end: ``train/*`` and ``steps_per_sec`` (training time only: the hooks' time
+  is left out). The loop's one host sync.
+
+  Attributes:
+    every: steps between log points (>= 1).
+    writer: a :class:`purax.io.writers.MetricWriter` (or None: only ``fit``'s
+      history); flushed at the end.
+  """
+
+  order, at_end, name, option = -20, True, 'log', 'log_every'
+
+  def __init__(self, every: int = 50, writer=None):
+    expect(isinstance(every, int) and every >= 1, 'log_every', '>= 1', every, ConfigError)
+    if writer is not None:
+      expect(callable(getattr(writer, 'write_scalars', None)), 'writer',
+             'a MetricWriter (with write_scalars(step, scalars))', type(writer).__name__,
+             ConfigError)
+    self.every, self.writer = every, writer
+
+  def start(self, loop) -> None:
+    self.loop, self.logged = loop, None
+    if self.writer is not None:
+      loop.writers.append(self.writer)
+    self.clock = (time.perf_counter(), loop.step, loop.hook_seconds())
+
+  def __call__(self, step, state, record):
+    loop = self.loop
+    scalars = {f'train/{k}': v for k, v in metrics_lib.compute(loop.metrics).items()}
+    now, hook_s = time.perf_counter(), loop.hook_seconds()
+    seconds = (now - self.clock[0]) - (hook_s - self.clock[2])
+    scalars['steps_per_sec'] = (step - self.clock[1]) / max(seconds, 1e-9)
+    self.clock, self.logged = (time.perf_counter(), step, loop.hook_seconds()), step
+    loop.metrics = metrics_lib.zeros_like(loop.metrics)
+    return state, scalars
+
+  def end(self, loop) -> None:
+    if loop.at_end and not loop.failed and self.logged != loop.step and loop.step > loop.start:
+      loop.run_hook(self)
+    if self.writer is not None:
+      self.writer.flush()
+
+
+class Evaluate:
+  """Evaluates on ``data`` every ``every`` steps and at the end: ``eval/*``
+  (the plan's evaluation: padded batches count their ``weight``).
+
+  Attributes:
+    data: evaluation batches, iterated afresh each time (a list, a grain dataset).
+    every: steps between evaluations (0: only at the end).
+  """
+
+  order, at_end, name, option = -10, True, 'evaluate', 'eval_every'
+
+  def __init__(self, data: Iterable, every: int = 0):
+    expect(isinstance(every, int) and every >= 0, 'eval_every', '>= 0', every, ConfigError)
+    expect(not isinstance(data, dict), 'eval_data', 'evaluation batches (a list of batch '
+           'dicts, a grain dataset), not one batch',
+           f'a dict with keys {sorted(data)}' if isinstance(data, dict) else '', ConfigError)
+    expect(iter(data) is not data, 'eval_data', 'a collection iterated afresh at every '
+           'evaluation (a list, a grain dataset)', f'a one-shot {type(data).__name__}',
+           ConfigError)
+    self.data, self.every = data, every
+
+  def start(self, loop) -> None:
+    self.loop, self.evaluated = loop, None
+
+  def __call__(self, step, state, record):
+    self.evaluated = step
+    return state, {f'eval/{k}': v for k, v in
+                   metrics_lib.compute(self.loop.plan.evaluate(state, self.data)).items()}
+
+  def end(self, loop) -> None:
+    if loop.at_end and not loop.failed and self.evaluated != loop.step and loop.step > loop.start:
+      loop.run_hook(self)
+
+
+class NonFiniteStreak:
+  """Stops with :class:`NonFiniteError` when ``limit`` consecutive steps had
+  non-finite gradients (skipped updates), seen at the log points
+  (``train/skip_streak``), naming the step window.
+
+  Attributes:
+    limit: the streak that stops the run (>= 1).
+    every: the log cadence (it reads the log's record).
+  """
+
+  order, at_end, name, option = -15, True, 'non_finite_streak', 'log_every'
+
+  def __init__(self, limit: int = 10, every: int = 50):
+    expect(isinstance(limit, int) and limit >= 1, 'max_consecutive_skips', 'None or >= 1',
+           limit, ConfigError)
+    self.limit, self.every, self.since = limit, every, None
+
+  def start(self, loop) -> None:
+    self.since = loop.step
+
+  def __call__(self, step, state, record):
+    streak = float(np.max(record.get('train/skip_streak', 0)))
+    since, self.since = self.since, step
+    if streak >= self.limit:
+      raise NonFiniteError(
+          f'train/skip_streak: expected fewer than {self.limit} consecutive steps with '
+          f'non-finite gradients, got {int(streak)} ending in steps ({since}, {step}]; the '
+          'state is that of the last finite update (try a lower learning rate, clipping, '
+          'or --debug-nans to find the source)')
+    return state, {}
+
+
+class Stop:
+  """Polls ``poll()`` (a cheap host flag, e.g. :class:`purax.StopOnSignal`) after
+  every call, or every ``every`` steps; when true the run checkpoints and ends.
+
+  Attributes:
+    poll: ``() -> bool``.
+    every: None (every call) or steps between polls (a multi-host run polls
+      at the same steps on every process: an agreement is a collective).
+  """
+
+  order, at_end, name, option = 10, False, 'stop', 'stop_every'
+
+  def __init__(self, poll: Callable[[], bool], every: int | None = None):
+    expect(callable(poll), 'should_stop', 'a callable () -> bool', type(poll).__name__,
+           ConfigError)
+    self.poll, self.every = poll, every
+
+  def __call__(self, step, state, record):
+    return state, ({'stop': True} if self.poll() else {})
+
+
+class Checkpoint:
+  """Saves the run (:func:`purax.io.resume.checkpoint_tree`: the state, the
+  metrics window, the hooks' arrays; the data position and the hooks' state in
+  the JSON) every ``every`` steps, at log and evaluation points where the
+  checkpointer's wall-clock cadence says so (:meth:`Checkpointer.should_save`),
+  at the last step, and when the run stops; asynchronously, with the
+  evaluation metrics of the step (for keep-best). At the end it waits for the
+  commit.
+
+  Attributes:
+    checkpointer: a :class:`purax.Checkpointer`.
+    every: steps between saves (0: none besides the clock, the stop and the end).
+    log_every: the log cadence, where the clock is read (0: never).
+  """
+
+  order, at_end, name, option = 20, True, 'checkpoint', 'checkpoint_every'
+
+  def __init__(self, checkpointer, every: int = 0, log_every: int = 0):
+    expect(callable(getattr(checkpointer, 'save', None)), 'checkpointer', 'a Checkpointer',
+           type(checkpointer).__name__, ConfigError)
+    expect(isinstance(every, int) and every >= 0, 'checkpoint_every', '>= 0', every,
+           ConfigError)
+    self.checkpointer, self.steps = checkpointer, every
+    self.every = np.gcd(every, log_every).item() if every or log_every else 0
+
+  def start(self, loop) -> None:
+    self.loop, self.saved = loop, None
+
+  def save(self, loop) -> None:
+    evaluated = {k: v for k, v in loop.record.items() if k.startswith('eval/')}
+    scalar = evaluated and np.ndim(next(iter(evaluated.values()))) == 0
+    self.checkpointer.save(
+        loop.step, checkpoint_tree(loop.state, loop.metrics, loop.hook_arrays()),
+        metrics=evaluated if scalar else None,
+        extra=checkpoint_extra(loop.position, loop.hook_states()))
+    self.saved = loop.step
+
+  def __call__(self, step, state, record):
+    loop = self.loop
+    if (loop.at_end or (self.steps and due(self.steps, loop.first, step))
+        or (record and self.checkpointer.should_save(step))):
+      self.save(loop)
+    return state, {}
+
+  def end(self, loop) -> None:
+    if loop.failed:
+      return
+    if self.saved != loop.step and loop.step > loop.start and (loop.stop or loop.at_end):
+      self.save(loop)
+    self.checkpointer.wait()
+
+
+class Progress:
+  """A progress bar (steps/s, loss, ETA) where someone watches it
+  (:func:`purax.io.progress.bar`: a terminal or a notebook)."""
+
+  order, every, at_end, name = 30, None, True, 'progress'
+
+  def __init__(self, enabled: bool = True):
+    self.enabled = enabled
+
+  def start(self, loop) -> None:
+    self.bar = progress_lib.bar(loop.num_steps, loop.step, enabled=self.enabled)
+    self.shown = loop.step
+
+  def __call__(self, step, state, record):
+    self.bar.update(step - self.shown)
+    self.shown = step
+    loss = record.get('train/loss')
+    if loss is not None and np.ndim(loss) == 0:
+      self.bar.set_postfix(loss=f'{loss:.4f}', refresh=False)
+    return state, {}
+
+  def end(self, loop) -> None:
+    self.bar.close()
+
+
+class Profile:
+  """A ``jax.profiler`` trace of the updates ``start <= state.step < stop``
+  (:mod:`purax.io.profile`), each in a ``StepTraceAnnotation('train',
+  step_num=s)`` that spans its call and the hooks after it. Those updates run
+  one per call whatever ``steps_per_call`` (:attr:`alone`), so the
+  annotations are exactly ``start, ..., stop - 1``.
+
+  Attributes:
+    logdir: where the trace goes (a run directory).
+    start, stop: the range of ``state.step``.
+    memory_profile: also write ``logdir/memory.prof`` when the trace stops.
+  """
+
+  order, every, at_end, name = 100, None, True, 'profile'
+
+  def __init__(self, logdir: str, start: int, stop: int, *, memory_profile: bool = False):
+    self.profiler = profile_lib.Profiler(logdir, start, stop, memory_profile=memory_profile)
+    self.alone = range(start, stop)
+    self.annotation = None
+
+  def _enter(self, step) -> None:
+    p = self.profiler
+    if not p.done and p.start <= step < p.stop:
+      if not p.active:
+        p._begin()
+      self.annotation = jax.profiler.StepTraceAnnotation(profile_lib.STEP_NAME, step_num=step)
+      self.annotation.__enter__()
+
+  def _exit(self) -> None:
+    if self.annotation is not None:
+      self.annotation.__exit__(None, None, None)
+      self.annotation = None
+
+  def start(self, loop) -> None:
+    self._enter(loop.step)
+
+  def __call__(self, step, state, record):
+    self._exit()
+    if self.profiler.active and step >= self.profiler.stop:
+      self.profiler._end(state)
+    else:
+      self._enter(step)
+    return state, {}
+
+  def end(self, loop) -> None:
+    self._exit()
+    self.profiler.close(None if loop.failed else loop.state)
+
+
+def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = None,
+             eval_every: int = 0, checkpointer=None, checkpoint_every: int = 0,
+             should_stop: Callable[[], bool] | None = None, stop_every: int | None = None,
+             max_consecutive_skips: int | None = 10, progress: bool = True,
+             profile: tuple[int, int] | None = None, profile_dir: str | None = None,
+             profile_memory: bool = False) -> list:
+  """The loop's usual hooks from the familiar options:
+  ``fit(task, state, data, hooks=purax.hooks.standard(eval_data=test, log_every=10))``.
+
+  Args:
+    log_every: :class:`Log` cadence (>= 1).
+    writer: :class:`Log`'s writer.
+    eval_data, eval_every: :class:`Evaluate` (when ``eval_data`` is given).
+    checkpointer, checkpoint_every: :class:`Checkpoint` (when a checkpointer is given).
+    should_stop, stop_every: :class:`Stop` (when ``should_stop`` is given).
+    max_consecutive_skips: :class:`NonFiniteStreak` (None: off).
+    progress: :class:`Progress`.
+    profile: ``(start, stop)`` of :class:`Profile`, written to ``profile_dir``.
+    profile_memory: the profile also writes a device memory profile.
+
+  Returns:
+    A list of hooks (``fit`` runs them in their ``order``).
+
+  Raises:
+    ConfigError: an option out of range (named).
+  """
+  hooks: list[Any] = [Log(log_every, writer), Progress(progress)]
+  if eval_data is not None:
+    hooks.append(Evaluate(eval_data, eval_every))
+  else:
+    expect(isinstance(eval_every, int) and eval_every >= 0, 'eval_every', '>= 0', eval_every,
+           ConfigError)
+  if max_consecutive_skips is not None:
+    hooks.append(NonFiniteStreak(max_consecutive_skips, log_every))
+  if should_stop is not None:
+    hooks.append(Stop(should_stop, stop_every))
+  if checkpointer is not None:
+    hooks.append(Checkpoint(checkpointer, checkpoint_every, log_every))
+  else:
+    expect(isinstance(checkpoint_every, int) and checkpoint_every >= 0, 'checkpoint_every',
+           '>= 0', checkpoint_every, ConfigError)
+  if profile is not None:
+    expect(profile_dir is not None, 'profile_dir', 'a directory for the trace', None,
+           ConfigError)
+    hooks.append(Profile(profile_dir, *profile, memory_profile=profile_memory))
+  return hooks
+

@@ -1,0 +1,179 @@
+"""The plan protocol: how :func:`purax.fit` places the state, feeds the step
+and sums an evaluation. ``fit`` has one loop; the plan is what differs.
+
+A plan is a :class:`Plan` (subclass it and override what differs; every
+method has a default for one device):
+
+- ``start_step(state) -> int``: the step to resume at (a host read);
+- ``place(state) -> state``: put the state where the step runs;
+- ``checked(task, batches) -> batches``: the host batches with their values
+  checked (:attr:`checks`: the first batch, every batch, or none);
+- ``zero_metrics(state, batch)``: the zeroed running-metrics tree;
+- ``device_batches(host_batches, loop) -> iterator of (batch, steps)``: each
+  call's input as :meth:`train_step` takes it, and how many steps it runs
+  (``loop``: what ``fit`` knows of the run, :class:`purax.hooks.Loop`);
+- ``train_step(state, acc, batch) -> (state, acc)``: donates ``state`` and ``acc``;
+- ``evaluate(state, batches)``: the summed evaluation metrics tree (on device);
+- ``lower(state, acc, batch)``: the train step's ``jax.stages.Lowered`` for
+  abstract arguments (``purax train --dry-run``).
+
+Provided: :class:`purax.plan.SingleDevicePlan` (one device, ``k`` steps per
+call), :class:`purax.parallel.ShardedPlan` (:func:`purax.parallel.sharded`: a
+mesh) and :class:`purax.plan.PopulationPlan` (a vmapped population).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Iterator, Literal
+
+import jax
+
+from purax.core import metrics as metrics_lib
+from purax.core.errors import ConfigError, expect
+from purax.io.pipeline import owned, prefetch_to_device
+
+
+def host_batch_transfer():
+  """The context a plan calls its jitted step in: the host-to-device copy of a
+  numpy batch (:func:`to_step`) is allowed, as an explicit ``jax.device_put``
+  would be, whatever transfer guard the caller set. The step's other
+  arguments (state, metrics) are already on the device."""
+  return jax.transfer_guard_host_to_device('allow')
+
+
+def to_step(batches: Iterable, prefetch: int, sharding=None, *, copied: bool = False
+            ) -> Iterator:
+  """Host batches as a plan's jitted step takes them.
+
+  With a ``sharding``, or on an accelerator: put on the device ``prefetch``
+  ahead (:func:`purax.io.pipeline.prefetch_to_device`), so each transfer
+  overlaps the step before it. On the CPU without one: numpy, each batch a
+  private copy (:func:`purax.io.pipeline.owned`; the jitted call may read a
+  numpy array's memory after it returns, and a loader may refill it), handed
+  to the jitted call as it is: a CPU "device" has no transfer to overlap, and
+  ``jax.device_put`` ahead of the call is host work the step waits for
+  (``benchmarks/README.md``). The call's transfer is made under
+  :func:`host_batch_transfer`. ``copied``: the batches are private copies
+  already, or new arrays (not copied again).
+  """
+  if sharding is None and jax.default_backend() == 'cpu':
+    return (b if copied else owned(b) for b in batches)
+  return prefetch_to_device(batches, prefetch, sharding)
+
+
+_step_metrics = jax.jit(lambda task, state, batch: task.step(state, batch)[1],
+                        static_argnums=0)
+_eval_step = jax.jit(lambda task, state, acc, batch: metrics_lib.merge(
+    acc, task.evaluate(state, batch)), static_argnums=0, donate_argnums=2)
+
+
+def _checked(batches, check):
+  for batch in batches:
+    check(batch)
+    yield batch
+
+
+class Plan:
+  """One device: the defaults of the plan protocol (see the module docstring).
+
+  Attributes:
+    task: the :class:`purax.Task` the plan steps.
+    checks: value checks of the training batches on the host
+      (:meth:`purax.Task.check_values`: labels and token ids in range,
+      weights finite and >= 0): ``'first'`` batch (before anything
+      compiles), ``'every'`` batch (a host pass over each: for debugging
+      data) or ``'none'``. Shapes and dtypes are always checked, at trace time.
+    prefetch: batches put on the device ahead of the step (an accelerator
+      or a mesh; :func:`to_step`).
+  """
+
+  def __init__(self, task, *, checks: Literal['first', 'every', 'none'] = 'first',
+               prefetch: int = 2):
+    expect(checks in ('first', 'every', 'none'), 'checks', "'first', 'every' or 'none'",
+           repr(checks), ConfigError)
+    expect(isinstance(prefetch, int) and prefetch >= 1, 'prefetch', 'an integer >= 1',
+           prefetch, ConfigError)
+    self.task, self.checks, self.prefetch = task, checks, prefetch
+
+  #: The device sharding batches are placed with (None: the default device).
+  batch_sharding: Any = None
+  #: The state's shardings (a pytree of them), or None: one device.
+  state_sharding: Any = None
+
+  def init_state(self, key, batch):
+    """A fresh state (``task.init(key, batch)``) where the step runs."""
+    return self.place(jax.jit(self.task.init)(key, batch))
+
+  def abstract_checkpoint(self, abstract: dict) -> dict:
+    """A run's abstract checkpoint tree (:func:`purax.io.resume.abstract_checkpoint`)
+    with the shardings to restore it onto (default: as it is, one device)."""
+    return abstract
+
+  def start_step(self, state) -> int:
+    return int(jax.device_get(state.step))
+
+  def place(self, state):
+    return state
+
+  def checked(self, batches: Iterator) -> Iterator:
+    """``batches`` with their values checked (:attr:`checks`); the first is read now."""
+    if self.checks == 'none':
+      return batches
+    first = next(batches, None)
+    if first is None:
+      return iter(())
+    abstract = self.task.abstract_state(first)   # no transfer; traced once per shapes
+    self.task.check_values(first, abstract)
+    rest = batches if self.checks == 'first' else _checked(
+        batches, lambda b: self.task.check_values(b, abstract))
+    return itertools.chain([first], rest)
+
+  def zero_metrics(self, state, batch):
+    # A cached abstract trace: a fresh lambda would trace the whole step again
+    # at every fit (a quarter of a second for a small model).
+    return metrics_lib.zeros_like(_step_metrics.eval_shape(self.task, state, batch))
+
+  def device_batches(self, host_batches: Iterable, loop) -> Iterator:
+    """``(batch, 1)`` per host batch: one step per call.
+
+    Raises:
+      ConfigError: ``loop.steps_per_call`` is an integer > 1 (only
+        :class:`purax.plan.SingleDevicePlan` runs several steps per call).
+    """
+    expect(loop.steps_per_call in (1, 'auto'), 'steps_per_call',
+           f"1 or 'auto' with a {type(self).__name__} (several steps per call run on "
+           'one device: SingleDevicePlan)', loop.steps_per_call, ConfigError)
+    return ((b, 1) for b in to_step(host_batches, self.prefetch, self.batch_sharding))
+
+  def train_step(self, state, acc, batch):
+    raise NotImplementedError
+
+  def eval_batch(self, state, acc, batch):
+    """``acc`` plus the metrics of one evaluation batch (``acc`` donated)."""
+    return _eval_step(self.task, state, acc, batch)
+
+  def eval_sharding(self):
+    """The sharding evaluation batches are placed with (default :attr:`batch_sharding`)."""
+    return self.batch_sharding
+
+  def zero_eval_metrics(self, state, batch):
+    return metrics_lib.zeros_like(jax.eval_shape(self.task.evaluate, state, batch))
+
+  def evaluate(self, state, batches: Iterable):
+    """The summed metrics tree of ``batches``, on the device.
+
+    Raises:
+      ConfigError: no batches.
+    """
+    acc = None
+    for batch in to_step(batches, 2, self.eval_sharding()):
+      if acc is None:
+        acc = self.zero_eval_metrics(state, batch)
+      with host_batch_transfer():
+        acc = self.eval_batch(state, acc, batch)
+    expect(acc is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
+    return acc
+
+  def lower(self, state, acc, batch):
+    raise NotImplementedError

@@ -1,0 +1,30 @@
+"""Plans: how :func:`purax.fit` places the state, runs a step and an
+evaluation, and gets batches onto the devices. ``fit`` has one loop; the plan
+is what differs, through one protocol (:class:`Plan`, whose methods default
+to one device; :mod:`purax.parallel.plan` states it):
+
+- :class:`SingleDevicePlan` — ``jax.jit`` of ``task.step`` on one device,
+  optionally ``k`` steps per call (``lax.scan`` over stacked batches;
+  ``'auto'``: :mod:`purax.plan.auto`); what ``fit`` uses without a plan;
+- :class:`ShardedPlan` — :func:`purax.parallel.sharded`: the same step
+  jitted with ``NamedSharding`` in/out shardings on a mesh (data parallel,
+  FSDP, tensor parallel), multi-host batches assembled per process;
+- :class:`PopulationPlan` — a stacked :class:`purax.core.population.Population`:
+  every member's step vmapped in one compiled program, metrics ``[members]``.
+
+A new plan (pipeline parallel, say) is one subclass of :class:`Plan` that
+overrides ``place``, ``train_step`` and what else differs.
+"""
+
+from purax.parallel.plan import Plan as Plan
+from purax.parallel.plan import host_batch_transfer as host_batch_transfer
+from purax.parallel.plan import to_step as to_step
+from purax.parallel.step import ShardedPlan as ShardedPlan
+from purax.plan import auto as auto
+from purax.plan.auto import PROBE_STEPS as PROBE_STEPS
+from purax.plan.auto import choose_steps_per_call as choose_steps_per_call
+from purax.plan.population import PopulationPlan as PopulationPlan
+from purax.plan.single import SingleDevicePlan as SingleDevicePlan
+from purax.plan.single import Stacked as Stacked
+from purax.plan.single import multi_train_step as multi_train_step
+from purax.plan.single import train_step as train_step

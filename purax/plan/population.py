@@ -1,0 +1,97 @@
+"""A population: every member of a :class:`purax.core.population.Population`
+stepped at once (``task.step`` vmapped; frozen members kept), one program."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from purax.core import population as pop_lib
+from purax.core.errors import ConfigError, expect
+from purax.parallel.plan import Plan, host_batch_transfer
+
+
+class PopulationPlan(Plan):
+  """Every member of a population stepped at once, optionally on a mesh.
+
+  On a ``mesh`` the same program is partitioned by XLA (GSPMD) along one axis:
+
+  - ``shard='batch'``: every member's state replicated, each batch split along
+    its batch axis over all the mesh's devices (data parallel for every member;
+    the gradient all-reduce is XLA's);
+  - ``shard='members'``: the member axis of the state split over the devices
+    (each device trains its own members; the number of members must be a
+    multiple of the mesh size), batches replicated.
+
+  Metrics are ``[members]``; batches are not value-checked by default
+  (``checks='none'``: a shared batch is checked by the single-run paths).
+
+  Attributes:
+    task: the task every member runs.
+    batch_index: int32 ``[members]`` into stacked batches ``[n, batch, ...]``
+      (member ``i`` reads stack ``batch_index[i]``), or None: one shared batch.
+    mesh: a ``jax.sharding.Mesh``, or None: one device.
+    shard: ``'batch'`` or ``'members'`` (with a mesh).
+    strategy: how members share the machine (``'auto'``, ``'vmap'``,
+      ``'chunked'``, ``'sequential'`` or a chunk size; see
+      :func:`purax.core.population.chunk_size`); the same result whichever.
+      With ``shard='members'``, ``'auto'`` vmaps (each device holds its own members).
+
+  Raises:
+    ConfigError: ``shard`` is neither ``'batch'`` nor ``'members'``.
+  """
+
+  def __init__(self, task, batch_index=None, *, mesh=None, shard: str = 'batch',
+               strategy='auto', checks: str = 'none', prefetch: int = 2):
+    super().__init__(task, checks=checks, prefetch=prefetch)
+    expect(shard in ('batch', 'members'), 'shard', "'batch' or 'members'", repr(shard),
+           ConfigError)
+    self.batch_index, self.mesh, self.shard, self.strategy = batch_index, mesh, shard, strategy
+    if mesh is not None and shard == 'members' and strategy == 'auto':
+      self.strategy = 'vmap'
+
+  def _sharding(self, *spec):
+    return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec))
+
+  def start_step(self, pop) -> int:
+    return int(np.max(jax.device_get(pop.state.step)))
+
+  def place(self, pop):
+    if self.mesh is None:
+      return pop
+    if self.shard == 'batch':
+      return jax.device_put(pop, self._sharding())
+    size = self.mesh.devices.size
+    expect(pop.num_members % size == 0, 'members', f'a multiple of the mesh size {size} '
+           "(shard='members')", pop.num_members, ConfigError)
+    return jax.device_put(pop, self._sharding(self.mesh.axis_names))
+
+  @property
+  def batch_sharding(self):
+    if self.mesh is None:
+      return None
+    if self.shard == 'members':
+      return self._sharding()
+    leading = (None,) if self.batch_index is not None else ()   # [seeds, batch, ...]
+    return self._sharding(*leading, self.mesh.axis_names)
+
+  def eval_sharding(self):
+    return None if self.mesh is None else self._sharding()      # replicated
+
+  def zero_metrics(self, pop, batch):
+    return pop_lib.zero_train_metrics(self.task, pop, batch, self.batch_index)
+
+  def train_step(self, pop, acc, batch):
+    with host_batch_transfer():
+      return pop_lib.train_step(self.task, pop, acc, batch, self.batch_index,
+                                strategy=self.strategy)
+
+  def zero_eval_metrics(self, pop, batch):
+    return pop_lib.zero_eval_metrics(self.task, pop, batch)
+
+  def eval_batch(self, pop, acc, batch):
+    return pop_lib.eval_step(self.task, pop, acc, batch, None, strategy=self.strategy)
+
+  def lower(self, pop, acc, batch):
+    return pop_lib.train_step.lower(self.task, pop, acc, batch, self.batch_index,
+                                    strategy=self.strategy)

@@ -1,0 +1,172 @@
+"""One device: ``task.step`` jitted once, one or ``k`` steps per call."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Iterator
+
+import jax
+import numpy as np
+from flax import struct
+
+from purax.core import loops
+from purax.core import metrics as metrics_lib
+from purax.core.errors import ConfigError, DataError, expect
+from purax.io.pipeline import owned
+from purax.parallel.plan import Plan, host_batch_transfer, to_step
+from purax.plan import auto
+
+
+def _train_step(task, state, acc, batch):
+  state, metrics = task.step(state, batch)
+  return state, metrics_lib.merge(acc, metrics)
+
+
+def _multi_train_step(task, state, acc, batches):
+  """``k`` steps in one call: ``lax.scan`` of the step over stacked batches
+  (every leaf ``[k, batch, ...]``), the metrics merged inside; unrolled on the
+  CPU when the step has convolutions (:mod:`purax.core.loops`)."""
+  def body(carry, batch):
+    return _train_step(task, *carry, batch), None
+  (state, acc), _ = loops.scan(body, (state, acc), batches)
+  return state, acc
+
+
+# Built once per process: the cache key is (task, shapes), so a second fit with
+# the same task — e.g. another learning rate in the state — does not recompile.
+# A program that holds unrolled steps (a convolution on the CPU: k steps per
+# call, microbatches) is compiled with loops.UNROLLED_CPU_OPTIONS.
+train_step = loops.Jit(
+    _train_step, lambda task, state, acc, batch: task.microbatches > 1 and loops.step_unrolls(
+        task, batch), static_argnums=0, donate_argnums=(1, 2))
+multi_train_step = loops.Jit(
+    _multi_train_step, lambda task, state, acc, batches: loops.step_unrolls(
+        task, batches, stacked=True),
+    static_argnums=0, donate_argnums=(1, 2))
+
+
+class Stacked(struct.PyTreeNode):
+  """``k`` batches stacked for one multi-step call (every leaf ``[k, batch, ...]``)."""
+
+  batches: Any
+
+  @property
+  def steps(self) -> int:
+    return len(jax.tree.leaves(self.batches)[0])
+
+
+def stacked(batches: Iterable, start: int, k: int, alone=lambda step: False) -> Iterator:
+  """Groups batches into :class:`Stacked` calls of ``k`` that end at multiples of
+  ``k``; the steps before the first multiple (a resumed run), after the last (a
+  tail shorter than ``k``) and every block of ``k`` holding a step that must
+  run ``alone`` (a profiled step: ``alone(state.step)``) come as single
+  batches, run by the one-step program: a shorter scan would be another
+  compilation.
+
+  Each batch is copied once, into its slot of the call's new ``[k, ...]``
+  arrays (or :func:`purax.io.pipeline.owned` for a single), as it arrives: a
+  loader may refill its arrays once it has yielded them.
+
+  Raises:
+    DataError: a batch of a call whose structure, shapes or dtypes (as jit
+      sees them, :func:`purax.core.loops.shapes_key`) differ from the call's
+      first batch's.
+  """
+  step, n = start, 0
+  treedef = key = stacks = None
+  single_until = start                 # steps before it run one per call
+  for batch in batches:
+    if not n and step % k == 0 and step >= single_until and any(
+        alone(s) for s in range(step, step + k)):
+      single_until = step + k
+    if not n and (step % k or step < single_until):
+      step += 1
+      yield owned(batch)
+      continue
+    leaves, tree = jax.tree.flatten(batch)
+    if n == 0:
+      treedef, key = tree, loops.shapes_key(leaves)
+      stacks = [np.empty((k, *np.shape(x)), x.dtype if hasattr(x, 'dtype') else
+                         np.asarray(x).dtype) for x in leaves]
+    else:
+      got = (tree, loops.shapes_key(leaves))
+      expect(got == (treedef, key), f'train_data batch of step {step}',
+             f'the structure, shapes and dtypes of the first batch of its call of '
+             f'steps_per_call={k} ({treedef}, {key})', f'{got[0]}, {got[1]}', DataError)
+    for stack, x in zip(stacks, leaves):
+      stack[n] = x
+    n += 1
+    step += 1
+    if step % k == 0:
+      yield Stacked(jax.tree.unflatten(treedef, stacks))
+      n, stacks = 0, None
+  for i in range(n):                   # the tail: single steps
+    yield jax.tree.unflatten(treedef, [stack[i] for stack in stacks])
+
+
+class SingleDevicePlan(Plan):
+  """``task.step`` jitted on one device; ``fit``'s ``steps_per_call`` steps per call.
+
+  ``steps_per_call = k > 1`` scans the step over ``k`` stacked batches
+  (:func:`stacked`): one host-to-device transfer and one Python iteration
+  per ``k`` steps, with exactly the result of ``k`` single steps (bitwise on
+  the CPU). ``'auto'``: :mod:`purax.plan.auto` chooses ``k``; the choice of
+  the last ``fit`` is :attr:`chosen_steps_per_call`.
+
+  Attributes:
+    task, checks, prefetch: as :class:`purax.plan.Plan`.
+    chosen_steps_per_call: the ``k`` the last ``fit`` ran (None before one).
+  """
+
+  chosen_steps_per_call: int | None = None
+
+  def device_batches(self, host_batches, loop):
+    k = loop.steps_per_call
+    if k == 'auto':
+      return auto.auto_batches(self, iter(host_batches), loop)
+    self.chosen_steps_per_call = k
+    return auto.timed_first(self, self.calls(host_batches, k, loop))
+
+  def calls(self, host_batches: Iterable, k: int, loop) -> Iterator:
+    """``(input, steps)`` of each call from ``loop.step`` on, ``k`` steps per call."""
+    if k == 1:
+      return ((b, 1) for b in to_step(host_batches, self.prefetch))
+    batches = to_step(stacked(host_batches, loop.step, k, loop.alone), self.prefetch,
+                      copied=True)
+    return ((b, b.steps if isinstance(b, Stacked) else 1) for b in batches)
+
+  @staticmethod
+  def singles(calls: Iterator) -> Iterator:
+    """The batches of ``calls``, one step each (stacked calls sliced)."""
+    for b, taken in calls:
+      if isinstance(b, Stacked):
+        yield from (jax.tree.map(lambda x, i=i: x[i], b.batches) for i in range(taken))
+      else:
+        yield b
+
+  def _program(self, batch):
+    return multi_train_step if isinstance(batch, Stacked) else train_step
+
+  def _call(self, state, acc, batch):
+    if isinstance(batch, Stacked):
+      auto.COMPILED.multi.add((self.task, loops.shapes_key(batch.batches, drop_leading=True),
+                               batch.steps))
+      return multi_train_step(self.task, state, acc, batch.batches)
+    return train_step(self.task, state, acc, batch)
+
+  def train_step(self, state, acc, batch):
+    with host_batch_transfer():
+      if not isinstance(batch, auto.Timed):
+        return self._call(state, acc, batch)
+      cache = getattr(self._program(batch.batch), '_cache_size', lambda: 0)
+      cached = cache()
+      begin = time.perf_counter()
+      state, acc = self._call(state, acc, batch.batch)
+      if batch.sync:
+        jax.block_until_ready(acc)
+      batch.ended = time.perf_counter()
+      batch.seconds, batch.compiled = batch.ended - begin, cache() > cached
+      return state, acc
+
+  def lower(self, state, acc, batch):
+    return train_step.lower(self.task, state, acc, batch)
