@@ -250,7 +250,7 @@ class Profile:
     p = self.profiler
     if not p.done and p.start <= step < p.stop:
       if not p.active:
-        p._begin()
+        p.begin()
       self.annotation = jax.profiler.StepTraceAnnotation(profile_lib.STEP_NAME, step_num=step)
       self.annotation.__enter__()
 
@@ -265,7 +265,7 @@ class Profile:
   def __call__(self, step, state, record):
     self._exit()
     if self.profiler.active and step >= self.profiler.stop:
-      self.profiler._end(state)
+      self.profiler.end(state)
     else:
       self._enter(step)
     return state, {}

@@ -21,8 +21,8 @@ In a host loop of your own (``fit`` has :class:`purax.hooks.Profile`)::
       state, metrics = train_step(state, batches[s])
   profiler.close(state)                     # stops a trace still open (early end)
 
-Without access to the loop, :meth:`Profiler.hook` gives the same from a
-callable the loop polls after every step (``fit``'s ``should_stop``).
+``fit`` traces with :class:`purax.hooks.Profile` (``purax train --profile``),
+which runs the traced updates one per call.
 """
 
 from __future__ import annotations
@@ -80,14 +80,13 @@ class Profiler:
     self.logdir, self.start, self.stop = os.fspath(logdir), int(start), int(stop)
     self.memory_profile, self.perfetto = memory_profile, perfetto
     self.active = self.done = False
-    self._annotation: contextlib.AbstractContextManager | None = None
 
-  def _begin(self) -> None:
+  def begin(self) -> None:
     os.makedirs(self.logdir, exist_ok=True)
     jax.profiler.start_trace(self.logdir, create_perfetto_trace=self.perfetto)
     self.active = True
 
-  def _end(self, block: Any = None) -> None:
+  def end(self, block: Any = None) -> None:
     if block is not None:
       jax.block_until_ready(block)   # the traced steps' device work ends inside the trace
     jax.profiler.stop_trace()
@@ -107,53 +106,19 @@ class Profiler:
         (e.g. ``lambda: state``), so their computation is inside the trace.
     """
     if not self.done and not self.active and self.start <= step < self.stop:
-      self._begin()
+      self.begin()
     if not self.active:
       yield
       return
     with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=step):
       yield
     if step + 1 >= self.stop:
-      self._end(block() if block is not None else None)
-
-  def hook(self, poll: Callable[[], bool] | None, first_step: int) -> Callable[[], bool]:
-    """``poll`` wrapped to profile from a loop that calls it after every update.
-
-    The annotation of step ``s`` then spans one loop iteration: from the poll
-    after update ``s - 1`` to the poll after update ``s`` (the update's
-    dispatch, logging, evaluation, checkpointing). Call it right before the
-    loop starts at ``state.step == first_step``.
-    """
-    state = {'next': first_step}
-
-    def enter(step):
-      if not self.done and not self.active and self.start <= step < self.stop:
-        self._begin()
-      if self.active:
-        self._annotation = jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=step)
-        self._annotation.__enter__()
-
-    def polled() -> bool:
-      if self._annotation is not None:
-        self._annotation.__exit__(None, None, None)
-        self._annotation = None
-      state['next'] += 1
-      if self.active and state['next'] >= self.stop:
-        self._end()
-      else:
-        enter(state['next'])
-      return bool(poll()) if poll is not None else False
-
-    enter(first_step)
-    return polled
+      self.end(block() if block is not None else None)
 
   def close(self, block: Any = None) -> None:
-    """Ends an open annotation and trace (a run that stopped early); idempotent."""
-    if self._annotation is not None:
-      self._annotation.__exit__(None, None, None)
-      self._annotation = None
+    """Ends an open trace (a run that stopped early); idempotent."""
     if self.active:
-      self._end(block)
+      self.end(block)
 
 
 def save_memory_profile(path: str) -> str:
@@ -182,29 +147,3 @@ def memory_profile_on_oom(logdir: str) -> Iterator[None]:
       path = save_memory_profile(os.path.join(logdir, MEMORY_PROFILE))
       print(f'purax: out of memory; device memory profile written to {path}', file=sys.stderr)
     raise
-
-
-@contextlib.contextmanager
-def run_profiler(logdir: str, spec: str | None, first_step: int, *,
-                 memory: bool = False) -> Iterator[Callable]:
-  """What ``purax train --profile START:STOP`` wraps its loop in.
-
-  Yields ``wrap(poll) -> poll``: the loop's per-step poll with a
-  :class:`Profiler` hooked in (:meth:`Profiler.hook`), or ``poll`` unchanged
-  when ``spec`` is None. On exit the trace is closed; an out-of-memory error
-  leaves ``logdir/memory.prof`` (:func:`memory_profile_on_oom`).
-  """
-  profiler = None
-  if spec is not None:
-    start, stop = parse_range(spec)
-    profiler = Profiler(logdir, start, stop, memory_profile=memory)
-
-  def wrap(poll):
-    return poll if profiler is None else profiler.hook(poll, first_step)
-
-  try:
-    with memory_profile_on_oom(logdir):
-      yield wrap
-  finally:
-    if profiler is not None:
-      profiler.close()

@@ -40,19 +40,6 @@ def test_step_context_traces_start_to_stop_with_one_annotation_per_step(tmp_path
   assert os.path.getsize(tmp_path / profile.MEMORY_PROFILE) > 0
 
 
-def test_hook_polled_after_each_step_traces_the_same_steps(tmp_path):
-  f, x = matmul_loop()
-  polls = []
-  first = 3                                   # a resumed loop: state.step starts at 3
-  poll = profile.Profiler(tmp_path, start=4, stop=6).hook(lambda: polls.append(1) or False,
-                                                          first_step=first)
-  for _ in range(first, 9):
-    x = f(x)
-    assert poll() is False
-  assert traced_steps(tmp_path) == [4, 5]
-  assert len(polls) == 6                      # the wrapped poll is still called every step
-
-
 def test_close_ends_a_trace_cut_short(tmp_path):
   f, x = matmul_loop()
   profiler = profile.Profiler(tmp_path, start=0, stop=100)
