@@ -107,10 +107,13 @@ def test_every_purax_command_of_the_readme_parses_and_validates():
 
 
 def test_every_benchmark_and_make_target_the_readme_names_exists_and_parses():
-  """Each `benchmarks/X.py` the README names answers --help; each `make T` is a
-  target of the Makefile; the `tensorboard` it tells to run is installed."""
+  """Each `benchmarks/X.py` the README and benchmarks/README.md name answers
+  --help; each `make T` is a target of the Makefile; the `tensorboard` it
+  tells to run is installed."""
   import shutil
-  scripts = sorted(set(re.findall(r'benchmarks/([a-z_]+\.py)', README)))
+  with open(os.path.join(ROOT, 'benchmarks', 'README.md'), encoding='utf-8') as f:
+    both = README + f.read()
+  scripts = sorted(set(re.findall(r'benchmarks/([a-z_]+\.py)', both)))
   assert len(scripts) >= 7
   for script in scripts:
     out = run_script(f'benchmarks/{script}', '--help', timeout=120)
