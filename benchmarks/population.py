@@ -76,7 +76,7 @@ def population(task, batches, k, strategy='auto', reps=1):
 
 def sequential(task, batches, k, reps=1):
   lrs = np.geomspace(1e-4, 1e-2, k).astype(np.float32)
-  init = jax.jit(lambda key, lr: P.set_hparams(task.init(key, batches[0]),
+  init = jax.jit(lambda key, lr: purax.set_hyperparams(task.init(key, batches[0]),
                                                {'peak_learning_rate': lr}))
   states = [init(jax.random.key(i), lrs[i]) for i in range(k)]
   template = zero_metrics(lambda st, b: task.step(st, b)[1], states[0], batches[0])

@@ -22,11 +22,12 @@ from purax.core import Task as Task
 from purax.core import TrainState as TrainState
 from purax.core import adamw as adamw
 from purax.core import hyperparams as hyperparams
+from purax.core import set_hyperparams as set_hyperparams
 from purax.core import loss_function as loss_function
 from purax.core import metrics as metrics
 from purax.core import objectives as objectives
 from purax.io.checkpoint import Checkpointer as Checkpointer
-from purax.io.resume import restore_or_init as restore_or_init
+from purax.io.checkpoint.run import restore_or_init as restore_or_init
 from purax import hooks as hooks
 from purax import plan as plan
 from purax.loop import StopOnSignal as StopOnSignal

@@ -38,7 +38,7 @@ from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.hooks.builtin import standard
 from purax.hooks.loop import Loop, cadences, due, gcd, name_of
-from purax.io.resume import Restored
+from purax.io.checkpoint.run import Restored
 from purax.plan import SingleDevicePlan
 
 
@@ -174,7 +174,7 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
     task: the static model/optimizer/loss.
     state: the initial state — a :class:`TrainState`, or what the plan steps
       (a :class:`purax.core.population.Population`) — or a
-      :class:`purax.io.resume.Restored` (:func:`purax.restore_or_init`),
+      :class:`purax.io.checkpoint.run.Restored` (:func:`purax.restore_or_init`),
       which brings its metrics window, data position and hook state along.
       Consumed (donated).
     train_data: random access by step (``train_data[s]`` is the batch of step

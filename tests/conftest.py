@@ -40,7 +40,7 @@ def straight_run(tmp_path_factory):
   batches recorded (``batches.txt``): one process shared by the tests that
   compare against it (once per xdist worker that draws one); they only read
   it."""
-  from tests.test_resume import ARGS, purax
+  from tests.helpers_runs import ARGS, purax
   workdir = str(tmp_path_factory.mktemp('straight') / 'run')
   done = purax('train', *ARGS, '--workdir', workdir, recorded_stop=0)
   assert done.returncode == 0, done.stderr

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import purax
+import purax.testing
 from purax import nn as pnn
 
 
@@ -27,6 +28,12 @@ def tiny_task(model='mlp', *, classes=10, learning_rate=1e-2, total_steps=100, *
   }
   tx = purax.adamw(learning_rate=learning_rate, total_steps=total_steps, warmup_steps=0)
   return purax.Task(model=models[model](), tx=tx)
+
+
+def assert_bitwise(a, b, what='state'):
+  """``a`` and ``b`` equal bit for bit, leaf by leaf (typed keys by key data),
+  naming the first leaf that differs: the suite's one bitwise assert."""
+  purax.testing.assert_trees_close(a, b, purax.testing.Tolerance(0.0, 0.0), what=what)
 
 
 def tree_equal(a, b):

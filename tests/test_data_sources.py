@@ -14,6 +14,7 @@ import purax
 from purax import testing
 from purax.io.checkpoint import Checkpointer
 from purax.nn import MLP
+from tests.helpers import assert_bitwise
 
 STEPS = 12
 
@@ -63,8 +64,6 @@ def straight(data, **kw):
   return purax.fit(t, state, data, steps=STEPS, **kw, hooks=purax.hooks.standard(log_every=2, progress=False))[0]
 
 
-def assert_bitwise(a, b):
-  testing.assert_trees_close(a, b, testing.Tolerance(0.0, 0.0), what='state')
 
 
 def test_grain_iter_dataset_sigterm_and_resume_equal_the_straight_run(tmp_path):

@@ -33,7 +33,7 @@ def _usable(tree):
 def test_set_hyperparams_copies_the_callers_array():
   lr = jnp.asarray(3e-4, jnp.float32)
   state = TASK.init(jax.random.key(0), BATCH)
-  state = state.replace(opt_state=optim.set_hyperparams(state.opt_state, peak_learning_rate=lr))
+  state = purax.set_hyperparams(state, peak_learning_rate=lr)
   jax.jit(TASK.step, donate_argnums=0)(state, BATCH)
   _usable(lr)
   assert float(lr) == pytest.approx(3e-4)
@@ -61,7 +61,7 @@ def test_exploit_explore_shares_no_buffer_with_its_input():
 # population.py is the lead's file: the fix there is to copy, see the report.
 def test_population_set_hparams_copies_the_callers_array():
   lr = jnp.asarray(3e-4, jnp.float32)
-  state = pop_lib.set_hparams(TASK.init(jax.random.key(0), BATCH), {'peak_learning_rate': lr})
+  state = purax.set_hyperparams(TASK.init(jax.random.key(0), BATCH), {'peak_learning_rate': lr})
   consume(state)
   _usable(lr)
 

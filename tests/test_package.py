@@ -1,13 +1,14 @@
-"""What importing purax needs: the core, the models and benchmarks/lm.py run
-with jax, flax, optax, orbax and numpy alone (the GPU machine's image lacks
-grain, tyro and tensorboardX; scikit-learn and mnist1d are blocked too, since
-nothing here should need a data set)."""
+"""What importing purax needs: the core, the models, purax.testing's assertions
+and benchmarks/lm.py run with jax, flax, optax, orbax, chex and numpy alone
+(the GPU machine's image lacks grain, tyro and tensorboardX; scikit-learn and
+mnist1d are blocked too, since nothing here should need a data set, and
+hypothesis, which only purax.testing's strategies need)."""
 
 import os
 import subprocess
 import sys
 
-OPTIONAL = ('grain', 'tyro', 'tensorboardX', 'sklearn', 'mnist1d')
+OPTIONAL = ('grain', 'tyro', 'tensorboardX', 'sklearn', 'mnist1d', 'hypothesis')
 
 SCRIPT = f"""
 import sys
@@ -23,6 +24,15 @@ batch = {{'x': jnp.zeros((2, 8), jnp.int32), 'y': jnp.zeros((2, 8), jnp.int32)}}
 state = jax.eval_shape(task.init, jax.random.key(0), batch)   # traced, not compiled
 state, metrics = jax.eval_shape(task.step, state, batch)
 assert state.step.shape == () and 'bits_per_byte' in metrics
+import purax.testing                # the assertions need chex only
+purax.testing.assert_trees_close({{'w': jnp.ones(2)}}, {{'w': jnp.ones(2)}},
+                                 purax.testing.TOLERANCES['params'])
+try:
+  purax.testing.mesh_shapes        # the strategies need hypothesis
+except ImportError:
+  pass
+else:
+  raise AssertionError('purax.testing.mesh_shapes without hypothesis')
 import runpy
 sys.argv = ['lm.py', '--help']
 try:

@@ -17,56 +17,8 @@ from purax.app import runs
 from purax.app.rundir import read_config
 from purax.app.config import TrainConfig
 from purax.io.checkpoint import Checkpointer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-ENV['PYTHONPATH'] = ROOT + os.pathsep + ENV.get('PYTHONPATH', '')
-ARGS = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', '10',
-        '--eval-every', '20', '--checkpoint-every', '10', '--dropout-rate', '0.2',
-        '--no-progress']
-
-
-def purax(*args, recorded_stop=None, timeout=180):
-  if recorded_stop is None:
-    cmd = [sys.executable, '-m', 'purax', *args]
-  else:
-    cmd = [sys.executable, '-m', 'tests.scripts.train_recorded', str(recorded_stop), *args]
-  return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
-
-
-def final_tree(workdir):
-  abstract = job_lib.build(read_config(workdir).validate(), mesh=False).abstract
-  with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
-    tree, extra, step = ckpt.restore(abstract)
-  tree = jax.tree.map(lambda x: np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(
-      x.dtype, jax.dtypes.prng_key) else np.asarray(x), tree)
-  return tree, extra, step
-
-
-def assert_trees_bitwise_equal(a, b):
-  la, ta = jax.tree.flatten(a)
-  lb, tb = jax.tree.flatten(b)
-  assert ta == tb
-  for path_leaf, x, y in zip(jax.tree_util.tree_flatten_with_path(a)[0], la, lb):
-    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path_leaf[0]))
-
-
-def logged(workdir):
-  out = []
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    for line in f:
-      rec = json.loads(line)
-      out.append({k: v for k, v in rec.items() if k not in ('time', 'steps_per_sec')})
-  return out
-
-
-def batches(workdir):
-  seen = {}
-  with open(os.path.join(workdir, 'batches.txt')) as f:
-    for line in f:
-      step, digest = line.split()
-      assert seen.setdefault(int(step), digest) == digest, f'step {step} got another batch'
-  return seen
+from tests.helpers import assert_bitwise
+from tests.helpers_runs import ARGS, ENV, ROOT, batches, final_tree, logged, purax
 
 
 def test_half_save_new_process_half_equals_straight_bitwise(tmp_path, straight_run):
@@ -80,7 +32,7 @@ def test_half_save_new_process_half_equals_straight_bitwise(tmp_path, straight_r
   a, extra_a, step_a = final_tree(straight)
   b, extra_b, step_b = final_tree(split)
   assert step_a == step_b == 40 and extra_a['data'] == extra_b['data'] == {'next_step': 40}
-  assert_trees_bitwise_equal(a, b)     # params, opt_state, rng, model_state, metrics window
+  assert_bitwise(a, b)     # params, opt_state, rng, model_state, metrics window
   assert logged(straight) == logged(split)
   assert batches(straight) == batches(split) and sorted(batches(split)) == list(range(40))
 
@@ -133,7 +85,7 @@ def test_sigkill_at_random_points_then_resume_ends_with_the_uninterrupted_params
   a, _, step_a = final_tree(reference)
   b, _, step_b = final_tree(workdir)
   assert step_a == step_b == 400
-  assert_trees_bitwise_equal(a['state'], b['state'])
+  assert_bitwise(a['state'], b['state'])
   # Issue 13.2: no record of metrics.jsonl lost or doubled by the kills.
   assert logged(workdir) == logged(reference)
 

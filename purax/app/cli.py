@@ -31,6 +31,10 @@ import tyro
 from purax.app import dry_run, plot, runs, sweep
 from purax.app.config import SweepConfig, TrainConfig
 from purax.core.errors import PuraxError
+from purax.io.export import FORMATS
+
+#: The export formats' names: the keys of :data:`purax.io.export.FORMATS`, the one table.
+EXPORT_FORMATS = tuple(FORMATS)
 
 # Flat flags (--model, --steps, --lr) over the nested sections.
 Train = tyro.conf.OmitArgPrefixes[TrainConfig]
@@ -63,7 +67,7 @@ class ExportConfig:
 
   workdir: str
   out: str | None = None
-  format: Literal['jax', 'onnx', 'savedmodel'] = 'jax'
+  format: Literal[EXPORT_FORMATS] = 'jax'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Annotated, Callable
+from typing import Annotated, Any, Callable
 
 import numpy as np
 import tyro
@@ -77,24 +77,20 @@ class Data:
   """A loaded data set, as the runs use it.
 
   Attributes:
-    name: the name it was loaded by.
-    x_train, y_train: training arrays ``[n, ...]`` (random access).
-    x_test, y_test: evaluation arrays ``[n_test, ...]``.
-    num_classes: labels (tokens) lie in ``[0, num_classes)``.
+    source: the arrays (:class:`purax.io.datasets.ArrayDataset` or
+      :class:`purax.io.text.TextDataset`): ``name``, ``x_train``, ``y_train``
+      (random access), ``x_test``, ``y_test``, ``num_classes`` (labels or
+      tokens lie in ``[0, num_classes)``) and ``input_shape``.
     train_batches: ``(batch_size, seed, num_steps) -> batches[step]``.
   """
 
-  name: str
-  x_train: np.ndarray
-  y_train: np.ndarray
-  x_test: np.ndarray
-  y_test: np.ndarray
-  num_classes: int
+  source: Any
   train_batches: Callable
 
-  @property
-  def input_shape(self) -> tuple[int, ...]:
-    return tuple(self.x_train.shape[1:])
+  def __getattr__(self, name):   # name, x_train, ..., num_classes, input_shape: the source's
+    if name in ('source', 'train_batches'):
+      raise AttributeError(name)
+    return getattr(self.source, name)
 
   def sample(self, batch_size: int) -> dict[str, np.ndarray]:
     """A zero batch of the data's shapes (enough for ``init`` and ``eval_shape``)."""
@@ -122,7 +118,7 @@ def _arrays(ds: datasets.ArrayDataset) -> Data:
   def train(batch_size, seed, num_steps):
     return pipeline.train_dataset(ds.x_train, ds.y_train, batch_size=batch_size, seed=seed,
                                   num_steps=num_steps)
-  return Data(ds.name, ds.x_train, ds.y_train, ds.x_test, ds.y_test, ds.num_classes, train)
+  return Data(ds, train)
 
 
 def _text(config: DataConfig) -> Data:
@@ -132,7 +128,7 @@ def _text(config: DataConfig) -> Data:
 
   def train(batch_size, seed, num_steps):
     return text.train_dataset(ds, batch_size=batch_size, seed=seed, num_steps=num_steps)
-  return Data(ds.name, ds.x_train, ds.y_train, ds.x_test, ds.y_test, ds.num_classes, train)
+  return Data(ds, train)
 
 
 @dataclasses.dataclass(frozen=True)

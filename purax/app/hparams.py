@@ -2,8 +2,9 @@
 
 A row says everything the application layer needs to know about it: its
 config field (``--FIELD``, and a short alias such as ``--lr``), its default,
-its bounds (checked here, once, for ``purax train`` values, ``purax sweep``
-specs and PBT's perturbations), and its name in the state — an optimizer
+and its name in the state (its bounds are the core's one table,
+:data:`purax.core.hparams.BOUNDS`, checked here for ``purax train`` values and
+``purax sweep`` specs, and clipped to by PBT) — an optimizer
 hyperparameter lives in ``opt_state.hyperparams`` (injected by
 :func:`purax.core.optim.adamw`), a loss one in ``state.hparams``.
 
@@ -20,11 +21,12 @@ import dataclasses
 import math
 from typing import Annotated, Literal
 
-import numpy as np
 import tyro
 
 from purax.app import search
+from purax.core import hparams as core_hparams
 from purax.core.errors import ConfigError, expect
+from purax.core.hparams import Bounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,6 @@ class HParam:
     where: ``'optimizer'`` (an argument of :func:`purax.core.optim.adamw`) or
       ``'loss'`` (a key of ``Task.hparams``).
     default: the value when not given.
-    low, high: bounds; ``low_open`` / ``high_open`` exclude them.
     short: a shorter flag and the column / legend name (``lr``).
     help: one line for ``--help``.
   """
@@ -46,10 +47,6 @@ class HParam:
   state: str
   where: Literal['optimizer', 'loss']
   default: float
-  low: float
-  high: float
-  low_open: bool = False
-  high_open: bool = False
   short: str | None = None
   help: str = ''
 
@@ -57,42 +54,36 @@ class HParam:
   def label(self) -> str:
     return self.short or self.field
 
+  @property
+  def bounds(self) -> Bounds:
+    """Its valid interval: :data:`purax.core.hparams.BOUNDS`, the one table."""
+    return core_hparams.bounds(self.state)
+
   def interval(self) -> str:
-    return (f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-            f"{')' if self.high_open else ']'}")
+    return self.bounds.interval()
 
   def contains(self, value: float) -> bool:
-    return (math.isfinite(value)
-            and (self.low < value if self.low_open else self.low <= value)
-            and (value < self.high if self.high_open else value <= self.high))
+    return self.bounds.contains(value)
 
   def check(self, value: float, name: str | None = None) -> None:
     """Raises ConfigError naming ``name`` (default the field) unless in bounds."""
-    expect(self.contains(float(value)), name or self.field, f'a finite value in '
-           f'{self.interval()}', value, ConfigError)
+    self.bounds.check(value, name or self.field)
 
   def clip_bounds(self) -> tuple[float, float]:
     """The closed float32 interval PBT clips a perturbed value to."""
-    lo, hi = np.float32(self.low), np.float32(min(self.high, np.finfo(np.float32).max))
-    if self.low_open:
-      lo = np.nextafter(lo, np.float32(np.inf))
-    if self.high_open:
-      hi = np.nextafter(hi, np.float32(-np.inf))
-    return float(lo), float(hi)
+    return self.bounds.clip()
 
 
 HPARAMS: tuple[HParam, ...] = (
-    HParam('learning_rate', 'peak_learning_rate', 'optimizer', 2e-3, 0.0, 10.0, low_open=True,
+    HParam('learning_rate', 'peak_learning_rate', 'optimizer', 2e-3,
            short='lr', help='peak AdamW learning rate (after warmup; cosine decay to 0)'),
-    HParam('weight_decay', 'weight_decay', 'optimizer', 1e-4, 0.0, 1.0, short='wd',
+    HParam('weight_decay', 'weight_decay', 'optimizer', 1e-4, short='wd',
            help='decoupled weight decay'),
-    HParam('b1', 'b1', 'optimizer', 0.9, 0.0, 1.0, high_open=True,
-           help="Adam's first-moment decay rate"),
-    HParam('b2', 'b2', 'optimizer', 0.999, 0.0, 1.0, high_open=True,
-           help="Adam's second-moment decay rate"),
-    HParam('clip_norm', 'clip_norm', 'optimizer', 1.0, 0.0, math.inf, low_open=True,
-           high_open=True, short='clip', help='global-norm gradient clipping threshold'),
-    HParam('label_smoothing', 'label_smoothing', 'loss', 0.0, 0.0, 1.0, high_open=True,
+    HParam('b1', 'b1', 'optimizer', 0.9, help="Adam's first-moment decay rate"),
+    HParam('b2', 'b2', 'optimizer', 0.999, help="Adam's second-moment decay rate"),
+    HParam('clip_norm', 'clip_norm', 'optimizer', 1.0, short='clip',
+           help='global-norm gradient clipping threshold'),
+    HParam('label_smoothing', 'label_smoothing', 'loss', 0.0,
            short='ls', help='label smoothing of the classification / LM loss'),
 )
 

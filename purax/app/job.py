@@ -31,7 +31,7 @@ from purax.core.errors import ConfigError, expect
 from purax.core.optim import adamw
 from purax.core.precision import get_policy
 from purax.core.task import Task
-from purax.io.resume import abstract_checkpoint
+from purax.io.checkpoint.run import abstract_checkpoint
 from purax.nn.transformer import count_params
 
 

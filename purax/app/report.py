@@ -104,7 +104,7 @@ def write(config, job, pop, seeds, history, *, console: bool = True) -> dict:
     hyperparameter, eval metrics, status), ``best``, ``history``.
   """
   final = _final_eval(history)
-  hparams = jax.device_get(pop_lib.get_hparams(pop.state))   # final values (after PBT)
+  hparams = jax.device_get(core_hparams.get(pop.state))   # final values (after PBT)
   status = pop_lib.status(pop)
   steps = np.asarray(jax.device_get(pop.state.step))
   metric = config.population.metric

@@ -35,7 +35,7 @@ from purax.app.dry_run import print_summary
 from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
 from purax.io import export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
-from purax.io.resume import Restored, abstract_checkpoint
+from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_init
 from purax.loop import StopOnSignal, evaluate, fit
 from purax.nn.generate import generate
 from purax.plan import SingleDevicePlan
@@ -82,7 +82,7 @@ def train(config: TrainConfig) -> dict:
                       interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
       try:
         state, history = _fit(job, rundir, checkpointer,
-                              restore_or_init(job, rundir, checkpointer), stop)
+                              resume(job, rundir, checkpointer), stop)
       finally:   # a committed checkpoint keeps the directory, however the run ends
         with contextlib.suppress(Exception):
           if checkpointer.steps():
@@ -117,26 +117,34 @@ def _start_phases(stop):
   return starting
 
 
-def restore_or_init(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: Checkpointer
-                    ) -> Restored:
-  """The newest readable checkpoint of a resumed run (an unreadable one is
-  moved aside), else a fresh state: a :class:`purax.io.resume.Restored`.
+def resume(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: Checkpointer
+           ) -> Restored:
+  """:func:`purax.restore_or_init` for a run directory: the newest readable
+  checkpoint of a resumed run (an unreadable one is moved aside), else a fresh
+  state; a resumed run's config is checked against the saved one.
 
   Raises:
     CheckpointMismatchError: the checkpoint's shapes differ from the model's.
-    ConfigError: ``--steps`` below the checkpoint's step, or a corrupt data position.
+    ConfigError: ``--steps`` below the checkpoint's step, a field that changes
+      the computation differs, or a corrupt data position.
   """
-  restored = None
-  if rundir.resuming and checkpointer.steps():
+  key, fresh = jax.random.key(job.config.run.seed), None
+  if not rundir.resuming:
+    fresh = job.init(job.config.run.seed)
+  else:
     try:
-      restored = Restored.of(*checkpointer.restore(job.abstract, move_aside=True))
+      restored = restore_or_init(checkpointer, job.task, key, job.sample, plan=job.plan,
+                                 hooks=job.hooks, move_aside=True)
     except CheckpointError as e:
       if isinstance(e, CheckpointMismatchError) or checkpointer.steps():
         raise    # a mismatch or a failure that is not the files': stop, with its reason
       print(f'purax: no readable checkpoint in {checkpointer.directory} (all moved '
             'aside); starting again from step 0', file=sys.stderr)
-  if restored is None:
-    return Restored(job.init(job.config.run.seed), None, 0, None, {})
+      fresh = job.init(job.config.run.seed)
+  if fresh is not None:
+    return Restored(fresh, None, 0, None, {})
+  if restored.fresh:
+    return restored
   reached = int(jax.device_get(restored.state.step))
   job.config.check_resumable(rundir.saved_config(), reached=reached)
   rundir.update_config()

@@ -18,8 +18,9 @@ from purax.core.model import NNX as NNX
 from purax.core.model import as_model as as_model
 from purax.core.objectives import loss_function as loss_function
 from purax.core.optim import adamw as adamw
-from purax.core.optim import hyperparams as hyperparams
-from purax.core.optim import set_hyperparams as set_hyperparams
+from purax.core import hparams as hparams
+from purax.core.hparams import get as hyperparams
+from purax.core.hparams import set as set_hyperparams
 from purax.core.optim import warmup_cosine as warmup_cosine
 from purax.core.population import Population as Population
 from purax.core.state import TrainState as TrainState

@@ -14,11 +14,8 @@ convolution is in NHWC / HWIO / NHWC form. Its ``ConvCanonicalization`` pass
 form, but it visits the entry computation only: a convolution inside a loop
 body (``lax.scan``, ``fori_loop``, ``while_loop``) that is not already
 canonical falls to a naive loop nest. Every weight gradient of a convolution
-is such a one (``f01b_i01o->01bf``). Reported as jax-ml/jax#12868. Measured
-with :class:`purax.nn.CNN` on digits (batch 64, the 2-core CPU, jax 0.10.2),
-looped against unrolled: 16 steps per call 12x slower per step, 4
-microbatches 5.6x, a population of 8 one member at a time 12x slower than 8
-separate runs.
+is such a one (``f01b_i01o->01bf``). Reported as jax-ml/jax#12868 (the
+slowdown measured: ``benchmarks/README.md``, "Loops on XLA:CPU").
 
 Unrolled, the loop's program holds the body ``length`` times: compilation
 takes about ``length`` times as long (:func:`unrolls` lets a caller weigh
@@ -77,12 +74,9 @@ def fori_loop(lower: int, upper: int, body: Callable, init: Any):
   return jax.lax.fori_loop(lower, upper, body, init, unroll=True if unroll else None)
 
 
-#: XLA:CPU compiler options for a program that holds unrolled steps. The CPU
-#: backend's default scheduler optimizes for concurrency and keeps every
-#: unrolled step's temporaries live at once: :class:`purax.nn.CNN`'s 16 unrolled
-#: steps took 62 MiB of temporaries against 5.1 MiB with the memory-optimized
-#: scheduler, and ran 1.2-1.4x slower per step than single steps against
-#: 0.85-0.9x (2-core CPU, ``XLA: xla_cpu_scheduler_type``).
+#: XLA:CPU compiler options for a program that holds unrolled steps: the
+#: default scheduler keeps every unrolled step's temporaries live at once
+#: (``benchmarks/README.md``, "The memory-optimized scheduler").
 UNROLLED_CPU_OPTIONS = {'xla_cpu_scheduler_type': 'CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED'}
 
 

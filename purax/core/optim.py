@@ -156,7 +156,7 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
 # One transformation per set of values: a Task rebuilt with the same values is
 # equal to the first (its jitted step is not compiled again). Other values give
 # another transformation (another compilation); to try learning rates without
-# recompiling, keep one Task and set them in the state (set_hyperparams, or a
+# recompiling, keep one Task and set them in the state (purax.set_hyperparams, or a
 # population).
 @functools.lru_cache(maxsize=256)
 def _adamw(learning_rate, total_steps, warmup_steps, weight_decay, b1, b2, eps, clip_norm):
@@ -173,50 +173,3 @@ def _adamw(learning_rate, total_steps, warmup_steps, weight_decay, b1, b2, eps, 
             ).astype(jnp.float32)
 
   return ScheduledTransformation(tx.init, tx.update, current)
-
-
-def hyperparams(state, tx=None) -> dict[str, jax.Array]:
-  """Every hyperparameter of a state, the current learning rate included.
-
-  Args:
-    state: a :class:`purax.TrainState` (or any object with ``opt_state`` and
-      ``hparams``); stacked (population) states give ``[members]`` values.
-    tx: the state's optax transformation (``task.tx``); needed only for
-      ``'learning_rate'`` under :func:`adamw`'s schedule.
-
-  Returns:
-    ``name -> float32 array``: the optimizer's injected hyperparameters
-    (``optax.inject_hyperparams`` anywhere in ``opt_state``), the loss and
-    model ones (``state.hparams``), and ``'learning_rate'``: the rate the
-    next update applies (from ``tx.learning_rate(opt_state)`` when ``tx`` has
-    one, else an injected ``learning_rate``, which optax evaluates at the
-    current count when it is a schedule).
-  """
-  found = {}
-  is_injected = lambda x: hasattr(x, 'hyperparams') and hasattr(x, 'inner_state')
-  for node in jax.tree.leaves(state.opt_state, is_leaf=is_injected):
-    if is_injected(node):
-      found.update(node.hyperparams)
-  found.update(dict(getattr(state, 'hparams', None) or {}))
-  if tx is not None and callable(getattr(tx, 'learning_rate', None)):
-    found['learning_rate'] = tx.learning_rate(state.opt_state)
-  return found
-
-
-def set_hyperparams(opt_state, **values):
-  """Returns ``opt_state`` with injected hyperparameters replaced (float32).
-
-  Example: ``set_hyperparams(state.opt_state, peak_learning_rate=3e-4)``.
-
-  Each value is copied into a new float32 array: a caller's array never
-  becomes a state leaf, so a step that donates the state cannot delete it.
-
-  Raises:
-    ConfigError: a name that is not an injected hyperparameter.
-  """
-  hyperparams = dict(opt_state.hyperparams)
-  for name, value in values.items():
-    expect(name in hyperparams, 'hyperparameter name',
-           f'one of {sorted(hyperparams)}', repr(name), ConfigError)
-    hyperparams[name] = jnp.array(value, jnp.float32, copy=True)
-  return opt_state._replace(hyperparams=hyperparams)

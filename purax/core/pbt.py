@@ -23,12 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from purax.core.errors import ConfigError, expect
-from purax.core.population import Population, get_hparams, set_hparams
+from purax.core import hparams as hparams_lib
+from purax.core.population import Population
 
 # Hyperparameters that must stay inside an interval after a perturbation.
-DEFAULT_BOUNDS: Mapping[str, tuple[float, float]] = {
-    'b1': (0.0, 0.999), 'b2': (0.0, 0.99999), 'label_smoothing': (0.0, 0.99),
-}
 
 
 def _check(members: int, fraction: float, factors: Sequence[float]) -> int:
@@ -62,7 +60,7 @@ def _exploit_explore(pop, scores, key, *, fraction, factors, names, bounds):
                     best=take(pop.best), stale=take(pop.stale))
 
   # Explore: perturb the copied members' hyperparameters by a random factor.
-  hparams = get_hparams(new.state)
+  hparams = hparams_lib.get(new.state)
   names = names if names is not None else ('peak_learning_rate',)
   for name in names:
     expect(name in hparams, 'names', f'hyperparameters among {sorted(hparams)}',
@@ -75,7 +73,7 @@ def _exploit_explore(pop, scores, key, *, fraction, factors, names, bounds):
     value = jnp.where(copied, hparams[name] * factor, hparams[name])
     lo, hi = dict(bounds).get(name, (0.0, jnp.inf))
     perturbed[name] = jnp.clip(value, lo, hi).astype(jnp.float32)
-  new = new.replace(state=set_hparams(new.state, perturbed))
+  new = new.replace(state=hparams_lib.set(new.state, perturbed))
   return new, {'source': source, 'copied': copied}
 
 
@@ -96,7 +94,7 @@ def exploit_explore(pop: Population, scores: jax.Array, *, key: jax.Array,
       hyperparameter (Jaderberg et al. use 0.8 and 1.2).
     names: hyperparameters to perturb (default: ``('peak_learning_rate',)``).
     bounds: name -> (low, high) clip after perturbing (default:
-      :data:`DEFAULT_BOUNDS`; others are clipped to ``[0, inf)``).
+      :data:`purax.core.hparams.BOUNDS`; others are clipped to ``[0, inf)``).
 
   Returns:
     ``(pop, info)``: each copied member holds its source's params,
@@ -109,7 +107,7 @@ def exploit_explore(pop: Population, scores: jax.Array, *, key: jax.Array,
     ConfigError: ``fraction`` out of range, non-positive factors, or an
       unknown hyperparameter name.
   """
-  bounds = DEFAULT_BOUNDS if bounds is None else bounds
+  bounds = {n: hparams_lib.bounds(n).clip() for n in hparams_lib.BOUNDS} if bounds is None else bounds
   expect(jnp.shape(scores) == (pop.num_members,), 'scores.shape',
          f'[{pop.num_members}] (members)', list(jnp.shape(scores)), ConfigError)
   return _exploit_explore(pop, jnp.asarray(scores), key, fraction=float(fraction),

@@ -53,6 +53,7 @@ from flax import struct
 
 from purax.core import loops
 from purax.core import metrics as metrics_lib
+from purax.core import hparams as hparams_lib
 from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
 
@@ -91,49 +92,6 @@ class Population(struct.PyTreeNode):
 # -- hyperparameters --------------------------------------------------------
 
 
-def hparam_names(state: TrainState) -> tuple[str, ...]:
-  """Names of the hyperparameters a (single or stacked) state carries."""
-  return tuple(sorted(_opt_hparams(state)) + sorted(state.hparams))
-
-
-def _opt_hparams(state: TrainState) -> dict:
-  return dict(getattr(state.opt_state, 'hyperparams', None) or {})
-
-
-def get_hparams(state: TrainState) -> dict[str, jax.Array]:
-  """All hyperparameters of ``state``: optimizer ones then loss/model ones.
-
-  For a stacked state each value is float32 ``[members]``.
-  """
-  return {**_opt_hparams(state), **dict(state.hparams)}
-
-
-def set_hparams(state: TrainState, hparams: HParams) -> TrainState:
-  """Returns ``state`` with hyperparameters replaced by float32 arrays.
-
-  Names in ``opt_state.hyperparams`` (injected with
-  ``optax.inject_hyperparams``, see :func:`purax.core.optim.adamw`) go there;
-  names in ``state.hparams`` go there. Works on a single state (``[]`` values)
-  or a stacked one (``[members]`` values).
-
-  Raises:
-    ConfigError: a name the state does not carry.
-  """
-  opt_hp, loss_hp = _opt_hparams(state), dict(state.hparams)
-  for name, value in hparams.items():
-    expect(name in opt_hp or name in loss_hp, 'hyperparameter name',
-           f'one of {list(hparam_names(state))}', repr(name), ConfigError)
-    value = jnp.array(value, jnp.float32, copy=True)   # a copy: a donated step deletes its input
-    if name in opt_hp:
-      opt_hp[name] = value
-    else:
-      loss_hp[name] = value
-  opt_state = state.opt_state
-  if opt_hp:
-    opt_state = opt_state._replace(hyperparams=opt_hp)
-  return state.replace(opt_state=opt_state, hparams=loss_hp)
-
-
 def check_hparams(hparams: HParams, members: int) -> dict[str, jax.Array]:
   """Checks each value is a float ``[members]`` array; returns them as float32.
 
@@ -162,7 +120,7 @@ def init(task, keys: jax.Array, hparams: HParams, batch) -> Population:
     keys: typed keys ``[members]`` (``jax.vmap(jax.random.key)(seeds)``) or raw
       uint32 ``[members, 2]``; member ``i`` is initialised exactly as
       ``task.init(keys[i], batch)``.
-    hparams: name -> float ``[members]``; names as :func:`set_hparams`. Names
+    hparams: name -> float ``[members]``; names as :func:`purax.core.hparams.set`. Names
       left out keep the task's value for every member.
     batch: a sample batch (only shapes matter), shared by all members.
 
@@ -176,7 +134,7 @@ def init(task, keys: jax.Array, hparams: HParams, batch) -> Population:
   members = int(jnp.shape(keys)[0]) if jnp.ndim(keys) else 0
   expect(members >= 1, 'members', '>= 1', members, ConfigError)
   hparams = check_hparams(hparams, members)
-  state = jax.vmap(lambda k, hp: set_hparams(task.init(k, batch), hp))(keys, hparams)
+  state = jax.vmap(lambda k, hp: hparams_lib.set(task.init(k, batch), hp))(keys, hparams)
   return Population(state=state, diverged=jnp.zeros((members,), bool),
                     stopped=jnp.zeros((members,), bool),
                     best=jnp.full((members,), jnp.inf, jnp.float32),
@@ -219,21 +177,8 @@ STRATEGIES = ('auto', 'vmap', 'chunked', 'sequential')
 CHUNK = 8
 
 # The 'auto' rule: members per chunk on CPU (AUTO_CPU_CHUNK); elsewhere all
-# members vmapped (one program fills a GPU/TPU; not measured in this
-# repository yet). Measured on this repository's 2-core CPU, shared with other
-# jobs (+-20% between trials of one program), `benchmarks/population.py
-# --strategies vmap,sequential,4,16` (MLP 256x256, 84k params per member,
-# batch 64), speed-up over K sequential runs:
-#
-#   K    vmap   chunks of 16   chunks of 4   one at a time
-#   8    0.82   (= vmap)       0.87          0.97
-#   64   0.50   1.18           1.05          1.37
-#
-# vmap loses on CPU because every step allocates fresh [K, ...] buffers (the
-# batched temporaries), which cost more than the compute once K x the state
-# outgrows the caches; the chunked loop updates the donated population in
-# place. One member at a time was best at both sizes; parameter count did not
-# enter the rule (one size measured).
+# members vmapped (one program fills a GPU/TPU). The CPU's rule was measured
+# (``benchmarks/README.md``, "Population strategies on the CPU").
 AUTO_CPU_CHUNK = 1
 
 

@@ -71,8 +71,6 @@ def as_typed_key(key: jax.Array) -> jax.Array:
 # cached by (task, shapes): a second fit with the same task traces nothing.
 _abstract_init = jax.jit(lambda task, batch: task.init(jax.random.key(0), batch),
                          static_argnums=0)
-_abstract_predict = jax.jit(lambda task, state, batch: task.predict(state, batch),
-                            static_argnums=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,23 +162,6 @@ class Task:
     jax.eval_shape(lambda s, b: self.compute_loss(s.params, s.model_state, b, None,
                                                   hparams=s.hparams, train=False),
                    state, batch)
-
-  def check_values(self, batch: PyTree, state: TrainState | None = None) -> None:
-    """Checks the batch's *values* on the host (numpy), where the loss declares
-    how (:class:`purax.core.objectives.LossSpec`): for the provided losses,
-    labels / token ids in range and weights finite and >= 0. Not traced, so
-    never in a compiled step; a plan's ``checks`` runs it (:class:`purax.plan.Plan`).
-
-    Raises:
-      DataError: naming the field, the expected range and the values found.
-    """
-    check = objectives.spec_of(self.loss).check_values
-    if check is None:
-      return
-    if state is None:
-      state = self.abstract_state(batch)
-    outputs = _abstract_predict.eval_shape(self, state, batch)
-    check(tuple(getattr(outputs, 'shape', ())), jax.device_get(batch))
 
   def abstract_state(self, batch: PyTree) -> TrainState:
     """The state's shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) for
@@ -277,7 +258,28 @@ class Task:
     Raises:
       ConfigError: ``axis_name`` with a loss that couples examples.
     """
-    return update.step(self, state, batch, axis_name=axis_name, frozen=frozen)
+    return update.step(self._train_loss, self.tx, state, batch, settings=self.settings,
+                       axis_name=axis_name, frozen=frozen)
+
+  def gradients(self, state: TrainState, batch: PyTree, *, axis_name=None
+                ) -> tuple[PyTree, dict, PyTree]:
+    """The gradients :meth:`step` applies to ``batch``: ``(grads, metrics,
+    model_state)``, accumulated over microbatches, the loss scale removed,
+    summed across ``axis_name``; with the step's dropout key. Pure.
+
+    Raises:
+      ConfigError: ``axis_name`` with a loss that couples examples.
+    """
+    return update.gradients(self._train_loss, state, batch, settings=self.settings,
+                            axis_name=axis_name)
+
+  @property
+  def settings(self) -> update.Settings:
+    """What :mod:`purax.core.update` needs of this task besides the loss and ``tx``."""
+    return update.Settings(self.microbatches, self.skip_nonfinite, self.couples_examples)
+
+  def _train_loss(self, params, model_state, batch, key, hparams):
+    return self.compute_loss(params, model_state, batch, key, hparams=hparams, train=True)
 
   def evaluate(self, state: TrainState, batch: PyTree) -> dict:
     """Deterministic metrics of one batch (no dropout, batch statistics frozen).

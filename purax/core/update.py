@@ -39,7 +39,8 @@ microbatches, loss-scaled, summed across devices), then a guarded update.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -51,8 +52,27 @@ from purax.core import optim
 from purax.core.errors import ConfigError, DataError, expect
 from purax.core.state import TrainState
 
-if TYPE_CHECKING:   # task.py imports this module: the type only, for readers and checkers
-  from purax.core.task import Task
+#: ``loss_fn(params, model_state, batch, key, hparams) -> (loss, aux)``: the
+#: weighted mean loss of a batch in training mode, float32 ``[]``, with ``aux``
+#: holding ``'model_state'``, ``'metrics'``, ``'values'`` (the per-example or
+#: per-token losses) and ``'weight'`` (their total weight, float32 ``[]``), as
+#: :meth:`purax.Task.compute_loss` returns them.
+LossFn = Callable[..., tuple[jax.Array, dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """How the update treats the batch, besides the loss and the optimizer.
+
+  Attributes:
+    microbatches: split each batch into this many microbatches (>= 1).
+    skip_nonfinite: the non-finite guard.
+    couples_examples: the loss couples examples (refused under ``axis_name``).
+  """
+
+  microbatches: int = 1
+  skip_nonfinite: bool = True
+  couples_examples: bool = False
 
 
 def _split(batch, k: int):
@@ -79,21 +99,23 @@ def _weighted_state_sum(model_state, weight):
                                  if jnp.issubdtype(x.dtype, jnp.floating) else x), model_state)
 
 
-def gradients(task: 'Task', state: TrainState, batch, *, axis_name=None):
+def gradients(loss_fn: LossFn, state: TrainState, batch, *, settings: Settings = Settings(),
+              axis_name=None):
   """``(grads, metrics, model_state)`` of the batch's weighted mean loss.
 
-  ``grads`` are unscaled (loss scale removed) and summed across ``axis_name``.
+  ``grads`` are unscaled (loss scale removed), accumulated over
+  ``settings.microbatches`` and summed across ``axis_name``.
 
   Raises:
     ConfigError: ``axis_name`` with a loss that couples examples.
   """
-  expect(not (axis_name is not None and task.couples_examples), 'axis_name',
+  expect(not (axis_name is not None and settings.couples_examples), 'axis_name',
          'None for a loss that couples examples (a per-device loss sees only its '
          "device's examples); use jax.jit with shardings (purax.parallel.sharded), "
          'which computes it on the global batch', axis_name, ConfigError)
   key = state.step_key()
   scale = state.loss_scale
-  k = task.microbatches
+  k = settings.microbatches
 
   def grad_of(params, model_state, microbatch, mb_key, *, summed: bool):
     """float32-where-rescaled gradient of the mean loss, or (``summed``) of the
@@ -108,8 +130,7 @@ def gradients(task: 'Task', state: TrainState, batch, *, axis_name=None):
     enters the transposed collectives with its own weight.
     """
     def objective(p):
-      loss, aux = task.compute_loss(p, model_state, microbatch, mb_key,
-                                    hparams=state.hparams, train=True)
+      loss, aux = loss_fn(p, model_state, microbatch, mb_key, state.hparams)
       if summed:
         loss = loss * jax.lax.stop_gradient(aux['weight'] / aux['values'].size)
       return (loss if scale is None else scale.scale_loss(loss)), aux
@@ -180,8 +201,10 @@ def _takes_grad_norm(tx) -> bool:
   return isinstance(tx, optim.ScheduledTransformation)
 
 
-def step(task: 'Task', state: TrainState, batch, *, axis_name=None, frozen=None):
-  """One guarded optimizer update; see the module docstring.
+def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, batch, *,
+         settings: Settings = Settings(), axis_name=None, frozen=None):
+  """One guarded optimizer update of ``tx`` on ``loss_fn``'s gradients; see the
+  module docstring (optax-style: a loss function and settings in, no Task).
 
   ``frozen`` (bool ``[]``, for populations) turns the guard on and makes it
   also skip the update when set: the params, optimizer, model state and loss
@@ -189,20 +212,21 @@ def step(task: 'Task', state: TrainState, batch, *, axis_name=None, frozen=None)
   select over the state) and every metric is zero. The caller keeps the
   ``step`` of a frozen member.
   """
-  grads, metrics, model_state = gradients(task, state, batch, axis_name=axis_name)
+  grads, metrics, model_state = gradients(loss_fn, state, batch, settings=settings,
+                                          axis_name=axis_name)
   metrics = dict(metrics)
   # One pass over the gradients gives the norm the metrics report, the guard
   # tests and :func:`purax.adamw`'s clipping uses (handed to it, not recomputed).
   grad_norm = optim.global_norm(grads)
   metrics['grad_norm'] = metrics_lib.Average.of(grad_norm)
-  extra = {'grad_norm': grad_norm} if _takes_grad_norm(task.tx) else {}
+  extra = {'grad_norm': grad_norm} if _takes_grad_norm(tx) else {}
 
   def apply(state):
-    updates, opt_state = task.tx.update(grads, state.opt_state, state.params, **extra)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                          model_state=model_state, opt_state=opt_state)
 
-  guard = task.skip_nonfinite or state.loss_scale is not None or frozen is not None
+  guard = settings.skip_nonfinite or state.loss_scale is not None or frozen is not None
   if not guard:
     return apply(state), metrics
   # Any NaN or inf in any gradient makes their global norm non-finite (the

@@ -15,7 +15,7 @@ from purax.core.errors import ConfigError, NonFiniteError, expect
 from purax.hooks.loop import due
 from purax.io import profile as profile_lib
 from purax.io import progress as progress_lib
-from purax.io.resume import checkpoint_extra, checkpoint_tree
+from purax.io.checkpoint.run import checkpoint_extra, checkpoint_tree
 
 
 class Log:
@@ -150,7 +150,7 @@ class Stop:
 
 
 class Checkpoint:
-  """Saves the run (:func:`purax.io.resume.checkpoint_tree`: the state, the
+  """Saves the run (:func:`purax.io.checkpoint.run.checkpoint_tree`: the state, the
   metrics window, the hooks' arrays; the data position and the hooks' state in
   the JSON) every ``every`` steps, at log and evaluation points where the
   checkpointer's wall-clock cadence says so (:meth:`Checkpointer.should_save`),

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from purax.core import pbt
-from purax.core import update
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 
@@ -266,7 +265,7 @@ def _path_name(path) -> str:
 @functools.lru_cache(maxsize=8)
 def _gradients_fn(task):
   """The gradients the step would apply to ``batch`` (unscaled; one compile per task)."""
-  return jax.jit(lambda state, batch: update.gradients(task, state, batch)[0])
+  return jax.jit(lambda state, batch: task.gradients(state, batch)[0])
 
 
 @dataclasses.dataclass
@@ -286,8 +285,9 @@ class Histograms:
   Gradients: the state holds none (the step does not keep them: that would
   cost a params-sized buffer every step), so they are computed here, at the
   current params, on the fixed ``batch`` you pass (e.g. the first training
-  batch): the gradients ``task.step`` would apply to it (``purax.core.update
-  .gradients``: microbatches, loss scale removed), with the step's dropout key.
+  batch): the gradients ``task.step`` would apply to it
+  (:meth:`purax.Task.gradients`: microbatches, loss scale removed), with the
+  step's dropout key.
   Cost per call: one forward and backward pass of ``batch`` (one extra
   compilation in the run) and a host copy of the params and gradients — run
   it every few hundred steps, not every step.

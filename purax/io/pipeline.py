@@ -4,8 +4,8 @@ Training batches come from a grain ``MapDataset`` that is random access by
 step: the batch of step ``s`` is ``ds[s]``, which makes resuming at any step
 exact. Example order is a fresh permutation every epoch, drawn from
 ``numpy.random.default_rng([seed, epoch])`` (one vectorised permutation per
-epoch, cached: grain's per-element ``shuffle`` cost ~45 us per example here,
-more than a small model's whole step), and the remainder of an epoch carries
+epoch, cached: grain's per-element ``shuffle`` cost more per example than a
+small model's whole step), and the remainder of an epoch carries
 into the next batch. Evaluation batches pad the last batch to a fixed
 size and carry per-example weights (1 real, 0 padding), so every example counts
 exactly once and the evaluation step compiles once.

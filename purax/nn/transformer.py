@@ -39,23 +39,9 @@ from purax.nn.attention import INIT_STD, Implementation, SelfAttention, param_wi
 from purax.nn.remat import REMAT_POLICIES, check_remat
 
 #: With ``scan_layers=None`` (auto) a stack of more layers than this is
-#: scanned, a shallower one unrolled. Unrolled is faster and lighter wherever
-#: it was measured (``benchmarks/lm.py``, XLA's memory analysis of the
-#: compiled step for memory):
-#:
-#: - CPU, the 4-layer ``cpu`` config: ~1.18x faster unrolled, ~0.75x the
-#:   temporary memory, and then level with the hand-written flax+optax loop.
-#: - H200 (bf16), GPT-2 small (12 layers): 37.7 ms per step unrolled against
-#:   49.0 ms scanned (1.30x), 10.5 against 15.6 GiB of temporaries; the
-#:   1.3B model (24 layers) scanned ran 1.27x slower than the hand-written
-#:   unrolled loop, with 1.8x its temporaries.
-#:
-#: Scanned keeps compile time flat with depth (on the H200, GPT-2 shapes at 4
-#: and 48 layers: 4.4 and 2.2 s), which a deep model needs; unrolled grows
-#: with every layer (GPT-2 small: 10.0 s unrolled, 7.6 s scanned; on the
-#: shared 2-core CPU, batch 4, seq 64: 4 layers 5.1 / 5.4 s, 12 layers 14.6 /
-#: 4.8 s). So stacks up to 24 layers (GPT-2 small to 1.3B) are unrolled, for
-#: speed and memory, and deeper ones scanned, for compile time.
+#: scanned (compile time flat with depth), a shallower one unrolled (faster
+#: and lighter; the measurements: ``benchmarks/README.md``, "Scanned or
+#: unrolled layers").
 SCAN_LAYERS_ABOVE = 24
 
 

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator, Literal
 import jax
 
 from purax.core import metrics as metrics_lib
+from purax.core import objectives
 from purax.core.errors import ConfigError, expect
 from purax.io.pipeline import owned, prefetch_to_device
 
@@ -68,6 +69,27 @@ _eval_step = jax.jit(lambda task, state, acc, batch: metrics_lib.merge(
     acc, task.evaluate(state, batch)), static_argnums=0, donate_argnums=2)
 
 
+_abstract_predict = jax.jit(lambda task, state, batch: task.predict(state, batch),
+                            static_argnums=0)
+
+
+def check_values(task, batch, state=None) -> None:
+  """Checks ``batch``'s *values* on the host (numpy), where ``task``'s loss
+  declares how (:class:`purax.core.objectives.LossSpec`): for the provided
+  losses, labels / token ids in range and weights finite and >= 0. Not
+  traced, so never in a compiled step: a plan's ``checks`` runs it.
+
+  Raises:
+    DataError: naming the field, the expected range and the values found.
+  """
+  check = objectives.spec_of(task.loss).check_values
+  if check is None:
+    return
+  state = task.abstract_state(batch) if state is None else state
+  outputs = _abstract_predict.eval_shape(task, state, batch)
+  check(tuple(getattr(outputs, 'shape', ())), jax.device_get(batch))
+
+
 def _checked(batches, check):
   for batch in batches:
     check(batch)
@@ -80,7 +102,7 @@ class Plan:
   Attributes:
     task: the :class:`purax.Task` the plan steps.
     checks: value checks of the training batches on the host
-      (:meth:`purax.Task.check_values`: labels and token ids in range,
+      (:func:`check_values`: labels and token ids in range,
       weights finite and >= 0): ``'first'`` batch (before anything
       compiles), ``'every'`` batch (a host pass over each: for debugging
       data) or ``'none'``. Shapes and dtypes are always checked, at trace time.
@@ -106,7 +128,7 @@ class Plan:
     return self.place(jax.jit(self.task.init)(key, batch))
 
   def abstract_checkpoint(self, abstract: dict) -> dict:
-    """A run's abstract checkpoint tree (:func:`purax.io.resume.abstract_checkpoint`)
+    """A run's abstract checkpoint tree (:func:`purax.io.checkpoint.run.abstract_checkpoint`)
     with the shardings to restore it onto (default: as it is, one device)."""
     return abstract
 
@@ -124,9 +146,9 @@ class Plan:
     if first is None:
       return iter(())
     abstract = self.task.abstract_state(first)   # no transfer; traced once per shapes
-    self.task.check_values(first, abstract)
+    check_values(self.task, first, abstract)
     rest = batches if self.checks == 'first' else _checked(
-        batches, lambda b: self.task.check_values(b, abstract))
+        batches, lambda b: check_values(self.task, b, abstract))
     return itertools.chain([first], rest)
 
   def zero_metrics(self, state, batch):

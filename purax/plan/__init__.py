@@ -17,6 +17,7 @@ overrides ``place``, ``train_step`` and what else differs.
 """
 
 from purax.parallel.plan import Plan as Plan
+from purax.parallel.plan import check_values as check_values
 from purax.parallel.plan import host_batch_transfer as host_batch_transfer
 from purax.parallel.plan import to_step as to_step
 from purax.parallel.step import ShardedPlan as ShardedPlan

@@ -31,7 +31,7 @@ def test_sections_follow_the_hyperparameter_table():
   assert values == {r.state: r.default for r in hparams.HPARAMS}
   # Every table row reaches the state under its state name.
   job_task = TrainConfig.of(model='mlp')
-  state_names = set(purax.core.population.hparam_names(jax.eval_shape(
+  state_names = set(purax.core.hparams.names(jax.eval_shape(
       _task(job_task).init, jax.random.key(0), data.sample_batch((8, 8, 1), np.float32, (),
                                                                  np.int32, 2))))
   assert {r.state for r in hparams.HPARAMS} <= state_names
@@ -43,7 +43,8 @@ def _task(config):
 
 @pytest.mark.parametrize('row', hparams.HPARAMS, ids=lambda r: r.field)
 def test_each_bound_is_checked_once_for_train_sweep_and_pbt(row):
-  outside = row.low if row.low_open else (row.high if row.high_open else row.high * 2 + 1)
+  b = row.bounds
+  outside = b.low if b.low_open else (b.high if b.high_open else b.high * 2 + 1)
   with pytest.raises(ConfigError, match=f'{row.field}: expected a finite value in'):
     TrainConfig.of(**{row.field: outside}).validate()
   with pytest.raises(ConfigError, match=f"--{row.field.replace('_', '-')}: expected values in"):

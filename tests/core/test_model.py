@@ -11,6 +11,7 @@ from flax import nnx
 
 import purax
 from purax import testing
+from tests.helpers import assert_bitwise
 
 IN, HIDDEN, OUT, STEPS = 4, 16, 3, 4
 
@@ -91,8 +92,6 @@ def run_functions():
   return state.params, m
 
 
-def assert_bitwise(a, b, what):
-  testing.assert_trees_close(a, b, testing.Tolerance(rtol=0.0, atol=0.0), what=what)
 
 
 def test_linen_nnx_and_functions_train_bitwise_alike():

@@ -75,8 +75,7 @@ def test_a_population_over_the_loss_hyperparameter_equals_standalone_runs():
     for i in range(3):
       single_task = task(hparams={'temperature': temps[i]})
       state = single_task.init(jax.random.key(i), batch())
-      state = state.replace(opt_state=purax.core.set_hyperparams(state.opt_state,
-                                                                 peak_learning_rate=lrs[i]))
+      state = purax.set_hyperparams(state, peak_learning_rate=lrs[i])
       step = jax.jit(single_task.step)
       for s in range(3):
         state, _ = step(state, batch(s))

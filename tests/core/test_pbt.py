@@ -14,10 +14,7 @@ from purax.core import pbt
 from purax.core import population as P
 from purax.core.errors import ConfigError
 
-try:   # pytest imports this directory's modules by their base name
-  import test_population as tp
-except ImportError:   # pragma: no cover
-  from tests.core import test_population as tp
+from tests import helpers_population as tp
 
 FACTORS = (0.8, 1.25)
 
@@ -54,7 +51,7 @@ def test_exploit_copies_source_state_exactly_and_explore_perturbs(scores, seed, 
   worst, best = int(np.nanargmax(np.where(np.isnan(scores), np.inf, scores))), \
       int(np.argmin(np.where(np.isnan(scores), np.inf, scores)))
   assert copied.tolist() == [i == worst for i in range(3)] and source[worst] == best
-  old_hp, new_hp = jax.device_get((P.get_hparams(pop.state), P.get_hparams(new.state)))
+  old_hp, new_hp = jax.device_get((purax.hyperparams(pop.state), purax.hyperparams(new.state)))
   for i in range(3):
     src = P.member(pop, int(source[i]))
     got = P.member(new, i)
@@ -120,9 +117,9 @@ def test_bfloat16_population_hyperparameters_stay_float32_through_pbt():
   new, _ = pbt.exploit_explore(pop, jnp.float32([0.0, 1.0]), key=jax.random.key(1),
                                fraction=0.5, names=('peak_learning_rate', 'b2'))
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(new.state.params))
-  for name, value in P.get_hparams(new.state).items():
+  for name, value in purax.hyperparams(new.state).items():
     assert value.dtype == jnp.float32, name
-  assert float(P.get_hparams(new.state)['b2'][1]) < 1.0   # clipped to its bound
+  assert float(purax.hyperparams(new.state)['b2'][1]) < 1.0   # clipped to its bound
 
 
 def test_bad_arguments_are_named():

@@ -32,44 +32,9 @@ from purax.plan import train_step
 from purax.nn import MLP
 from tests.helpers import params_differ
 
-RTOL, ATOL = 1e-5, 1e-6
-CLASSES, FEATURES, BATCH = 3, 6, 8
-
-
-def make_task(param_dtype=jnp.float32):
-  return purax.Task(model=MLP(num_classes=CLASSES, features=(16,), param_dtype=param_dtype),
-                    tx=purax.adamw(learning_rate=1e-3, total_steps=10, warmup_steps=0))
-
-
-TASK = make_task()   # one task, so every example reuses the compiled programs
-pstep = jax.jit(P.step, static_argnums=0)
-pinit = jax.jit(P.init, static_argnums=0)
-sstep = jax.jit(TASK.step)
-sinit = jax.jit(lambda key, hp, b: P.set_hparams(TASK.init(key, b), hp))
-
-
-def batch(seed=0, n=BATCH):
-  rng = np.random.default_rng(seed)
-  return {'x': rng.normal(size=(n, FEATURES)).astype(np.float32),
-          'y': rng.integers(0, CLASSES, size=(n,)).astype(np.int32)}
-
-
-def stacked_batches(seeds):
-  bs = [batch(s) for s in seeds]
-  return {k: np.stack([b[k] for b in bs]) for k in bs[0]}
-
-
-def keys(seeds):
-  return jax.vmap(jax.random.key)(jnp.asarray(seeds))
-
-
-def standalone(seed, hparams, batches, k):
-  state = sinit(jax.random.key(seed), hparams, batches[0])
-  history = []
-  for s in range(k):
-    state, m = sstep(state, batches[s % len(batches)])
-    history.append(metrics_lib.compute(m))
-  return state, history
+from tests.helpers_population import (ATOL, BATCH, CLASSES, FEATURES, RTOL, TASK, batch,  # noqa: F401
+                                     keys, make_task, pinit, pstep, sinit, sstep,
+                                     stacked_batches, standalone)
 
 
 member_hparams = st.fixed_dictionaries({
@@ -129,9 +94,9 @@ def test_hparams_are_float32_leaves_and_one_trace_serves_any_values():
                                 ([7, 8, 9], [5e-4, 2e-2, 1e-4], [0.3, 0.0, 0.05])):
     pop = pinit(TASK, keys(seeds), {'peak_learning_rate': np.asarray(lrs),
                                     'label_smoothing': np.asarray(smoothing)}, batch())
-    for name, value in P.get_hparams(pop.state).items():
+    for name, value in purax.hyperparams(pop.state).items():
       assert value.dtype == jnp.float32 and value.shape == (3,), name
-    np.testing.assert_array_equal(P.get_hparams(pop.state)['peak_learning_rate'],
+    np.testing.assert_array_equal(purax.hyperparams(pop.state)['peak_learning_rate'],
                                   np.float32(lrs))
     for _ in range(2):
       pop, _ = step(pop, batch())
@@ -225,9 +190,9 @@ def test_bfloat16_params_keep_float32_hyperparameters():
                                     'b2': np.float32([0.999, 0.99])}, batch())
   pop, _ = jax.jit(P.step, static_argnums=0)(task, pop, batch())
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(pop.state.params))
-  for name, value in P.get_hparams(pop.state).items():
+  for name, value in purax.hyperparams(pop.state).items():
     assert value.dtype == jnp.float32, name
-  assert P.get_hparams(pop.state)['b2'][0] == np.float32(0.999)   # not rounded to 1.0
+  assert purax.hyperparams(pop.state)['b2'][0] == np.float32(0.999)   # not rounded to 1.0
 
 
 def test_bad_input_is_named():

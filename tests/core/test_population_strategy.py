@@ -25,7 +25,7 @@ from purax import plan as plan_lib
 from purax.core import metrics as metrics_lib
 from purax.core import population as P
 from purax.core.errors import ConfigError
-from tests.core.test_population import ATOL, RTOL, TASK, batch, keys, stacked_batches
+from tests.helpers_population import ATOL, RTOL, TASK, batch, keys, stacked_batches
 
 MEMBERS = 5                                            # chunks of 2 leave a remainder
 LRS = np.float32([1e-3, 3e-3, np.inf, 1e-2, 3e-4])     # member 2 diverges at once
@@ -82,7 +82,7 @@ def test_every_strategy_makes_the_same_decisions_and_values(per_member):
 
 def test_sequential_members_and_a_one_member_population_are_the_standalone_run_bitwise():
   step = jax.jit(TASK.step)
-  init = jax.jit(lambda k, lr, b: P.set_hparams(TASK.init(k, b), {'peak_learning_rate': lr}))
+  init = jax.jit(lambda k, lr, b: purax.set_hyperparams(TASK.init(k, b), {'peak_learning_rate': lr}))
   lrs = LRS[[0, 1, 3]]
   seq = pinit(TASK, keys([0, 1, 2]), {'peak_learning_rate': lrs}, batch())
   one = pinit(TASK, keys([1]), {'peak_learning_rate': lrs[1:2]}, batch())

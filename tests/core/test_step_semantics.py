@@ -14,7 +14,6 @@ import pytest
 import purax
 from purax import nn as pnn
 from purax.core import metrics as metrics_lib
-from purax.core import update
 from purax.core.precision import get_policy
 
 
@@ -108,8 +107,8 @@ def test_scaled_gradients_equal_unscaled_ones_for_any_batch_size():
            'y': rng.integers(0, 5, 32).astype(np.int32)}
   s1 = plain.init(jax.random.key(0), batch)
   s2 = scaled.init(jax.random.key(0), batch)
-  g1 = jax.jit(lambda s: update.gradients(plain, s, batch)[0])(s1)
-  g2 = jax.jit(lambda s: update.gradients(scaled, s, batch)[0])(s2)
+  g1 = jax.jit(lambda s: plain.gradients(s, batch)[0])(s1)
+  g2 = jax.jit(lambda s: scaled.gradients(s, batch)[0])(s2)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
 
@@ -141,7 +140,7 @@ def test_each_microbatch_gets_its_own_dropout_key():
   half = {'x': np.ones((4, 6), np.float32), 'y': np.zeros(4, np.int32)}
   batch = jax.tree.map(lambda a: np.concatenate([a, a]), half)
   state = task.init(jax.random.key(0), batch)
-  acc = jax.jit(lambda s: update.gradients(task, s, batch)[0])(state)
+  acc = jax.jit(lambda s: task.gradients(s, batch)[0])(state)
   key0 = jax.random.fold_in(state.step_key(), 0)
   one = jax.jit(jax.grad(lambda p: task.compute_loss(p, {}, half, key0)[0]))(state.params)
   assert not np.allclose(np.asarray(acc['Dense_0']['kernel']),

@@ -166,7 +166,7 @@ def test_the_norm_handed_to_adamws_clipping_is_the_one_it_would_compute(model):
   state = task.init(jax.random.key(0), batch)
 
   def by_hand(state):
-    grads, _, _ = update.gradients(task, state, batch)
+    grads, _, _ = task.gradients(state, batch)
     updates, _ = task.tx.update(grads, state.opt_state, state.params)
     return optax.apply_updates(state.params, updates), optim.global_norm(grads)
 
@@ -208,7 +208,7 @@ def test_a_run_with_skipped_steps_ends_at_its_last_step_and_resumes_there(tmp_pa
     assert counts and set(counts) == {6}              # updates applied: 8 - 2 skipped
     tree, _, step = ckpt.restore(abstract_checkpoint(task, train[0]), step=4)
   assert step == 4 and int(tree['state'].step) == 4
-  resumed, _ = loop.fit(task, purax.io.resume.Restored(tree['state'], tree['train_metrics'], 0, None, {}), Poisoned(), hooks=purax.hooks.standard(log_every=4, progress=False))
+  resumed, _ = loop.fit(task, purax.io.checkpoint.run.Restored(tree['state'], tree['train_metrics'], 0, None, {}), Poisoned(), hooks=purax.hooks.standard(log_every=4, progress=False))
   assert tree_equal(resumed.params, straight.params)
 
 

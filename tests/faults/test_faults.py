@@ -16,9 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from tests.io.test_checkpoint import CORRUPTIONS
-from tests.test_resume import (ARGS, ENV, ROOT, assert_trees_bitwise_equal, final_tree, logged,
-                               purax)
+from tests.helpers_checkpoint import CORRUPTIONS
+from tests.helpers import assert_bitwise
+from tests.helpers_runs import ARGS, ENV, ROOT, final_tree, logged, purax
 
 
 def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_run_finishes_bitwise(
@@ -40,7 +40,7 @@ def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_run_finishes_bit
   a, _, step_a = final_tree(straight)
   b, _, step_b = final_tree(broken)
   assert step_a == step_b == 40
-  assert_trees_bitwise_equal(a, b)
+  assert_bitwise(a, b)
   assert logged(straight) == logged(broken)
   assert os.path.isdir(os.path.join(broken, 'checkpoints', '20.unreadable-1'))
   assert json.load(open(os.path.join(broken, 'final_metrics.json')))['step'] == 40

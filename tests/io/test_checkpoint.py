@@ -19,10 +19,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import purax
-from purax.io import checkpoint as checkpoint_lib
+from purax.io.checkpoint import integrity, manager
 from purax.io.checkpoint import (Checkpointer, CheckpointError, CheckpointMismatchError,
                                  fingerprints)
 from tests.helpers import compilations, tiny_batch, tiny_task, tree_equal
+from tests.helpers_checkpoint import CORRUPTIONS, HARMLESS, _largest_data_file, _rewrite
 
 
 def keyless(tree):
@@ -78,72 +79,6 @@ def test_a_different_model_is_a_clear_error_naming_the_first_differing_path(tmp_
     mlp = tiny_task('mlp').init(jax.random.key(0), tiny_batch())
     with pytest.raises(CheckpointMismatchError, match='expected in the checkpoint'):
       ckpt.restore(jax.eval_shape(lambda: {'state': mlp}))
-
-
-def _largest_data_file(step_dir):
-  files = glob.glob(f'{step_dir}/state/ocdbt.process_0/d/*')
-  return max(files, key=os.path.getsize)
-
-
-def _rewrite(path, fn):
-  with open(path, 'rb') as f:
-    data = f.read()
-  with open(path, 'wb') as f:
-    f.write(fn(data))
-
-
-def _flip(data, n=16, seed=0):
-  data = bytearray(data)
-  for i in np.random.default_rng(seed).choice(len(data), size=min(n, len(data)),
-                                              replace=False):
-    data[i] ^= 0xFF
-  return bytes(data)
-
-
-def _garble(data):
-  return np.random.default_rng(1).integers(0, 256, len(data), dtype=np.uint8).tobytes()
-
-
-def _edit_json(path):
-  with open(path) as f:
-    extra = json.load(f)
-  extra['data']['next_step'] += 1    # still valid JSON: only its checksum tells
-  with open(path, 'w') as f:
-    json.dump(extra, f)
-
-
-def _empty_dir(step_dir):
-  shutil.rmtree(step_dir)
-  os.mkdir(step_dir)
-
-
-# Every kind of damage the fault attack found (issue 13, items 1 and 4).
-CORRUPTIONS = {
-    'empty manifest.ocdbt': lambda d: _rewrite(f'{d}/state/manifest.ocdbt', lambda b: b''),
-    'zeroed data file': lambda d: _rewrite(_largest_data_file(d), lambda b: bytes(len(b))),
-    'deleted data file': lambda d: os.remove(_largest_data_file(d)),
-    'garbled data file': lambda d: _rewrite(_largest_data_file(d), _garble),
-    'truncated data file': lambda d: _rewrite(_largest_data_file(d), lambda b: b[:len(b) // 3]),
-    'flipped bytes in data file': lambda d: _rewrite(_largest_data_file(d), _flip),
-    'one flipped bit': lambda d: _rewrite(_largest_data_file(d), lambda b: bytes(
-        [*b[:len(b) // 2], b[len(b) // 2] ^ 1, *b[len(b) // 2 + 1:]])),
-    'deleted _METADATA': lambda d: os.remove(f'{d}/state/_METADATA'),
-    'garbled _METADATA': lambda d: _rewrite(f'{d}/state/_METADATA', _garble),
-    'garbled extra JSON': lambda d: _rewrite(f'{d}/extra/metadata', _garble),
-    'truncated extra JSON': lambda d: _rewrite(f'{d}/extra/metadata', lambda b: b[:len(b) // 3]),
-    'edited extra JSON': lambda d: _edit_json(f'{d}/extra/metadata'),
-    'garbled array_metadatas': lambda d: _rewrite(
-        f'{d}/state/array_metadatas/process_0', _garble),
-    'empty step directory': _empty_dir,
-}
-# Damage to files that restore does not need: the arrays read still match
-# their checksums, so the newest checkpoint is restored.
-HARMLESS = {
-    'empty process manifest': lambda d: _rewrite(
-        f'{d}/state/ocdbt.process_0/manifest.ocdbt', lambda b: b''),
-    'deleted array_metadatas': lambda d: shutil.rmtree(f'{d}/state/array_metadatas'),
-    'deleted _CHECKPOINT_METADATA': lambda d: os.remove(f'{d}/_CHECKPOINT_METADATA'),
-}
 
 
 @pytest.fixture(scope='module')
@@ -301,26 +236,26 @@ def test_fingerprints_see_one_bit_and_not_the_sharding():
   assert len(set(base)) == len(base)
 
 
-@given(dtype=st.sampled_from(sorted(checkpoint_lib._HOST_DTYPES, key=str)),
+@given(dtype=st.sampled_from(sorted(integrity._HOST_DTYPES, key=str)),
        shape=st.sampled_from([(), (0,), (7,), (3, 5)]), seed=st.integers(0, 2 ** 16))
 def test_the_host_fingerprint_is_the_device_fingerprint_bit_for_bit(dtype, shape, seed):
   # Any bits, NaN payloads and negative zeros included.
   raw = np.random.default_rng(seed).integers(0, 256, (int(np.prod(shape)), dtype.itemsize),
                                              dtype=np.uint8)
   x = raw.view(dtype)[:, 0].reshape(shape)
-  device = jax.device_get(checkpoint_lib._fingerprints_on_device([x]))[0]
-  np.testing.assert_array_equal(checkpoint_lib._host_fingerprint(x), device)
+  device = jax.device_get(integrity._fingerprints_on_device([x]))[0]
+  np.testing.assert_array_equal(integrity._host_fingerprint(x), device)
 
 
 def test_large_and_bool_leaves_are_fingerprinted_on_the_device_and_agree_with_numpy():
   x = np.random.default_rng(0).standard_normal((640, 512)).astype(np.float32)   # 1.25 MiB
-  assert x.nbytes > checkpoint_lib.HOST_LEAF_BYTES
+  assert x.nbytes > integrity.HOST_LEAF_BYTES
   flags = np.array([True, False, True])
   for leaf in (x, jax.device_put(x), flags, jax.device_put(flags)):
-    assert not checkpoint_lib._on_host(leaf)
+    assert not integrity._on_host(leaf)
   small = jax.device_put(x[:8])
-  assert checkpoint_lib._on_host(small) and checkpoint_lib._on_host(x[:8])
-  by_numpy = [checkpoint_lib._host_fingerprint(a) for a in (x, x[:8], flags.view(np.uint8))]
+  assert integrity._on_host(small) and integrity._on_host(x[:8])
+  by_numpy = [integrity._host_fingerprint(a) for a in (x, x[:8], flags.view(np.uint8))]
   assert fingerprints([x, small, flags]) == [f'{int(a):08x}{int(b):08x}' for a, b in by_numpy]
 
 
@@ -328,8 +263,8 @@ def test_saving_a_small_state_compiles_nothing_and_stores_host_copies(tmp_path, 
   # Shapes no other test uses, so no program is in jit's cache already.
   state = {'w': jax.numpy.ones((13, 11)), 'n': jax.numpy.int32(3), 'k': jax.random.key(5)}
   handed = []
-  standard_save = checkpoint_lib.ocp.args.StandardSave
-  monkeypatch.setattr(checkpoint_lib.ocp.args, 'StandardSave',
+  standard_save = manager.ocp.args.StandardSave
+  monkeypatch.setattr(manager.ocp.args, 'StandardSave',
                       lambda tree, **k: handed.append(tree) or standard_save(tree, **k))
   with compilations() as compiles, Checkpointer(str(tmp_path)) as ckpt:
     ckpt.save(1, {'state': state})

@@ -14,7 +14,7 @@ import pytest
 
 import purax
 from purax.io.checkpoint import Checkpointer, CheckpointError
-from purax.io.resume import Restored, abstract_checkpoint
+from purax.io.checkpoint.run import Restored, abstract_checkpoint
 from tests.helpers import tiny_batch, tiny_task, tree_equal
 
 STEPS, LOG = 12, 2

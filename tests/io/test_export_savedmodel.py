@@ -16,7 +16,7 @@ import pytest
 
 import purax
 from purax.io.export import ExportError, export
-from tests.io.test_export_onnx import MODELS, trained
+from tests.helpers_export import MODELS, trained
 
 needs_tf = pytest.mark.skipif(importlib.util.find_spec('tensorflow') is None,
                               reason="TensorFlow absent (the 'savedmodel' extra)")

@@ -1,4 +1,4 @@
-"""A run with early stopping, stopped and resumed in fresh processes (tests/test_hooks.py).
+"""A run with early stopping, stopped and resumed in fresh processes (tests/hooks/test_resume.py).
 
 usage: early_stopping_run.py CHECKPOINT_DIR STOP_AT   (STOP_AT 0: run to the end)
 Prints ``final step N stale S``.

@@ -1,5 +1,5 @@
 """A run with an EMA of the params, stopped and resumed in fresh processes
-(tests/test_hooks.py).
+(tests/hooks/test_resume.py).
 
 usage: ema_run.py CHECKPOINT_DIR STOP_AT OUT.npz   (STOP_AT 0: run to the end)
 Prints ``final step N samples S`` and saves the average, its sample count and

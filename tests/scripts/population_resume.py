@@ -1,5 +1,5 @@
 """A population with PBT and loss-scale counters, stopped and resumed in fresh
-processes (tests/test_hooks.py). usage: population_resume.py DIR STOP_AT OUT.npz"""
+processes (tests/hooks/test_resume.py). usage: population_resume.py DIR STOP_AT OUT.npz"""
 
 import itertools
 import sys
@@ -34,7 +34,7 @@ def main(directory, stop_at, out):
   start = 0 if restored is None else restored[2]
   steps = itertools.count(start + 1)
   hook = purax.hooks.PBT(every=2, fraction=0.25, key=jax.random.key(7))
-  pop, _ = purax.fit(task, purax.io.resume.Restored(pop, acc, start, None, {}), [batch(i) for i in range(8)], plan=purax.plan.PopulationPlan(task), hooks=purax.hooks.standard(log_every=2, progress=False, eval_data=[batch(99)], eval_every=2, checkpointer=ckpt, should_stop=lambda: bool(stop_at) and next(steps) >= stop_at, max_consecutive_skips=None) + list([hook]))
+  pop, _ = purax.fit(task, purax.io.checkpoint.run.Restored(pop, acc, start, None, {}), [batch(i) for i in range(8)], plan=purax.plan.PopulationPlan(task), hooks=purax.hooks.standard(log_every=2, progress=False, eval_data=[batch(99)], eval_every=2, checkpointer=ckpt, should_stop=lambda: bool(stop_at) and next(steps) >= stop_at, max_consecutive_skips=None) + list([hook]))
   ckpt.close()
   leaves = jax.tree_util.tree_flatten_with_path(jax.tree.map(
       lambda x: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x,

@@ -1,7 +1,7 @@
 """The provided hooks in one process: EMA is the average of the params it
 samples and is evaluable; Histograms writes TensorBoard histograms that
 TensorBoard's own reader reads; the user hook of the hooks module docstring
-runs as written. (Resume of each: tests/test_hooks.py.)"""
+runs as written. (Resume of each: tests/hooks/test_resume.py.)"""
 
 import re
 
@@ -104,7 +104,7 @@ def test_histograms_are_read_back_by_tensorboards_event_reader(tmp_path):
   assert kernel[-1].histogram_value.min == pytest.approx(seen.min(), rel=1e-6)
   assert kernel[-1].histogram_value.max == pytest.approx(seen.max(), rel=1e-6)
   # Per-layer gradient norms: the gradients the step applies at those params.
-  grads = jax.jit(lambda s, b: purax.core.update.gradients(TASK, s, b)[0])
+  grads = jax.jit(lambda s, b: TASK.gradients(s, b)[0])
   params6 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), recorder.seen[6])
   at6 = fresh_state().replace(params=params6, step=jnp.int32(6))
   want = {layer: float(optax.global_norm(g)) for layer, g in

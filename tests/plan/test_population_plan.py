@@ -10,10 +10,7 @@ from purax import loop
 from purax import plan as plan_lib
 from purax.core import population as P
 
-try:   # share the compiled tiny task with the population tests
-  import test_population as tp
-except ImportError:   # pragma: no cover
-  from tests.core import test_population as tp
+from tests import helpers_population as tp
 
 
 def _train(plan):

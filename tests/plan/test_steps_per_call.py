@@ -12,7 +12,7 @@ from purax import testing
 from purax.core.errors import DataError
 from purax.io.checkpoint import Checkpointer
 from purax.nn import MLP
-from tests.helpers import refilling
+from tests.helpers import assert_bitwise, refilling
 
 STEPS = 12
 
@@ -41,15 +41,13 @@ def run(k, state=None, steps=None, **kw):
   return purax.fit(t, state, batches(), steps=steps, steps_per_call=k, hooks=hooks)
 
 
-def bitwise(a, b, what='state'):
-  testing.assert_trees_close(a, b, testing.Tolerance(0.0, 0.0), what=what)
 
 
 @pytest.mark.parametrize('k', [2, 4])
 def test_k_steps_per_call_equal_k_single_steps_bitwise(k):
   single, h1 = run(1)
   multi, hk = run(k)
-  bitwise(multi, single)
+  assert_bitwise(multi, single)
   logged = lambda h: [(r['step'], {n: v for n, v in r.items() if n.startswith('train/')})
                       for r in h]
   assert logged(hk) == logged(h1)
@@ -66,7 +64,7 @@ def test_multi_step_resume_from_a_mid_run_checkpoint_is_exact(tmp_path):
   t = task()
   restored = purax.restore_or_init(str(tmp_path / 'c'), t, jax.random.key(0), batches()[0])
   final, _ = run(4, state=restored)
-  bitwise(final, expected)
+  assert_bitwise(final, expected)
 
 
 def test_steps_per_call_must_divide_the_cadences():
@@ -79,7 +77,7 @@ def test_a_tail_shorter_than_k_runs_as_single_steps_bitwise():
   # one-step program, not a scan of 2); the same state as 10 single steps.
   single, h1 = run(1, steps=10)
   multi, hk = run(4, steps=10)
-  bitwise(multi, single)
+  assert_bitwise(multi, single)
   assert [r['step'] for r in hk] == [r['step'] for r in h1] == [4, 8, 10]
 
 
@@ -125,7 +123,7 @@ def test_auto_runs_probe_steps_then_the_chosen_k_bitwise(monkeypatch):
   monkeypatch.setattr(plan_lib.single, 'multi_train_step',
                       lambda *a: calls.append(len(jax.tree.leaves(a[3])[0])) or real(*a))
   auto, ha = run('auto')
-  bitwise(auto, single)
+  assert_bitwise(auto, single)
   assert calls == [4]                                       # steps 8-11; 0-7 one at a time
   assert chosen and all(c[3] == 4 for c in chosen)          # the cadence: log_every=4
 
@@ -241,5 +239,5 @@ def test_auto_goes_back_to_single_steps_when_the_scanned_step_is_slower(monkeypa
   auto, _ = purax.fit(t, t.init(jax.random.key(0), batches()[0]), batches(), plan=plan,
                       steps_per_call='auto',
                       hooks=purax.hooks.standard(log_every=4, progress=False))
-  bitwise(auto, single)
+  assert_bitwise(auto, single)
   assert len(calls) == 2 and plan.chosen_steps_per_call == 1

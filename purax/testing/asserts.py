@@ -1,76 +1,21 @@
-"""Hypothesis strategies and assertions that prove a parallel step is the single-device step.
-
-Use them on your own tasks::
-
-  from hypothesis import given, strategies as st
-  from purax import parallel, testing
-
-  @given(shape=testing.mesh_shapes(), data=st.data())
-  def test_my_task_fsdp(shape, data):
-    mesh = testing.mesh_of(shape)
-    batch_size = data.draw(testing.batch_sizes(mesh))
-    batches = data.draw(testing.classification_batches(batch_size, (8,), 4, steps=2))
-    with jax.default_matmul_precision('highest'):
-      testing.assert_step_matches_single_device(my_task, mesh, parallel.fsdp(), batches)
-
-Tolerances (:data:`TOLERANCES`) assume float32 at ``highest`` matmul
-precision on CPU. A sharded step differs from the single-device one only in
-the order of its floating-point sums (a partial sum per device, then an
-all-reduce): relative error ``~ batch * 2**-24``, a few ``1e-6`` for the
-batches here. Adam divides by ``sqrt(nu)``, which can amplify the difference
-of a gradient entry near 0 to a fraction of the learning rate, so parameters
-after ``k`` steps get an absolute tolerance of ``1e-5`` (for learning rates
-<= 1e-2 and a few steps). Where a gradient entry is *structurally* zero (an
-unused class's bias, a masked embedding row) its value on either path is
-pure rounding noise of either sign, and Adam's first step is ``-lr *
-sign(g)``: pass ``learning_rate=`` (or ``'auto'``) to widen the params
-tolerance by ``2 * lr`` per step taken; the gradients themselves are still
-compared at their own tight tolerance, so an error in the gradient (e.g. an
-all-reduce off by the device count) is not hidden by the widening. Nothing is
-compared bitwise across meshes.
-
-The assertions take any state pytree (a purax ``TrainState``, a flax
-``TrainState``, a dict) and compare every leaf kind: floats (bfloat16 in
-float64), integers and booleans exactly, typed PRNG keys by implementation
-and key data, ``None`` as structure; a difference names its path. They are
-chex assertions (``chex.assert_trees_all_close``, ``assert_trees_all_equal``,
-``assert_trees_all_equal_shapes_and_dtypes``, ``assert_tree_all_finite``)
-applied leaf by leaf, extended where chex falls short: typed keys, which chex
-cannot read; floats (bfloat16 too) compared in float64; the path
-of the leaf within the state and the step it differs at. The reference run of
-every comparison must stay finite (:func:`assert_finite`): NaN equals NaN in
-the comparisons, so two diverged runs would otherwise match.
-
-Strategies touch devices only when drawn, never at import.
-"""
+"""Assertions (chex only) that two steps train alike: the mesh, pmap and
+any-two-steps forms, all through one runner (:func:`_run`)."""
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, Mapping, Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import strategies as st
 
-from purax.core import update
-from purax.core.optim import hyperparams
+from purax.core.hparams import get as hyperparams
 from purax.core.state import TrainState
 from purax.core.task import Task
-from purax.parallel.mesh import AXES, make_mesh
-from purax.parallel.rules import Rules, data_parallel
-from purax.parallel.step import sharded
 from purax.parallel import spmd
-
-__all__ = [
-    'TOLERANCES', 'Tolerance', 'mesh_shapes', 'mesh_of', 'meshes', 'batch_sizes',
-    'classification_batches', 'small_pytrees', 'assert_trees_close', 'assert_finite',
-    'grads_of',
-    'learning_rate_of',
-    'assert_step_matches_single_device', 'assert_pmap_matches_jit', 'assert_same_training',
-]
+from purax.parallel.rules import Rules
+from purax.parallel.step import sharded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,103 +35,6 @@ TOLERANCES: dict[str, Tolerance] = {
     'opt_state': Tolerance(rtol=1e-4, atol=1e-5),    # Adam moments, counters
 }
 
-
-# -- strategies --
-
-def _divisors(n: int) -> list[int]:
-  return [d for d in range(1, n + 1) if n % d == 0]
-
-
-@st.composite
-def mesh_shapes(draw, num_devices: int | None = None,
-                axes: Sequence[str] = AXES) -> dict[str, int]:
-  """Mesh axis sizes ``{'data': d, 'fsdp': f, 'tensor': t}`` using a divisor of the devices.
-
-  Args:
-    num_devices: devices available (default ``jax.device_count()``, read when drawn).
-    axes: the axes that may be larger than 1; the others are 1.
-
-  Shrinks towards small meshes (1 device).
-  """
-  n = num_devices or jax.device_count()
-  total = draw(st.sampled_from(_divisors(n)))
-  sizes = {a: 1 for a in AXES}
-  rest = total
-  for a in axes[:-1]:
-    sizes[a] = draw(st.sampled_from(_divisors(rest)))
-    rest //= sizes[a]
-  sizes[axes[-1]] = rest
-  return sizes
-
-
-def mesh_of(sizes: Mapping[str, int]) -> jax.sharding.Mesh:
-  """:func:`purax.parallel.make_mesh` over the first ``prod(sizes)`` devices."""
-  devices = jax.devices()[:math.prod(sizes.values())]
-  return make_mesh(**sizes, devices=devices)
-
-
-def meshes(num_devices: int | None = None, axes: Sequence[str] = AXES):
-  """Meshes (``jax.sharding.Mesh``) that fit the available devices."""
-  return mesh_shapes(num_devices, axes).map(mesh_of)
-
-
-def batch_sizes(mesh: jax.sharding.Mesh, rules: Rules | None = None,
-                max_per_shard: int = 4, *, candidates: Sequence[int] | None = None):
-  """Global batch sizes the mesh splits evenly over ``rules.batch_axes``.
-
-  Args:
-    mesh, rules: the layout (default rules: data parallel).
-    max_per_shard: draw ``k * split`` for ``k`` in ``[1, max_per_shard]``.
-    candidates: instead, draw from these sizes those that ``split`` divides
-      (fewer distinct shapes: fewer compilations in a property test).
-  """
-  rules = rules or data_parallel()
-  split = math.prod(mesh.shape[a] for a in rules.batch_axes)
-  if candidates is not None:
-    fits = [b for b in candidates if b % split == 0]
-    assert fits, f'no batch size among {candidates} is a multiple of {split}'
-    return st.sampled_from(fits)
-  return st.integers(1, max_per_shard).map(lambda k: k * split)
-
-
-@st.composite
-def classification_batches(draw, batch_size: int, input_shape: Sequence[int],
-                           num_classes: int, steps: int = 1,
-                           weighted: bool = False) -> list[dict[str, np.ndarray]]:
-  """``steps`` batches ``{'x': float32 [batch, *input_shape], 'y': int32 [batch]}``.
-
-  Values come from a drawn seed (numpy), so examples are cheap to generate and
-  to shrink. With ``weighted``, a float32 ``'weight'`` of 0s and 1s (not all 0).
-  """
-  seed = draw(st.integers(0, 2**16))
-  rng = np.random.default_rng(seed)
-  out = []
-  for _ in range(steps):
-    batch = {'x': rng.normal(size=(batch_size, *input_shape)).astype(np.float32),
-             'y': rng.integers(0, num_classes, batch_size).astype(np.int32)}
-    if weighted:
-      w = (rng.random(batch_size) < 0.7).astype(np.float32)
-      w[0] = 1.0
-      batch['weight'] = w
-    out.append(batch)
-  return out
-
-
-def small_pytrees(max_leaves: int = 4, max_dim: int = 8):
-  """Dicts of 1 to ``max_leaves`` float32 arrays of rank 0-2, dims ``<= max_dim``."""
-  shape = st.lists(st.integers(1, max_dim), min_size=0, max_size=2).map(tuple)
-
-  @st.composite
-  def leaf(draw):
-    s = draw(shape)
-    seed = draw(st.integers(0, 2**16))
-    return np.random.default_rng(seed).normal(size=s).astype(np.float32)
-
-  return st.dictionaries(st.text('abcdefgh', min_size=1, max_size=3), leaf(),
-                         min_size=1, max_size=max_leaves)
-
-
-# -- assertions --
 
 def _is_key(x) -> bool:
   return isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
@@ -273,10 +121,9 @@ def assert_finite(tree: Any, *, what: str = 'tree') -> None:
 
 
 def grads_of(task: Task, state: TrainState, batch: Any):
-  """The gradient of ``task.compute_loss`` at the step's key (pure, jittable)."""
-  grad = jax.grad(lambda p: task.compute_loss(p, state.model_state, batch, state.step_key(),
-                                              hparams=state.hparams, train=True)[0])
-  return grad(state.params)
+  """The gradients ``task.step`` applies to ``batch`` (:meth:`purax.Task.gradients`:
+  microbatches accumulated, the loss scale removed; pure, jittable)."""
+  return task.gradients(state, batch)[0]
 
 
 def _copy(tree):
@@ -363,14 +210,24 @@ def _zeros(shapes):
   return jax.tree.unflatten(treedef, [np.zeros(s, d) for s, d in leaves])
 
 
-def _single_device_run(task: Task, state: TrainState, batches, with_grads: bool):
-  _, step, grads = _single_jits(task)
+def _run(step: Callable, state: Any, batches: Sequence[Any], *, grads: Callable | None = None,
+         place: Callable = lambda batch: batch, host: Callable = lambda tree: tree) -> list:
+  """The one runner of every form: ``step`` over ``batches`` (each placed by
+  ``place``), recording after each step the state, the loss and the gradients
+  the step applies (``grads``, before the step), copied to the host (``host``
+  first: e.g. unreplicate a pmap state)."""
   out = []
   for batch in batches:
-    g = grads(state, batch) if with_grads else None
+    batch = place(batch)
+    g = grads(state, batch) if grads is not None else None
     state, metrics = step(state, batch)
-    out.append(_record(state, metrics, g))
+    out.append(_record(*host((state, metrics, g))))
   return out
+
+
+def _single_device_run(task: Task, state: TrainState, batches) -> list:
+  _, step, grads = _single_jits(task)
+  return _run(step, state, batches, grads=grads)
 
 
 def _learning_rate(learning_rate, state):
@@ -405,15 +262,9 @@ def assert_step_matches_single_device(task: Task, mesh: jax.sharding.Mesh, rules
   key = jax.random.key(0) if key is None else key
   ref_state = _single_jits(task)[0](key, batches[0])
   lr = _learning_rate(learning_rate, ref_state)
-  ref = _single_device_run(task, ref_state, batches, True)
+  ref = _single_device_run(task, ref_state, batches)
   plan, grads = _plan(task, mesh, rules, _shapes(batches[0]))
-  state = plan.init(key)
-  got = []
-  for batch in batches:
-    batch = plan.shard_batch(batch)
-    g = grads(state, batch)
-    state, metrics = plan.step(state, batch)
-    got.append(_record(state, metrics, g))
+  got = _run(plan.step, plan.init(key), batches, grads=grads, place=plan.shard_batch)
   _compare_runs(ref, got, tolerances, lr)
 
 
@@ -425,14 +276,9 @@ def _pmap_grads(task: Task, devices: tuple):
   def grads(state, batch):
     index = jax.lax.axis_index('batch')
     state = state.replace(rng=jax.random.fold_in(state.rng, index))
-    return update.gradients(local, state, batch, axis_name='batch')[0]
+    return local.gradients(state, batch, axis_name='batch')[0]
 
   return jax.pmap(grads, axis_name='batch', devices=list(devices))
-
-
-@functools.lru_cache(maxsize=16)
-def _applied_grads(task: Task):
-  return jax.jit(lambda s, b: update.gradients(task, s, b)[0])
 
 
 def assert_pmap_matches_jit(task: Task, batches: Sequence[Any], *,
@@ -456,18 +302,10 @@ def assert_pmap_matches_jit(task: Task, batches: Sequence[Any], *,
   state = _single_jits(task)[0](key, batches[0])
   lr = _learning_rate(learning_rate, state)
   pstate = spmd.replicate(state, n)
-  ref, single = [], _copy(state)
-  for batch in batches:
-    g = _applied_grads(task)(single, batch)
-    single, metrics = _single_jits(task)[1](single, batch)
-    ref.append(_record(single, metrics, g))
-  step = spmd.pmap_step(task, devices=list(devices))
-  got = []
-  for batch in batches:
-    split = spmd.split_batch(batch, n)
-    g = spmd.unreplicate(_pmap_grads(task, devices)(pstate, split))
-    pstate, metrics = step(pstate, split)
-    got.append(_record(spmd.unreplicate(pstate), spmd.unreplicate(metrics), g))
+  ref = _single_device_run(task, _copy(state), batches)
+  got = _run(spmd.pmap_step(task, devices=list(devices)), pstate, batches,
+             grads=_pmap_grads(task, devices), place=lambda b: spmd.split_batch(b, n),
+             host=spmd.unreplicate)
   _compare_runs(ref, got, tolerances, lr)
 
 
@@ -497,13 +335,17 @@ def assert_same_training(step_a: Callable, state_a: Any, step_b: Callable,
   tolerances = {**TOLERANCES, **(tolerances or {})}
   assert len(batches) >= 1, 'batches: expected at least one batch to compare a step on, got none'
   lr = _learning_rate(learning_rate, state_a)
+  if not resync:
+    ra, rb = _run(step_a, state_a, batches), _run(step_b, state_b, batches)
+    _compare_runs(ra, rb, tolerances, lr)
+    return
   ra, rb = [], []
-  for i, batch in enumerate(batches):
-    if resync and i:
+  for i, batch in enumerate(batches):   # interleaved: B starts each step from A's values
+    if i:
       state_b = jax.tree.map(lambda a, b: jax.device_put(jnp.copy(a), b.sharding)
                              if isinstance(b, jax.Array) else a, state_a, state_b)
     state_a, ma = step_a(state_a, batch)
     state_b, mb = step_b(state_b, batch)
     ra.append(_record(state_a, ma, None))
     rb.append(_record(state_b, mb, None))
-  _compare_runs(ra, rb, tolerances, None if resync else lr)
+  _compare_runs(ra, rb, tolerances, None)

@@ -20,10 +20,7 @@ from purax.core.metrics import zeros_of as zero_metrics
 from purax.plan import PopulationPlan, train_step
 from tests.helpers import compilations
 
-try:   # share the compiled tiny task with the population tests
-  import test_population as tp
-except ImportError:   # pragma: no cover
-  from tests.core import test_population as tp
+from tests import helpers_population as tp
 
 
 @settings(max_examples=10)

@@ -23,7 +23,7 @@ import jax
 
 from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
-from purax.io.checkpoint import Checkpointer
+from purax.io.checkpoint.manager import Checkpointer
 from purax.parallel.plan import Plan
 
 
@@ -103,7 +103,7 @@ class Restored:
 
 
 def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, *,
-                    plan=None, hooks=()) -> Restored:
+                    plan=None, hooks=(), move_aside: bool = False) -> Restored:
   """Restores the newest readable checkpoint in ``directory``, or initialises.
 
   Args:
@@ -122,6 +122,9 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
       Give the same hooks as the run that saved: a checkpoint saved with an
       array hook restored without it (or the reverse) is a
       :class:`CheckpointMismatchError` naming the ``hooks`` path.
+    move_aside: rename each unreadable checkpoint met on the way to
+      ``STEP.unreadable-N`` (:meth:`Checkpointer.restore`; what ``purax train``
+      does when it resumes).
 
   Returns:
     A :class:`Restored`.
@@ -141,8 +144,9 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
     checkpointer = (Checkpointer(directory) if os.path.isdir(directory) and os.listdir(directory)
                     else None)
   if checkpointer is not None and checkpointer.steps():
-    restored = Restored.of(*checkpointer.restore(abstract))
-    if checkpointer is not directory:
-      checkpointer.close()
-    return restored
+    try:
+      return Restored.of(*checkpointer.restore(abstract, move_aside=move_aside))
+    finally:
+      if checkpointer is not directory:
+        checkpointer.close()
   return Restored(plan.init_state(key, batch), None, 0, None, {})

@@ -1,0 +1,165 @@
+"""Hyperparameters in the state: one get/set for single and stacked states,
+and one table of their bounds.
+
+A state carries its hyperparameters as float32 arrays, so that a new value
+is a new state, not a recompilation, and a population stacks them
+``[members]``: the optimizer's in every ``optax.inject_hyperparams`` state
+inside ``opt_state`` (at any depth: ``optax.chain``, ``optax.multi_transform``,
+``optax.masked``), the loss's and model's in ``state.hparams``. :func:`get`
+reads them all, :func:`set` replaces them wherever they are, and
+:data:`BOUNDS` is the one table of their valid intervals (the command line
+validates against it, PBT clips to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from purax.core.errors import ConfigError, expect
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+  """An interval of valid values: ``[low, high]``, ``low_open`` / ``high_open``
+  excluding an end."""
+
+  low: float
+  high: float
+  low_open: bool = False
+  high_open: bool = False
+
+  def interval(self) -> str:
+    return (f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+            f"{')' if self.high_open else ']'}")
+
+  def contains(self, value: float) -> bool:
+    return (math.isfinite(value)
+            and (self.low < value if self.low_open else self.low <= value)
+            and (value < self.high if self.high_open else value <= self.high))
+
+  def check(self, value: float, name: str) -> None:
+    """Raises ConfigError naming ``name`` unless ``value`` is finite and inside."""
+    expect(self.contains(float(value)), name, f'a finite value in {self.interval()}', value,
+           ConfigError)
+
+  def clip(self) -> tuple[float, float]:
+    """The closed float32 interval a perturbed value is clipped to (PBT)."""
+    lo, hi = np.float32(self.low), np.float32(min(self.high, np.finfo(np.float32).max))
+    if self.low_open:
+      lo = np.nextafter(lo, np.float32(np.inf))
+    if self.high_open:
+      hi = np.nextafter(hi, np.float32(-np.inf))
+    return float(lo), float(hi)
+
+
+#: The valid interval of each hyperparameter of :func:`purax.adamw` and the
+#: provided losses, by its name in the state. Others: ``[0, inf)``.
+BOUNDS: Mapping[str, Bounds] = {
+    'peak_learning_rate': Bounds(0.0, 10.0, low_open=True),
+    'learning_rate': Bounds(0.0, 10.0, low_open=True),
+    'weight_decay': Bounds(0.0, 1.0),
+    'b1': Bounds(0.0, 1.0, high_open=True),
+    'b2': Bounds(0.0, 1.0, high_open=True),
+    'clip_norm': Bounds(0.0, math.inf, low_open=True, high_open=True),
+    'label_smoothing': Bounds(0.0, 1.0, high_open=True),
+}
+
+#: The interval of a hyperparameter without a row in :data:`BOUNDS`.
+DEFAULT_BOUNDS = Bounds(0.0, math.inf, high_open=True)
+
+
+def bounds(name: str) -> Bounds:
+  return BOUNDS.get(name, DEFAULT_BOUNDS)
+
+
+def _is_injected(x) -> bool:
+  return hasattr(x, 'hyperparams') and hasattr(x, 'inner_state')
+
+
+def _injected(opt_state) -> list:
+  """Every ``inject_hyperparams`` state in ``opt_state``, outermost first."""
+  found = []
+  for node in jax.tree.leaves(opt_state, is_leaf=_is_injected):
+    if _is_injected(node):
+      found.append(node)
+      found.extend(_injected(node.inner_state))
+  return found
+
+
+def names(state) -> tuple[str, ...]:
+  """The hyperparameters ``state`` carries: the optimizer's, then ``state.hparams``."""
+  opt = {n for node in _injected(state.opt_state) for n in node.hyperparams}
+  return tuple(sorted(opt)) + tuple(sorted({*(getattr(state, 'hparams', None) or {})} - opt))
+
+
+def get(state, tx=None) -> dict[str, jax.Array]:
+  """Every hyperparameter of a state, the current learning rate included.
+
+  Args:
+    state: a :class:`purax.TrainState` (or any object with ``opt_state`` and
+      ``hparams``); a stacked (population) state gives ``[members]`` values.
+    tx: the state's optax transformation (``task.tx``); needed only for
+      ``'learning_rate'`` under :func:`purax.adamw`'s schedule.
+
+  Returns:
+    ``name -> float32 array``: the optimizer's injected hyperparameters (of
+    every ``inject_hyperparams`` in ``opt_state``; a name injected twice reads
+    the outermost), the loss and model ones (``state.hparams``), and, with a
+    ``tx`` that has ``learning_rate(opt_state)``, ``'learning_rate'``: the rate
+    the next update applies.
+  """
+  found = {}
+  for node in reversed(_injected(state.opt_state)):
+    found.update(node.hyperparams)
+  found.update(dict(getattr(state, 'hparams', None) or {}))
+  if tx is not None and callable(getattr(tx, 'learning_rate', None)):
+    found['learning_rate'] = tx.learning_rate(state.opt_state)
+  return found
+
+
+def _value(name: str, value) -> jax.Array:
+  """``value`` as a new float32 array (a caller's array never becomes a state
+  leaf, so a donating step cannot delete it); a concrete value must be finite."""
+  if not isinstance(value, jax.core.Tracer):
+    expect(bool(np.all(np.isfinite(np.asarray(value, np.float64)))), f'hyperparameter {name}',
+           'finite values (a non-finite rate would turn every parameter into NaN)',
+           np.asarray(value).tolist(), ConfigError)
+  return jnp.array(value, jnp.float32, copy=True)
+
+
+def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: disable=redefined-builtin
+  """``state`` with hyperparameters replaced, wherever they are.
+
+  Example: ``state = purax.set_hyperparams(state, peak_learning_rate=3e-4)``.
+
+  Each value goes to every ``inject_hyperparams`` state in ``opt_state`` that
+  has the name (at any depth) and to ``state.hparams`` when it has it; a
+  stacked state takes ``[members]`` values. Traceable (PBT sets them in jit).
+
+  Raises:
+    ConfigError: a name the state does not carry, or a non-finite value
+      (named).
+  """
+  values = {**(values or {}), **kwargs}
+  known = names(state)
+  for name in values:
+    expect(name in known, 'hyperparameter name', f'one of {list(known)}', repr(name),
+           ConfigError)
+  values = {name: _value(name, v) for name, v in values.items()}
+
+  def replace(node):
+    if not _is_injected(node):
+      return node
+    inner = jax.tree.map(replace, node.inner_state, is_leaf=_is_injected)
+    return node._replace(hyperparams={k: values.get(k, v) for k, v in node.hyperparams.items()},
+                         inner_state=inner)
+
+  opt_state = jax.tree.map(replace, state.opt_state, is_leaf=_is_injected)
+  hparams = {k: values.get(k, v) for k, v in (getattr(state, 'hparams', None) or {}).items()}
+  return state.replace(opt_state=opt_state, hparams=hparams)

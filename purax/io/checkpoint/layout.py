@@ -1,0 +1,156 @@
+"""What is stored for a pytree: typed keys as key data, small leaves as host
+copies, the signature (path, shape, dtype) of every leaf, and the shardings a
+checkpoint is restored onto."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from purax.io.checkpoint.errors import CheckpointError, CheckpointMismatchError
+
+PyTree = Any
+
+
+# -- typed keys <-> key data ------------------------------------------------
+
+
+def is_typed_key(x) -> bool:
+  return hasattr(x, 'dtype') and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def key_impl(x):
+  # Works for concrete keys and for jax.ShapeDtypeStruct targets alike.
+  return x.dtype._impl  # pylint: disable=protected-access
+
+
+def storable(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda x: jax.random.key_data(x) if is_typed_key(x) else x, tree)
+
+
+# Leaves up to this size are handed to orbax as host numpy copies (one process
+# only) and fingerprinted by numpy.
+HOST_LEAF_BYTES = 1 << 20
+
+
+def small_whole(x) -> bool:
+  """Whether ``x`` is a ``jax.Array`` this process holds whole, of at most
+  ``HOST_LEAF_BYTES``: cheap to copy to the host and handle there."""
+  return isinstance(x, jax.Array) and x.is_fully_addressable and x.nbytes <= HOST_LEAF_BYTES
+
+
+def small_leaves_on_host(tree: PyTree) -> PyTree:
+  """``tree`` with each small, fully addressable ``jax.Array`` leaf (<=
+  ``HOST_LEAF_BYTES``) replaced by a numpy copy, in one process only.
+
+  Why: orbax's per-array cost is higher for a ``jax.Array`` (its sharding
+  metadata and replica slices) than for a numpy array, and a training state
+  is mostly small leaves (scalars, biases, counters), so a save commits in
+  about half the time (``benchmarks/README.md``, "Checkpoints"). The files are the same zarr arrays, restored
+  onto any target sharding. Large leaves stay ``jax.Array`` leaves: orbax
+  writes them per shard, chunked. The copies are taken before ``save``
+  returns, so the next step may donate the buffers.
+  """
+  if jax.process_count() != 1:
+    return tree
+  leaves, treedef = jax.tree.flatten(tree)
+  picked = [i for i, x in enumerate(leaves) if small_whole(x)]
+  on_host = jax.device_get([leaves[i] for i in picked])   # one batch of transfers
+  for i, x in zip(picked, on_host):
+    leaves[i] = np.array(x, copy=True)   # owned: never a view of a donated buffer
+  return jax.tree.unflatten(treedef, leaves)
+
+
+# -- shardings to restore onto ------------------------------------------------
+
+
+def _context_mesh():
+  """The concrete mesh of an enclosing ``jax.set_mesh``, or None."""
+  mesh = jax.sharding.get_mesh()
+  return None if mesh is None or mesh.empty else mesh
+
+
+def _concrete(sharding, path: str):
+  """``sharding`` on real devices: a leaf from ``jax.eval_shape`` inside
+  ``jax.set_mesh`` carries an abstract mesh, replaced by the context's mesh;
+  no sharding means replicated on the context's mesh, or the first local
+  device outside one."""
+  mesh = _context_mesh()
+  if sharding is None:
+    if mesh is not None:
+      return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  if isinstance(sharding, jax.sharding.NamedSharding) and isinstance(
+      sharding.mesh, jax.sharding.AbstractMesh):
+    if mesh is None or mesh.abstract_mesh != sharding.mesh:
+      raise CheckpointError(
+          f'{path}: expected a sharding on a concrete mesh, or an abstract one matching the '
+          f'mesh set by jax.set_mesh, got {sharding} (context mesh: {mesh})')
+    return jax.sharding.NamedSharding(mesh, sharding.spec)
+  return sharding
+
+
+def abstract_storable(abstract: PyTree) -> PyTree:
+  """ShapeDtypeStructs of what is stored, each with a concrete sharding to restore onto."""
+
+  def convert(path, x):
+    sharding = _concrete(getattr(x, 'sharding', None), jax.tree_util.keystr(path))
+    if is_typed_key(x):
+      data = jax.eval_shape(jax.random.key_data, x)
+      if isinstance(sharding, jax.sharding.NamedSharding):
+        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+      return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+  return jax.tree_util.tree_map_with_path(convert, abstract)
+
+
+def unstorable(stored: PyTree, abstract: PyTree) -> PyTree:
+  return jax.tree.map(
+      lambda s, a: jax.random.wrap_key_data(s, impl=key_impl(a)) if is_typed_key(a) else s,
+      stored, abstract)
+
+
+# -- signatures -----------------------------------------------------------------
+
+
+def signature(tree: PyTree) -> list[list]:
+  """``[[path, shape, dtype], ...]`` of every stored leaf, in flattening order."""
+  leaves = jax.tree_util.tree_flatten_with_path(storable_abstract(tree))[0]
+  return [[jax.tree_util.keystr(path), list(x.shape), str(x.dtype)] for path, x in leaves]
+
+
+def storable_abstract(tree: PyTree) -> PyTree:
+  def convert(x):
+    if is_typed_key(x):
+      return jax.eval_shape(jax.random.key_data, x)
+    return jax.ShapeDtypeStruct(jnp.shape(x), x.dtype)
+  return jax.tree.map(convert, tree)
+
+
+def check_signature(saved: list[list], target: list[list], where: str) -> None:
+  """Raises CheckpointMismatchError naming the first path that differs."""
+  saved_paths = {p for p, _, _ in saved}
+  target_paths = {p for p, _, _ in target}
+  for path, shape, dtype in target:
+    if path not in saved_paths:
+      raise CheckpointMismatchError(
+          f'{where}: {path}: expected in the checkpoint (the model or optimizer changed '
+          f'since it was saved), got no such entry')
+  for path, _, _ in saved:
+    if path not in target_paths:
+      raise CheckpointMismatchError(
+          f'{where}: {path}: expected no such entry (the model or optimizer changed '
+          f'since the checkpoint was saved), got one in the checkpoint')
+  by_path = {p: (s, d) for p, s, d in saved}
+  for path, shape, dtype in target:
+    saved_shape, saved_dtype = by_path[path]
+    if list(saved_shape) != list(shape) or saved_dtype != dtype:
+      raise CheckpointMismatchError(
+          f'{where}: {path}: expected {dtype}{list(shape)} (the current model), '
+          f'got {saved_dtype}{list(saved_shape)} in the checkpoint (never cast)')
+
+

@@ -1,0 +1,32 @@
+"""A run directory written by purax before the loop-of-hooks redesign resumes
+and ends bitwise where a run of today's code does.
+
+``tests/fixtures/run_before_hooks`` was written by commit 6e849cd (purax
+0.1.0 before the redesign): ``python -m tests.scripts.train_recorded 4 train
+--model mlp --steps 8 --batch-size 32 --log-every 2 --eval-every 4
+--checkpoint-every 0 --no-progress``, stopped after step 4 with its checkpoint
+committed (the TensorBoard events and the lock file left out)."""
+
+import os
+import shutil
+
+from tests.helpers import assert_bitwise
+from tests.helpers_runs import final_tree, purax
+
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       'fixtures', 'run_before_hooks')
+ARGS = ['--model', 'mlp', '--steps', '8', '--batch-size', '32', '--log-every', '2',
+        '--eval-every', '4', '--checkpoint-every', '0', '--no-progress']
+
+
+def test_a_run_written_before_the_redesign_resumes_and_ends_as_a_straight_run(tmp_path):
+  old = str(tmp_path / 'old')
+  shutil.copytree(FIXTURE, old)
+  resumed = purax('train', '--workdir', old)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert 'from step 4' in resumed.stderr
+  straight = purax('train', *ARGS, '--workdir', str(tmp_path / 'new'))
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  (a, _, step_a), (b, _, step_b) = final_tree(old), final_tree(str(tmp_path / 'new'))
+  assert step_a == step_b == 8
+  assert_bitwise(a, b)

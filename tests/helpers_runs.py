@@ -1,0 +1,58 @@
+"""Shared fixtures of the end-to-end runs: the default resumed run's arguments,
+``purax`` in a fresh process, and readers of what a run leaves."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from purax.app import job as job_lib
+from purax.app.rundir import read_config
+from purax.io.checkpoint import Checkpointer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
+ENV = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+ENV['PYTHONPATH'] = ROOT + os.pathsep + ENV.get('PYTHONPATH', '')
+ARGS = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', '10',
+        '--eval-every', '20', '--checkpoint-every', '10', '--dropout-rate', '0.2',
+        '--no-progress']
+
+
+def purax(*args, recorded_stop=None, timeout=180):
+  if recorded_stop is None:
+    cmd = [sys.executable, '-m', 'purax', *args]
+  else:
+    cmd = [sys.executable, '-m', 'tests.scripts.train_recorded', str(recorded_stop), *args]
+  return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def final_tree(workdir):
+  abstract = job_lib.build(read_config(workdir).validate(), mesh=False).abstract
+  with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+    tree, extra, step = ckpt.restore(abstract)
+  tree = jax.tree.map(lambda x: np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(
+      x.dtype, jax.dtypes.prng_key) else np.asarray(x), tree)
+  return tree, extra, step
+
+
+
+
+def logged(workdir):
+  out = []
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    for line in f:
+      rec = json.loads(line)
+      out.append({k: v for k, v in rec.items() if k not in ('time', 'steps_per_sec')})
+  return out
+
+
+def batches(workdir):
+  seen = {}
+  with open(os.path.join(workdir, 'batches.txt')) as f:
+    for line in f:
+      step, digest = line.split()
+      assert seen.setdefault(int(step), digest) == digest, f'step {step} got another batch'
+  return seen

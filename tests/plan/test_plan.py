@@ -1,0 +1,88 @@
+"""The plan protocol (purax.parallel.plan.Plan): a new plan is one class, every
+plan fit drives is a Plan (no adapter), and what a plan cannot do is refused
+by name."""
+
+import jax
+import numpy as np
+import pytest
+
+import purax
+from purax import parallel
+from purax import plan as plan_lib
+from tests.helpers import tiny_batch, tiny_task
+
+STEPS = 6
+TASK = tiny_task('mlp', total_steps=STEPS)
+DATA = [tiny_batch(seed=s) for s in range(STEPS)]
+QUIET = dict(log_every=2, progress=False)
+
+
+class Counting(plan_lib.Plan):
+  """A whole new plan in one class: the step jitted here, every call counted."""
+
+  def __init__(self, task):
+    super().__init__(task)
+    self.calls = 0
+    self._step = jax.jit(lambda s, acc, b: (lambda out: (out[0], purax.metrics.merge(
+        acc, out[1])))(task.step(s, b)), donate_argnums=(0, 1))
+
+  def train_step(self, state, acc, batch):
+    self.calls += 1
+    with plan_lib.host_batch_transfer():
+      return self._step(state, acc, batch)
+
+
+def fresh():
+  return jax.jit(TASK.init)(jax.random.key(0), DATA[0])
+
+
+def test_a_new_plan_is_one_class_and_trains_as_the_single_device_plan():
+  plan = Counting(TASK)
+  mine, h1 = purax.fit(TASK, fresh(), DATA, plan=plan, hooks=purax.hooks.standard(**QUIET))
+  single, h2 = purax.fit(TASK, fresh(), DATA, steps_per_call=1,
+                         hooks=purax.hooks.standard(**QUIET))
+  assert plan.calls == STEPS
+  assert [r['step'] for r in h1] == [r['step'] for r in h2] == [2, 4, 6]
+  np.testing.assert_array_equal(mine.params['Dense_0']['kernel'],
+                                single.params['Dense_0']['kernel'])
+
+
+def test_every_plan_fit_drives_is_a_plan():
+  mesh = parallel.make_mesh(data=2, devices=jax.devices()[:2])
+  assert isinstance(parallel.sharded(TASK, mesh, parallel.data_parallel(), DATA[0]),
+                    plan_lib.Plan)
+  assert isinstance(plan_lib.SingleDevicePlan(TASK), plan_lib.Plan)
+  assert isinstance(plan_lib.PopulationPlan(TASK), plan_lib.Plan)
+
+
+def test_several_steps_per_call_on_another_plan_is_a_named_error():
+  mesh = parallel.make_mesh(data=2, devices=jax.devices()[:2])
+  plan = parallel.sharded(TASK, mesh, parallel.data_parallel(), DATA[0])
+  with pytest.raises(purax.ConfigError, match=r"steps_per_call: expected 1 or 'auto' with a "
+                                              r'ShardedPlan .*got 2'):
+    purax.fit(TASK, plan.init(jax.random.key(0)), DATA, plan=plan, steps_per_call=2,
+              hooks=purax.hooks.standard(**QUIET))
+
+
+@pytest.mark.parametrize('checks', ['first', 'every', 'none'])
+def test_the_plan_checks_batch_values_as_asked(checks):
+  bad = [dict(b) for b in DATA]
+  bad[3]['y'] = np.full_like(bad[3]['y'], 99)          # 10 classes: out of range at step 3
+  run = lambda: purax.fit(TASK, fresh(), bad, hooks=[],   # noqa: E731
+                          plan=plan_lib.SingleDevicePlan(TASK, checks=checks))
+  if checks == 'every':
+    with pytest.raises(purax.DataError, match=r"batch\['y'\]"):
+      run()
+  else:
+    state, _ = run()                                     # first: only batch 0 is read
+    assert int(state.step) == STEPS
+  with pytest.raises(purax.ConfigError, match=r"checks: expected 'first', 'every' or 'none'"):
+    plan_lib.SingleDevicePlan(TASK, checks='some')
+
+
+def test_a_plan_lowers_its_step_for_a_dry_run():
+  state = jax.eval_shape(TASK.init, jax.random.key(0), DATA[0])
+  acc = purax.metrics.zeros_of(lambda s, b: TASK.step(s, b)[1], state, DATA[0])
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), DATA[0])
+  compiled = plan_lib.SingleDevicePlan(TASK).lower(state, acc, batch).compile()
+  assert compiled.cost_analysis() is not None
