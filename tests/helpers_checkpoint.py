@@ -1,6 +1,7 @@
 """Every kind of damage to a checkpoint that the fault attacks found, as
 functions of a step directory (the corruption tests and the fault tests)."""
 
+import glob
 import json
 import os
 import shutil

@@ -100,4 +100,4 @@ def test_token_ids_beyond_the_vocabulary_are_named():
   t = purax.Task(model=lm, tx=optax.sgd(0.1), loss=purax.objectives.language_model)
   b = {'x': np.full((2, 4), 20, np.int32), 'y': np.zeros((2, 4), np.int32)}
   with pytest.raises(purax.DataError, match=r"batch\['x'\]: expected token ids in \[0, 16\)"):
-    t.check_values(b)
+    purax.plan.check_values(t, b)

@@ -21,6 +21,7 @@ from purax.app import hparams as hparams_lib
 from purax.app import job as job_lib
 from purax.app import plot
 from purax.app import rundir as rundir_lib
+from purax.core import hparams as core_hparams
 from purax.core import population as pop_lib
 from purax.io.checkpoint import Checkpointer
 

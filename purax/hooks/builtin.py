@@ -4,6 +4,7 @@ them from the familiar options."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Iterable
 
@@ -161,7 +162,8 @@ class Checkpoint:
   Attributes:
     checkpointer: a :class:`purax.Checkpointer`.
     every: steps between saves (0: none besides the clock, the stop and the end).
-    log_every: the log cadence, where the clock is read (0: never).
+    log_every: the steps where the clock is read: the log and evaluation
+      cadences' gcd (0: at evaluations only).
   """
 
   order, at_end, name, option = 20, True, 'checkpoint', 'checkpoint_every'
@@ -312,7 +314,8 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
   if should_stop is not None:
     hooks.append(Stop(should_stop, stop_every))
   if checkpointer is not None:
-    hooks.append(Checkpoint(checkpointer, checkpoint_every, log_every))
+    points = math.gcd(log_every, eval_every) if eval_data is not None else log_every
+    hooks.append(Checkpoint(checkpointer, checkpoint_every, points))   # the clock: log/eval
   else:
     expect(isinstance(checkpoint_every, int) and checkpoint_every >= 0, 'checkpoint_every',
            '>= 0', checkpoint_every, ConfigError)

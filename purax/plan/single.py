@@ -11,7 +11,7 @@ from flax import struct
 
 from purax.core import loops
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ConfigError, DataError, expect
+from purax.core.errors import DataError, expect
 from purax.io.pipeline import owned
 from purax.parallel.plan import Plan, host_batch_transfer, to_step
 from purax.plan import auto

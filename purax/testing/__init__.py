@@ -1,8 +1,8 @@
 """Assertions and hypothesis strategies that prove a parallel step is the single-device step.
 
 :mod:`purax.testing.asserts` needs chex only; :mod:`purax.testing.strategies`
-needs hypothesis and is imported when one of its names is first used, so
-``import purax.testing`` works without hypothesis.
+needs hypothesis and is here when it is installed, so ``import purax.testing``
+works without it.
 
 Use them on your own tasks::
 
@@ -59,9 +59,22 @@ from purax.testing.asserts import assert_trees_close as assert_trees_close
 from purax.testing.asserts import grads_of as grads_of
 from purax.testing.asserts import learning_rate_of as learning_rate_of
 
-#: The hypothesis strategies (:mod:`purax.testing.strategies`), imported on first use.
+#: The hypothesis strategies (:mod:`purax.testing.strategies`): here when
+#: hypothesis (the ``testing`` extra) is installed.
 STRATEGIES = ('mesh_shapes', 'mesh_of', 'meshes', 'batch_sizes', 'classification_batches',
               'small_pytrees')
+
+try:
+  import hypothesis   # noqa: F401  (the strategies' one optional dependency)
+except ImportError:
+  hypothesis = None
+else:
+  from purax.testing.strategies import batch_sizes as batch_sizes
+  from purax.testing.strategies import classification_batches as classification_batches
+  from purax.testing.strategies import mesh_of as mesh_of
+  from purax.testing.strategies import mesh_shapes as mesh_shapes
+  from purax.testing.strategies import meshes as meshes
+  from purax.testing.strategies import small_pytrees as small_pytrees
 
 __all__ = [
     'TOLERANCES', 'Tolerance', 'assert_trees_close', 'assert_finite', 'grads_of',
@@ -72,6 +85,6 @@ __all__ = [
 
 def __getattr__(name):
   if name in STRATEGIES:
-    from purax.testing import strategies   # needs hypothesis (the 'testing' extra)
-    return getattr(strategies, name)
+    raise ImportError(f'purax.testing.{name}: expected hypothesis to be installed '
+                      "(pip install 'purax[testing]'), got none")
   raise AttributeError(f'module purax.testing has no attribute {name!r}')

@@ -29,11 +29,10 @@ from purax.core import population as P
 from purax.core.errors import ConfigError
 from purax.core.metrics import zeros_of as zero_metrics
 from purax.plan import train_step
-from purax.nn import MLP
 from tests.helpers import params_differ
 
-from tests.helpers_population import (ATOL, BATCH, CLASSES, FEATURES, RTOL, TASK, batch,  # noqa: F401
-                                     keys, make_task, pinit, pstep, sinit, sstep,
+from tests.helpers_population import (ATOL, FEATURES, RTOL, TASK, batch,
+                                     keys, make_task, pinit, pstep, sinit,
                                      stacked_batches, standalone)
 
 

@@ -160,7 +160,6 @@ def test_the_norm_handed_to_adamws_clipping_is_the_one_it_would_compute(model):
   # The step computes the gradients' global norm once and hands it to
   # purax.adamw's clipping (an optax extra argument); the update must be
   # bitwise the one of tx.update computing its own norm.
-  from purax.core import update
   task = tiny_task(model)
   batch = tiny_batch(seed=3)
   state = task.init(jax.random.key(0), batch)

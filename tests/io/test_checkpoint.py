@@ -5,7 +5,6 @@ import contextlib
 import errno
 import gc
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ from purax.io.checkpoint import integrity, manager
 from purax.io.checkpoint import (Checkpointer, CheckpointError, CheckpointMismatchError,
                                  fingerprints)
 from tests.helpers import compilations, tiny_batch, tiny_task, tree_equal
-from tests.helpers_checkpoint import CORRUPTIONS, HARMLESS, _largest_data_file, _rewrite
+from tests.helpers_checkpoint import CORRUPTIONS, HARMLESS
 
 
 def keyless(tree):
