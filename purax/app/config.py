@@ -29,7 +29,9 @@ import typing
 from typing import Any, Literal, Mapping
 
 from purax import __version__
+from purax.app import fields
 from purax.app import hparams as hparams_lib
+from purax.app.fields import field
 from purax.app.data import INT32_LIMIT, DataConfig
 from purax.app.models import ModelConfig
 from purax.core.errors import ConfigError, expect
@@ -91,30 +93,30 @@ class RunConfig:
       every N steps (0: off; costs a forward and backward pass on a fixed batch).
   """
 
-  steps: int = 500
+  steps: int = field(500, resumable=True)
   seed: int = 0
-  decay_steps: int | None = None
-  workdir: str | None = None
-  log_every: int = 50
-  eval_every: int = 250
-  progress: bool = True
-  checkpoint_every: int = 0
-  checkpoint_interval_s: float = 300.0
-  keep_last: int = 2
-  keep_best: int = 0
-  steps_per_call: int | Literal['auto'] = 'auto'
-  debug_nans: bool = False
-  mesh: str | None = None
-  coordinator: str | None = None
-  num_processes: int | None = None
-  process_id: int | None = None
-  dry_run: bool = False
-  profile: str | None = None
-  profile_memory: bool = False
-  wandb_project: str | None = None
+  decay_steps: int | None = field(None, resumable=True)
+  workdir: str | None = field(None, resumable=True)
+  log_every: int = field(50, resumable=True, cadence=True)
+  eval_every: int = field(250, resumable=True, cadence=True)
+  progress: bool = field(True, resumable=True)
+  checkpoint_every: int = field(0, resumable=True, cadence=True)
+  checkpoint_interval_s: float = field(300.0, resumable=True)
+  keep_last: int = field(2, resumable=True)
+  keep_best: int = field(0, resumable=True)
+  steps_per_call: int | Literal['auto'] = field('auto', resumable=True)
+  debug_nans: bool = field(False, resumable=True)
+  mesh: str | None = field(None, resumable=True)
+  coordinator: str | None = field(None, resumable=True)
+  num_processes: int | None = field(None, resumable=True)
+  process_id: int | None = field(None, resumable=True)
+  dry_run: bool = field(False, resumable=True)
+  profile: str | None = field(None, resumable=True)
+  profile_memory: bool = field(False, resumable=True)
+  wandb_project: str | None = field(None, resumable=True)
   ema_decay: float | None = None
-  ema_every: int = 1
-  histograms: int = 0
+  ema_every: int = field(1, cadence=True)
+  histograms: int = field(0, resumable=True, cadence=True)
 
   def validate(self) -> 'RunConfig':
     """Raises ConfigError naming the field, the expected and the actual value."""
@@ -141,8 +143,8 @@ class RunConfig:
     if k != 'auto':
       expect(isinstance(k, int) and 1 <= k < INT32_LIMIT, 'steps_per_call',
              "'auto' or an integer >= 1", k, ConfigError)
-      cadences = ('log_every', 'eval_every', 'checkpoint_every', 'histograms') + (
-          ('ema_every',) if self.ema_decay is not None else ())
+      cadences = [n for n in fields.names(RunConfig, fields.CADENCE)
+                  if n != 'ema_every' or self.ema_decay is not None]
       for name in cadences:
         expect(getattr(self, name) % k == 0, name, f'a multiple of steps_per_call={k}',
                getattr(self, name), ConfigError)
@@ -159,17 +161,15 @@ class RunConfig:
     return self
 
 
-#: Fields that may differ when a run is resumed: they do not change the computation.
-RESUMABLE_CHANGES = frozenset({
-    'run.workdir', 'run.progress', 'run.log_every', 'run.eval_every', 'data.eval_batch_size',
-    'run.checkpoint_every', 'run.checkpoint_interval_s', 'run.keep_last', 'run.keep_best', 'run.mesh', 'run.coordinator',
-    'run.num_processes', 'run.process_id', 'optimizer.max_consecutive_skips',
-    'run.debug_nans', 'run.dry_run', 'run.profile', 'run.profile_memory',
-    'run.wandb_project', 'run.steps_per_call', 'run.histograms',
-    # Train longer: more steps (the decay re-planned unless decay_steps is set).
-    'run.steps', 'run.decay_steps'})
-
 SECTIONS = ('model', 'data', 'optimizer', 'run')
+
+
+def resumable_changes() -> frozenset[str]:
+  """``section.field`` of every field that may differ when a run is resumed
+  (its metadata says so, :mod:`purax.app.fields`): it does not change the
+  computation. ``steps`` and ``decay_steps`` train longer."""
+  return frozenset(f'{section}.{name}' for section in SECTIONS
+                   for name in fields.names(_section_type(TrainConfig, section), fields.RESUMABLE))
 
 
 def _flag(section: str, field: str) -> str:
@@ -249,7 +249,7 @@ class TrainConfig:
     ours, theirs = self.saved_form(), saved.saved_form()
     for section in SECTIONS:
       for field in dataclasses.fields(getattr(ours, section)):
-        if f'{section}.{field.name}' in RESUMABLE_CHANGES:
+        if f'{section}.{field.name}' in resumable_changes():
           continue
         mine, old = (getattr(getattr(c, section), field.name) for c in (ours, theirs))
         expect(mine == old, _flag(section, field.name),

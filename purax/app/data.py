@@ -19,6 +19,8 @@ from typing import Annotated, Any, Callable
 import numpy as np
 import tyro
 
+from purax.app.fields import field
+
 from purax.core import objectives
 from purax.core.errors import ConfigError, expect
 from purax.io import datasets, pipeline, text
@@ -44,7 +46,7 @@ class DataConfig:
 
   name: Annotated[str, tyro.conf.arg(name='dataset')] = 'digits'
   batch_size: int = 64
-  eval_batch_size: int = 512
+  eval_batch_size: int = field(512, resumable=True)
   seq_len: int = 128
   num_classes: int | None = None
 

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 import tyro
 
 from purax.app import search
+from purax.app.fields import field
 from purax.core import hparams as core_hparams
 from purax.core.errors import ConfigError, expect
 from purax.core.hparams import Bounds
@@ -136,7 +137,8 @@ def _flag(row: HParam, kind, default, help_text):
 
 
 def _settings():
-  return [(name, Annotated[kind, tyro.conf.arg(help=text)], dataclasses.field(default=default))
+  return [(name, Annotated[kind, tyro.conf.arg(help=text)],
+           field(default, resumable=name == 'max_consecutive_skips'))
           for name, kind, default, text in _SETTINGS]
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from purax import ConfigError
+from purax.app import fields as purax_fields
 from purax.app.config import TrainConfig
 from purax.nn.transformer import DecoderLM, TransformerEncoder
 
@@ -78,3 +79,19 @@ def test_a_tampered_config_json_is_a_named_error(text, match):
 def test_overflowing_non_finite_and_absurd_values_are_refused(field, value, match):
   with pytest.raises(ConfigError, match=match):
     TrainConfig.of(**{field: value}).validate()
+
+
+def test_which_fields_may_change_on_resume_is_read_from_the_fields():
+  """The fields' metadata (purax.app.fields) says which may differ when a run
+  resumes: exactly those that do not change the computation (and --steps,
+  --decay-steps to train longer)."""
+  from purax.app import config as config_lib
+  assert config_lib.resumable_changes() == {
+      'run.workdir', 'run.progress', 'run.log_every', 'run.eval_every', 'data.eval_batch_size',
+      'run.checkpoint_every', 'run.checkpoint_interval_s', 'run.keep_last', 'run.keep_best',
+      'run.mesh', 'run.coordinator', 'run.num_processes', 'run.process_id',
+      'optimizer.max_consecutive_skips', 'run.debug_nans', 'run.dry_run', 'run.profile',
+      'run.profile_memory', 'run.wandb_project', 'run.steps_per_call', 'run.histograms',
+      'run.steps', 'run.decay_steps'}
+  assert purax_fields.names(config_lib.RunConfig, purax_fields.CADENCE) == (
+      'log_every', 'eval_every', 'checkpoint_every', 'ema_every', 'histograms')
