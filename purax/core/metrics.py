@@ -109,6 +109,14 @@ def _zeros_on_device(metrics):
                       else jax.tree.map(jnp.zeros_like, m), metrics, is_leaf=is_metric)
 
 
+def stepped(step, state, acc, *args, **kwargs) -> tuple[Any, Any]:
+  """``step(state, *args, **kwargs) -> (state, metrics)`` with its metrics
+  merged into the running window ``acc``: the body of every accumulating train
+  step (one device, a mesh, a population). Traceable."""
+  state, metrics = step(state, *args, **kwargs)
+  return state, merge(acc, metrics)
+
+
 def zeros_of(fn, *args) -> Any:
   """The zeroed metrics tree of the structure ``fn(*args)`` returns (traced
   abstractly with ``jax.eval_shape``: nothing runs)."""

@@ -390,8 +390,8 @@ def stack(states: list[TrainState]) -> TrainState:
 
 
 def _train_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
-  pop, metrics = step(task, pop, batch, batch_index, strategy=strategy)
-  return pop, metrics_lib.merge(acc, metrics)
+  return metrics_lib.stepped(lambda p: step(task, p, batch, batch_index, strategy=strategy),
+                             pop, acc)
 
 
 def _eval_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
@@ -419,16 +419,14 @@ eval_step = loops.Jit(_eval_step, _unrolled, static_argnums=0, static_argnames='
 
 def zero_train_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
   """Zeroed ``[members]`` metrics accumulator of :func:`train_step` (no compute)."""
-  return metrics_lib.zeros_like(
-      jax.eval_shape(lambda p, b, i: step(task, p, b, i, strategy='vmap')[1], pop, batch,
-                     batch_index))
+  return metrics_lib.zeros_of(lambda p, b, i: step(task, p, b, i, strategy='vmap')[1], pop,
+                              batch, batch_index)
 
 
 def zero_eval_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
   """Zeroed ``[members]`` metrics accumulator of :func:`eval_step` (no compute)."""
-  return metrics_lib.zeros_like(
-      jax.eval_shape(lambda p, b, i: evaluate(task, p, b, i, strategy='vmap'), pop, batch,
-                     batch_index))
+  return metrics_lib.zeros_of(lambda p, b, i: evaluate(task, p, b, i, strategy='vmap'), pop,
+                              batch, batch_index)
 
 
 def status(pop: Population) -> np.ndarray:

@@ -180,7 +180,7 @@ class Plan:
     return self.batch_sharding
 
   def zero_eval_metrics(self, state, batch):
-    return metrics_lib.zeros_like(jax.eval_shape(self.task.evaluate, state, batch))
+    return metrics_lib.zeros_of(self.task.evaluate, state, batch)
 
   def evaluate(self, state, batches: Iterable):
     """The summed metrics tree of ``batches``, on the device.

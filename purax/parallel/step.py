@@ -101,8 +101,7 @@ class ShardedPlan(Plan):
             for name, tree in abstract.items()}
 
   def zero_metrics(self, state, batch):
-    return metrics_lib.zeros_like(jax.eval_shape(lambda s, b: self.task.step(s, b)[1],
-                                                 state, batch))
+    return metrics_lib.zeros_of(lambda s, b: self.task.step(s, b)[1], state, batch)
 
   def _global(self, batches: Iterable) -> Iterator:
     """Each global batch as this process's rows of it, assembled on the mesh."""
@@ -121,7 +120,7 @@ class ShardedPlan(Plan):
     return _merge(acc, self.eval_step(state, batch))
 
   def zero_eval_metrics(self, state, batch):
-    return metrics_lib.zeros_like(jax.eval_shape(self.eval_step, state, batch))
+    return metrics_lib.zeros_of(self.eval_step, state, batch)
 
   def evaluate(self, state, batches):
     if jax.process_count() == 1:
@@ -178,11 +177,8 @@ def sharded(task: Task, mesh: Mesh, rules: Rules, sample_batch: Mapping[str, Any
   step = jax.jit(task.step, in_shardings=(s_state, s_batch),
                  out_shardings=(s_state, repl), donate_argnums=0)
 
-  def _train_step(state, acc, batch):
-    state, metrics = task.step(state, batch)
-    return state, metrics_lib.merge(acc, metrics)
-
-  train_step = jax.jit(_train_step, in_shardings=(s_state, repl, s_batch),
+  train_step = jax.jit(lambda s, acc, batch: metrics_lib.stepped(task.step, s, acc, batch),
+                       in_shardings=(s_state, repl, s_batch),
                        out_shardings=(s_state, repl), donate_argnums=(0, 1))
   eval_step = jax.jit(task.evaluate, in_shardings=(s_state, s_batch), out_shardings=repl)
   return ShardedPlan(task, mesh, rules, s_state, s_batch, sample_batch, init=init, step=step,

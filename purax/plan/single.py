@@ -18,8 +18,7 @@ from purax.plan import auto
 
 
 def _train_step(task, state, acc, batch):
-  state, metrics = task.step(state, batch)
-  return state, metrics_lib.merge(acc, metrics)
+  return metrics_lib.stepped(task.step, state, acc, batch)
 
 
 def _multi_train_step(task, state, acc, batches):
