@@ -125,11 +125,17 @@ def get(state, tx=None) -> dict[str, jax.Array]:
 
 def _value(name: str, value) -> jax.Array:
   """``value`` as a new float32 array (a caller's array never becomes a state
-  leaf, so a donating step cannot delete it); a concrete value must be finite."""
+  leaf, so a donating step cannot delete it); a concrete value must be finite
+  and, for a name of :data:`BOUNDS`, inside its interval."""
   if not isinstance(value, jax.core.Tracer):
-    expect(bool(np.all(np.isfinite(np.asarray(value, np.float64)))), f'hyperparameter {name}',
+    values = np.asarray(value, np.float64)
+    expect(bool(np.all(np.isfinite(values))), f'hyperparameter {name}',
            'finite values (a non-finite rate would turn every parameter into NaN)',
-           np.asarray(value).tolist(), ConfigError)
+           values.tolist(), ConfigError)
+    if name in BOUNDS:
+      expect(all(BOUNDS[name].contains(float(v)) for v in values.reshape(-1)),
+             f'hyperparameter {name}', f'values in {BOUNDS[name].interval()}', values.tolist(),
+             ConfigError)
   return jnp.array(value, jnp.float32, copy=True)
 
 
@@ -143,13 +149,16 @@ def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: di
   stacked state takes ``[members]`` values. Traceable (PBT sets them in jit).
 
   Raises:
-    ConfigError: a name the state does not carry, or a non-finite value
-      (named).
+    ConfigError: a name the state does not carry, a non-finite value, or a
+      value outside its :data:`BOUNDS` interval (named; values traced under
+      ``jit`` are not checked).
   """
   values = {**(values or {}), **kwargs}
   known = names(state)
   for name in values:
-    expect(name in known, 'hyperparameter name', f'one of {list(known)}', repr(name),
+    hint = (' (the current rate follows the schedule of peak_learning_rate: set that)'
+            if name == 'learning_rate' and 'peak_learning_rate' in known else '')
+    expect(name in known, 'hyperparameter name', f'one of {list(known)}{hint}', repr(name),
            ConfigError)
   values = {name: _value(name, v) for name, v in values.items()}
 

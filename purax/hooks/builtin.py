@@ -68,7 +68,8 @@ class Evaluate:
   (the plan's evaluation: padded batches count their ``weight``).
 
   Attributes:
-    data: evaluation batches, iterated afresh each time (a list, a grain dataset).
+    data: evaluation batches, iterated afresh each time (a list, a grain
+      dataset; a one-shot iterable only with ``every=0``: one evaluation).
     every: steps between evaluations (0: only at the end).
   """
 
@@ -79,9 +80,9 @@ class Evaluate:
     expect(not isinstance(data, dict), 'eval_data', 'evaluation batches (a list of batch '
            'dicts, a grain dataset), not one batch',
            f'a dict with keys {sorted(data)}' if isinstance(data, dict) else '', ConfigError)
-    expect(iter(data) is not data, 'eval_data', 'a collection iterated afresh at every '
-           'evaluation (a list, a grain dataset)', f'a one-shot {type(data).__name__}',
-           ConfigError)
+    expect(every == 0 or iter(data) is not data, 'eval_data', 'a collection iterated '
+           'afresh at every evaluation (a list, a grain dataset)',
+           f'a one-shot {type(data).__name__}', ConfigError)
     self.data, self.every = data, every
 
   def start(self, loop) -> None:
@@ -288,8 +289,10 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
 
   Args:
     log_every: :class:`Log` cadence (>= 1).
-    writer: :class:`Log`'s writer.
-    eval_data, eval_every: :class:`Evaluate` (when ``eval_data`` is given).
+    writer: :class:`Log`'s writer (None: the records go to ``fit``'s history
+      only; nothing is printed).
+    eval_data, eval_every: :class:`Evaluate` (when ``eval_data`` is given;
+      ``eval_every=0``: only at the end).
     checkpointer, checkpoint_every: :class:`Checkpoint` (when a checkpointer is given).
     should_stop, stop_every: :class:`Stop` (when ``should_stop`` is given).
     max_consecutive_skips: :class:`NonFiniteStreak` (None: off).

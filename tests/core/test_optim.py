@@ -63,3 +63,19 @@ def test_bad_optimizer_values_name_the_field(kwargs, field):
   kwargs = {'total_steps': 10, **kwargs}
   with pytest.raises(purax.ConfigError, match=f'^{field}: expected'):
     purax.adamw(**kwargs)
+
+
+def test_the_setter_refuses_values_outside_the_bounds_table_and_points_at_the_peak_rate():
+  task = purax.Task(model=purax.nn.MLP(num_classes=3, features=(4,)),
+                    tx=purax.adamw(learning_rate=1e-3, total_steps=10))
+  state = task.init(jax.random.key(0), {'x': np.zeros((2, 5), np.float32),
+                                        'y': np.zeros((2,), np.int32)})
+  with pytest.raises(purax.ConfigError, match=r'hyperparameter weight_decay: expected values '
+                                              r'in \[0, 1\], got -1.0'):
+    purax.set_hyperparams(state, weight_decay=-1.0)
+  with pytest.raises(purax.ConfigError, match=r'hyperparameter b2: expected values in \[0, 1\)'):
+    purax.set_hyperparams(state, b2=1.0)
+  with pytest.raises(purax.ConfigError, match=r'set that'):
+    purax.set_hyperparams(state, learning_rate=1e-4)
+  assert float(purax.set_hyperparams(state, weight_decay=0.5).opt_state.hyperparams[
+      'weight_decay']) == 0.5

@@ -113,3 +113,12 @@ def test_the_profiled_steps_run_alone_and_are_annotated_exactly(tmp_path, monkey
   # k=4: 0-3, 4-7, 8-11 and 16-19, 20-23 in calls of 4; 'auto': its 5 probe
   # steps, then 5-7 single, 8-11, then 16-19 and 20-23.
   assert sizes == ([4, 4, 4, 4, 4] if k == 4 else [4, 4, 4])
+
+
+def test_one_shot_eval_data_is_refused_where_it_would_be_iterated_twice():
+  with pytest.raises(purax.ConfigError, match=r'eval_data: expected a collection iterated '
+                                              r'afresh at every evaluation .*got a one-shot'):
+    purax.hooks.standard(eval_data=iter(DATA[:1]), eval_every=4)
+  _, history = purax.fit(TASK, fresh(), DATA, steps=8, hooks=purax.hooks.standard(
+      log_every=4, progress=False, eval_data=iter(DATA[:1])))     # one evaluation: the end
+  assert [r['step'] for r in history if 'eval/loss' in r] == [8]
