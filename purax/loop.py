@@ -243,8 +243,8 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
       loop.at_end, loop.record = loop.step == loop.num_steps, {}
       loop.began = time.perf_counter()
       for hook in hooks:
-        if due(hook.every, loop.first, loop.step, evaluated=loop.evaluated,
-               at_end=loop.at_end and hook.at_end):
+        if due(hook.every, loop.first, loop.step, at_end=loop.at_end and hook.at_end,
+               evaluated=hook.every == 0 and loop.evaluated):   # read only where it decides
           loop.run_hook(hook)
       loop.hook_s, loop.began = loop.hook_seconds(), None
       if loop.stop or loop.at_end:

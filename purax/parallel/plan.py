@@ -166,7 +166,12 @@ class Plan:
     expect(loop.steps_per_call in (1, 'auto'), 'steps_per_call',
            f"1 or 'auto' with a {type(self).__name__} (several steps per call run on "
            'one device: SingleDevicePlan)', loop.steps_per_call, ConfigError)
-    return ((b, 1) for b in to_step(host_batches, self.prefetch, self.batch_sharding))
+    return ((b, 1) for b in self.feed(host_batches, self.batch_sharding))
+
+  def feed(self, batches: Iterable, sharding) -> Iterator:
+    """Host batches as the jitted functions take them, placed with ``sharding``
+    (:func:`to_step`): the one placement of training and evaluation batches."""
+    return to_step(batches, self.prefetch, sharding)
 
   def train_step(self, state, acc, batch):
     raise NotImplementedError
@@ -189,7 +194,7 @@ class Plan:
       ConfigError: no batches.
     """
     acc = None
-    for batch in to_step(batches, 2, self.eval_sharding()):
+    for batch in self.feed(batches, self.eval_sharding()):
       if acc is None:
         acc = self.zero_eval_metrics(state, batch)
       with host_batch_transfer():

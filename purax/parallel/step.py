@@ -18,13 +18,12 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 from jax.sharding import Mesh, NamedSharding
 
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.parallel import distributed
@@ -100,37 +99,21 @@ class ShardedPlan(Plan):
             else jax.tree.map(lambda a: with_sharding(a, repl), tree)
             for name, tree in abstract.items()}
 
-  def zero_metrics(self, state, batch):
-    return metrics_lib.zeros_of(lambda s, b: self.task.step(s, b)[1], state, batch)
-
-  def _global(self, batches: Iterable) -> Iterator:
-    """Each global batch as this process's rows of it, assembled on the mesh."""
-    for batch in batches:
-      rows = distributed.process_rows(self.mesh, self.rules, len(jax.tree.leaves(batch)[0]))
-      yield distributed.global_batch(jax.tree.map(lambda v: v[rows], batch), self.mesh,
-                                     self.rules)
-
-  def device_batches(self, host_batches, loop):
+  def feed(self, batches, sharding):
+    """With several processes, each global batch as this process's rows of it,
+    assembled on the mesh; with one, as :class:`Plan` places it."""
     if jax.process_count() == 1:
-      return super().device_batches(host_batches, loop)
-    super().device_batches((), loop)    # the same refusals
-    return ((b, 1) for b in self._global(host_batches))
+      return super().feed(batches, sharding)
+    return (distributed.global_batch(
+        jax.tree.map(lambda v: v[distributed.process_rows(
+            self.mesh, self.rules, len(jax.tree.leaves(batch)[0]))], batch),
+        self.mesh, self.rules) for batch in batches)
 
   def eval_batch(self, state, acc, batch):
     return _merge(acc, self.eval_step(state, batch))
 
   def zero_eval_metrics(self, state, batch):
     return metrics_lib.zeros_of(self.eval_step, state, batch)
-
-  def evaluate(self, state, batches):
-    if jax.process_count() == 1:
-      return super().evaluate(state, batches)
-    acc = None
-    for placed in self._global(batches):
-      acc = (self.eval_step(state, placed) if acc is None
-             else self.eval_batch(state, acc, placed))
-    expect(acc is not None, 'eval batches', 'at least one batch', 'none', ConfigError)
-    return acc
 
   def lower(self, state, acc, batch):
     with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
