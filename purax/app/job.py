@@ -11,6 +11,7 @@ cannot fit in memory, all before a run directory is touched. ``purax train``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -52,7 +53,7 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
              **{row.state: values[row.state] for row in HPARAM_ROWS['optimizer']
                 if row.state != 'peak_learning_rate'})
   policy = get_policy(config.model.precision)
-  return Task(model=model, tx=tx, loss=config.data.spec.loss,
+  return Task(model=model, tx=tx, loss=config.data.loss,
               hparams={row.state: values[row.state] for row in HPARAM_ROWS['loss']},
               microbatches=opt.microbatches,
               loss_scale=opt.loss_scale if policy.needs_loss_scaling else None)
@@ -127,7 +128,7 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
   Raises:
     ConfigError, DataError: the data, the model's shapes, or the memory estimate.
   """
-  data = config.data.spec.load(config.data)
+  data = config.data.load()
   phase('loading the data')
   task = build_task(config, num_classes=data.num_classes, input_shape=data.input_shape)
   sample = data.sample(config.data.batch_size)
@@ -150,16 +151,24 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
   return job
 
 
+#: The CLI's optional hooks: the ``RunConfig`` field that turns one on (set,
+#: and not 0) maps to ``(config, task, plan, data, train_data) -> hook``.
+#: Adding a CLI hook is its class (a :mod:`purax.hooks` module) plus one row
+#: here and its field in ``RunConfig``.
+HOOKS: dict[str, Callable] = {
+    'ema_decay': lambda config, task, plan, data, train_data: hooks_lib.EMA(
+        decay=config.run.ema_decay, every=config.run.ema_every,
+        evaluate=functools.partial(loop.evaluate, task, batches=data.eval(
+            config.data.eval_batch_size), plan=plan)),
+    'histograms': lambda config, task, plan, data, train_data: hooks_lib.Histograms(
+        every=config.run.histograms, task=task, batch=train_data[0]),
+}
+
+
 def run_hooks(config: TrainConfig, task, plan, data, train_data) -> tuple:
-  """The hooks ``--ema-decay`` and ``--histograms`` ask for."""
-  run, hooks = config.run, []
-  if run.ema_decay is not None:
-    eval_batches = data.eval(config.data.eval_batch_size)
-    hooks.append(hooks_lib.EMA(decay=run.ema_decay, every=run.ema_every, evaluate=lambda s: (
-        loop.evaluate(task, s, eval_batches, plan=plan))))
-  if run.histograms:
-    hooks.append(hooks_lib.Histograms(every=run.histograms, task=task, batch=train_data[0]))
-  return tuple(hooks)
+  """The hooks of :data:`HOOKS` that the config turns on, in the table's order."""
+  return tuple(build(config, task, plan, data, train_data) for field, build in HOOKS.items()
+               if getattr(config.run, field) not in (None, 0, False))
 
 
 def available_bytes(device) -> int | None:

@@ -33,7 +33,7 @@ from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
 from purax.app.dry_run import print_summary
 from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
-from purax.io import export, progress, profile, text, writers
+from purax.io import datasets, export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_init
 from purax.loop import StopOnSignal, evaluate, fit
@@ -275,7 +275,7 @@ def restore_run(workdir: str, *, need_data: bool = True):
     CheckpointMismatchError: the code's model differs from the checkpoint's.
   """
   config = rundir_lib.read_config(workdir).validate()
-  path = config.data.spec.path(config.data.name)
+  path = datasets.lookup(config.data.name)[2]
   with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
     shapes = None
     if not need_data and path is not None and not os.path.exists(path):

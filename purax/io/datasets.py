@@ -8,6 +8,14 @@
   arguments (5,000 examples, seed 42): 4,000 train, 1,000 test, ``[n, 40, 1]``.
 - ``npz:PATH`` (or a path ending in ``.npz``): arrays ``x_train``, ``y_train``,
   ``x_test``, ``y_test`` and optionally ``num_classes``.
+- ``pystdlib`` and ``text:PATH``: byte-level language-model corpora
+  (:mod:`purax.io.text`).
+
+:data:`DATASETS` is the one table of data sets: a name (``digits``) or a
+prefix (``npz:``) maps to a :class:`Source` (its loader, a line of help,
+whether it holds tokens, the loss that fits it). :func:`load` and the command
+line's ``--dataset`` both read it, so a new data set is its loader plus one
+row.
 
 Nothing here downloads.
 """
@@ -18,12 +26,13 @@ import dataclasses
 import os
 import zipfile
 import zlib
+from typing import Callable, Union
 
 import numpy as np
 
 from purax.core.errors import ConfigError, DataError, expect
+from purax.io import text
 
-BUILTIN = ('digits', 'mnist1d')
 #: More classes than this is refused (as TrainConfig.num_classes).
 MAX_CLASSES = 2 ** 24
 NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')
@@ -161,18 +170,107 @@ def _read(archive, key: str, path: str) -> np.ndarray:
                     f'read ({type(e).__name__}: {e})') from None
 
 
-def load(name: str, *, num_classes: int | None = None) -> ArrayDataset:
-  """Loads and validates a data set by name: ``digits``, ``mnist1d`` or ``npz:PATH``.
+Dataset = Union[ArrayDataset, text.TextDataset]
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """A row of :data:`DATASETS`.
+
+  Attributes:
+    load: ``(argument, *, num_classes, seq_len, max_eval_windows) -> Dataset``;
+      ``argument`` is what follows a prefix key (``npz:PATH`` gives ``PATH``),
+      else the name itself. A loader ignores the options it has no use for.
+    help: one line for ``--help`` and the README.
+    tokens: a byte corpus for language models (``seq_len`` applies,
+      ``num_classes`` is the vocabulary and cannot be set).
+    loss: the key in :data:`purax.core.objectives.BUILTIN` of the loss that fits it.
+  """
+
+  load: Callable[..., Dataset]
+  help: str
+  tokens: bool = False
+  loss: str = 'classification'
+
+
+def _builtin(make: Callable[[], ArrayDataset]) -> Callable[..., ArrayDataset]:
+  def load(name, *, num_classes=None, **unused):
+    ds = make()
+    return ds if num_classes is None else dataclasses.replace(ds, num_classes=num_classes)
+  return load
+
+
+def _corpus(read: Callable[..., tuple[np.ndarray, np.ndarray]], prefix: str = ''):
+  def load(argument, *, seq_len, max_eval_windows=256, **unused):
+    train, valid = read(argument, seq_len) if prefix else read()
+    return text.windows(prefix + argument, train, valid, seq_len=seq_len,
+                        max_eval_windows=max_eval_windows)
+  return load
+
+
+DATASETS: dict[str, Source] = {
+    'digits': Source(_builtin(digits),
+                     "scikit-learn's 8x8 handwritten digits, [8, 8, 1], 10 classes"),
+    'mnist1d': Source(_builtin(mnist1d),
+                      'MNIST-1D (Greydanus 2020), generated offline, [40, 1], 10 classes'),
+    'npz:': Source(lambda path, *, num_classes=None, **unused: from_npz(path, num_classes),
+                   'npz:PATH: arrays x_train, y_train, x_test, y_test (+ num_classes)'),
+    'pystdlib': Source(_corpus(text.pystdlib),
+                       "the Python standard library's sources, as bytes", tokens=True,
+                       loss='language_model'),
+    'text:': Source(_corpus(text.from_file, 'text:'), 'text:PATH: any UTF-8 file, as bytes',
+                    tokens=True, loss='language_model'),
+}
+
+
+def lookup(name: str) -> tuple[Source, str, str | None]:
+  """The row of ``name``: an exact key, else its prefix (``npz:``, ``text:``),
+  else ``npz:`` for a path ending in ``.npz``.
+
+  Returns:
+    ``(source, argument, path)``: the row, what its loader is given, and the
+    file the name points at (None for a built-in data set).
 
   Raises:
-    ConfigError: unknown name. DataError: malformed arrays.
+    ConfigError: no row fits, naming the known ones.
   """
-  if name.startswith('npz:') or name.endswith('.npz'):
-    ds = from_npz(name[4:] if name.startswith('npz:') else name, num_classes)
-  else:
-    expect(name in BUILTIN, 'dataset', f"one of {list(BUILTIN)} or 'npz:PATH'",
-           repr(name), ConfigError)
-    ds = digits() if name == 'digits' else mnist1d()
-    if num_classes is not None:
-      ds = dataclasses.replace(ds, num_classes=num_classes)
-  return validate(ds)
+  if name in DATASETS:
+    return DATASETS[name], name, None
+  for key, source in DATASETS.items():
+    if key.endswith(':') and name.startswith(key) and len(name) > len(key):
+      return source, name[len(key):], name[len(key):]
+  if name.endswith('.npz'):
+    return DATASETS['npz:'], name, name
+  raise ConfigError(f"dataset: expected one of {[k for k in DATASETS if not k.endswith(':')]} "
+                    f"or {[k + 'PATH' for k in DATASETS if k.endswith(':')]}, got {name!r}")
+
+
+def load(name: str, *, num_classes: int | None = None, seq_len: int | None = None,
+         max_eval_windows: int = 256) -> Dataset:
+  """Loads and validates a data set of :data:`DATASETS` by name.
+
+  Args:
+    name: ``digits``, ``mnist1d``, ``npz:PATH`` (or ``PATH.npz``), ``pystdlib``
+      or ``text:PATH``.
+    num_classes: override the classes of an array data set (labels must lie in
+      ``[0, num_classes)``); refused for a token corpus (256 bytes).
+    seq_len: tokens per example of a token corpus (required there, unused otherwise).
+    max_eval_windows: validation windows of a token corpus.
+
+  Returns:
+    An :class:`ArrayDataset` (float32 ``x [n, ...]``, int32 ``y [n]``) or a
+    :class:`purax.io.text.TextDataset` (windows of ``seq_len`` bytes).
+
+  Raises:
+    ConfigError: unknown name, or an option the data set cannot take.
+    DataError: malformed arrays or files.
+  """
+  source, argument, _ = lookup(name)
+  if source.tokens:
+    expect(num_classes is None, 'num_classes',
+           f'unset for the text dataset {name!r} (bytes: {text.VOCAB_SIZE} tokens)',
+           num_classes, ConfigError)
+    expect(seq_len is not None, 'seq_len', f'a length for the text dataset {name!r}',
+           seq_len, ConfigError)
+    return source.load(argument, seq_len=seq_len, max_eval_windows=max_eval_windows)
+  return validate(source.load(argument, num_classes=num_classes))

@@ -37,14 +37,8 @@ from purax.core.errors import ConfigError, DataError, expect
 if TYPE_CHECKING:
   import grain
 
-BUILTIN = ('pystdlib',)
 VOCAB_SIZE = 256
 SKIP_DIRS = frozenset({'site-packages', 'dist-packages', '__pycache__'})
-
-
-def is_text(name: str) -> bool:
-  """Whether ``name`` names a text (language-model) data set."""
-  return name in BUILTIN or name.startswith('text:')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,21 +150,16 @@ def from_file(path: str, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
   return array[:n - n_valid], array[n - n_valid:]
 
 
-def load(name: str, *, seq_len: int, max_eval_windows: int = 256) -> TextDataset:
-  """Loads ``pystdlib`` or ``text:PATH`` as windows of ``seq_len`` tokens.
+def windows(name: str, train: np.ndarray, valid: np.ndarray, *, seq_len: int,
+            max_eval_windows: int = 256) -> TextDataset:
+  """The corpus ``(train, valid)`` (uint8 bytes) as windows of ``seq_len`` tokens;
+  loaded by name through :func:`purax.io.datasets.load` (``pystdlib``, ``text:PATH``).
 
   Raises:
-    ConfigError: unknown name, ``seq_len < 1`` or longer than a split allows.
-    DataError: missing or non-UTF-8 file.
+    ConfigError: ``seq_len < 1`` or longer than a split allows.
   """
-  expect(is_text(name), 'dataset', f"one of {list(BUILTIN)} or 'text:PATH'", repr(name),
-         ConfigError)
   expect(seq_len >= 1, 'seq_len', '>= 1', seq_len, ConfigError)
   expect(max_eval_windows >= 1, 'max_eval_windows', '>= 1', max_eval_windows, ConfigError)
-  if name == 'pystdlib':
-    train, valid = pystdlib()
-  else:
-    train, valid = from_file(name[len('text:'):], seq_len)
   for split, data in (('training', train), ('validation', valid)):
     expect(len(data) >= seq_len + 1, 'seq_len',
            f'<= {len(data) - 1} (the {split} split of {name} has {len(data)} bytes)',

@@ -35,6 +35,17 @@ def test_default_train_reaches_97_percent_on_digits_and_writes_the_run_directory
   np.testing.assert_allclose(out['eval']['accuracy'], final['eval/accuracy'], rtol=1e-6)
 
 
+def test_the_cli_hooks_of_the_table_run_from_their_options(tmp_path):
+  """--ema-decay and --histograms: the rows of job.HOOKS, on at their options."""
+  workdir = tmp_path / 'h'
+  assert run('train', '--model', 'mlp', '--steps', '4', '--log-every', '2', '--eval-every', '4',
+             '--ema-decay', '0.5', '--histograms', '2', '--workdir', str(workdir),
+             '--no-progress') == 0
+  records = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  assert [r['step'] for r in records if 'eval_ema/loss' in r] == [4]
+  assert [r['step'] for r in records if 'grad_norm/Dense_0' in r] == [2, 4]
+
+
 def test_mnist1d_cnn_runs(tmp_path):
   assert run('train', '--dataset', 'mnist1d', '--model', 'cnn', '--steps', '30',
              '--eval-every', '0', '--workdir', str(tmp_path / 'm'), '--no-progress') == 0

@@ -79,8 +79,8 @@ def test_a_data_set_row_is_all_the_cli_needs(tmp_path, monkeypatch):
   arrays = purax.io.datasets.ArrayDataset(
       'blobs', rng.normal(size=(64, 5)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int32),
       rng.normal(size=(16, 5)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32), 3)
-  monkeypatch.setitem(data.DATASETS, 'blobs', data.DataSpec(
-      lambda config: data._arrays(arrays), 'three gaussian blobs'))   # pylint: disable=protected-access
+  monkeypatch.setitem(purax.io.datasets.DATASETS, 'blobs', purax.io.datasets.Source(
+      lambda name, **options: arrays, 'three gaussian blobs'))
   final = runs.train(TrainConfig.of(model='mlp', dataset='blobs', steps=3, batch_size=8,
                                     eval_every=0, workdir=str(tmp_path / 'r'), progress=False))
   assert final['examples'] == 16

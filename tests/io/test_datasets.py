@@ -74,7 +74,7 @@ def test_a_truncated_npz_archive_is_named(tmp_path):
 
 
 def test_unknown_and_missing_data_sets():
-  with pytest.raises(purax.ConfigError, match=r"dataset: expected one of \['digits', 'mnist1d'\]"):
+  with pytest.raises(purax.ConfigError, match=r"dataset: expected one of \['digits', 'mnist1d', 'pystdlib'\] or \['npz:PATH'"):
     datasets.load('cifar10')
   with pytest.raises(purax.DataError, match='an existing .npz file'):
     datasets.load('npz:/nonexistent/file.npz')
@@ -88,3 +88,19 @@ def test_a_file_that_is_not_an_npz_archive_is_named(tmp_path):
   np.save(tmp_path / 'one.npy', np.zeros(3))
   with pytest.raises(purax.DataError, match=r"got '.*one.npy', a single .npy array"):
     datasets.load(f'npz:{tmp_path}/one.npy')
+
+
+def test_one_table_serves_arrays_and_token_corpora(tmp_path):
+  """``load`` reads DATASETS for every kind; options a kind cannot take are refused by name."""
+  assert {'digits', 'mnist1d', 'npz:', 'pystdlib', 'text:'} <= set(datasets.DATASETS)
+  path = tmp_path / 'a.txt'
+  path.write_text('def f(x):\n  return x\n' * 20)
+  corpus = datasets.load(f'text:{path}', seq_len=8)
+  assert corpus.num_classes == 256 and corpus.input_shape == (8,)
+  assert datasets.lookup(f'text:{path}')[2] == str(path)
+  assert datasets.lookup('digits')[2] is None
+  with pytest.raises(purax.ConfigError, match=r"num_classes: expected unset for the text dataset"):
+    datasets.load(f'text:{path}', seq_len=8, num_classes=3)
+  with pytest.raises(purax.ConfigError, match=r"seq_len: expected a length for the text dataset"):
+    datasets.load(f'text:{path}')
+  assert datasets.load('digits', num_classes=12).num_classes == 12

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import purax
-from purax.io import text
+from purax.io import datasets, text
 
 
 def write(path, data: bytes) -> str:
@@ -18,8 +18,8 @@ def test_pystdlib_corpus_is_deterministic_split_by_file_and_large():
   files = text.pystdlib_files()
   assert files == sorted(files) and files, 'sorted relative paths'
   assert not any('site-packages' in f.split(os.sep) for f in files)
-  ds = text.load('pystdlib', seq_len=64)
-  again = text.load('pystdlib', seq_len=64)
+  ds = datasets.load('pystdlib', seq_len=64)
+  again = datasets.load('pystdlib', seq_len=64)
   np.testing.assert_array_equal(ds.train, again.train)
   np.testing.assert_array_equal(ds.x_test, again.x_test)
   assert len(ds.train) > 1_000_000 and len(ds.valid) > 50_000
@@ -33,7 +33,7 @@ def test_pystdlib_corpus_is_deterministic_split_by_file_and_large():
 
 def test_training_batches_are_random_access_windows_of_the_training_split(tmp_path):
   data = bytes(range(256)) * 8   # every window is identified by its first byte and offset
-  ds = text.load(write(tmp_path / 'a.txt', ''.join(chr(b % 128) for b in data).encode()),
+  ds = datasets.load(write(tmp_path / 'a.txt', ''.join(chr(b % 128) for b in data).encode()),
                  seq_len=10)
   batches = text.train_dataset(ds, batch_size=4, seed=3, num_steps=50)
   assert len(batches) == 50
@@ -52,7 +52,7 @@ def test_training_batches_are_random_access_windows_of_the_training_split(tmp_pa
 
 def test_text_file_split_and_validation_windows(tmp_path):
   content = ('héllo wörld, ' * 100).encode()
-  ds = text.load(write(tmp_path / 'u.txt', content), seq_len=16, max_eval_windows=5)
+  ds = datasets.load(write(tmp_path / 'u.txt', content), seq_len=16, max_eval_windows=5)
   n = len(content)
   assert len(ds.valid) == n // 10 and len(ds.train) == n - n // 10
   assert ds.x_test.shape == ds.y_test.shape == (5, 16) and ds.x_test.dtype == np.int32
@@ -67,7 +67,7 @@ def test_text_file_split_and_validation_windows(tmp_path):
     ('latin1', purax.DataError, r'expected UTF-8 text, got byte 0xe9 at offset 3'),
     ('empty', purax.DataError, 'expected a non-empty UTF-8 file, got an empty file'),
     ('long', purax.ConfigError, r'seq_len: expected at most 49 for .* \(100 bytes: both splits'),
-    ('unknown', purax.ConfigError, r"dataset: expected one of \['pystdlib'\] or 'text:PATH', got 'wiki'"),
+    ('unknown', purax.ConfigError, r"dataset: expected one of \['digits', 'mnist1d', 'pystdlib'\] or \['npz:PATH', 'text:PATH'\], got 'wiki'"),
     ('zero', purax.ConfigError, 'seq_len: expected >= 1, got 0'),
 ])
 def test_bad_text_data_is_reported_with_field_expected_and_actual(tmp_path, kind, error, message):
@@ -80,7 +80,7 @@ def test_bad_text_data_is_reported_with_field_expected_and_actual(tmp_path, kind
       'zero': ('pystdlib', 0),
   }[kind]
   with pytest.raises(error, match=message):
-    text.load(name, seq_len=seq_len)
+    datasets.load(name, seq_len=seq_len)
 
 
 def test_encode_decode_round_trip_including_raw_command_line_bytes():

@@ -4,14 +4,14 @@ windows are the documented draw, ``default_rng([seed, step])``."""
 
 import numpy as np
 
-from purax.io import text
+from purax.io import datasets, text
 
 
 def _dataset(tmp_path):
   rng = np.random.default_rng(0)
   path = tmp_path / 'corpus.txt'
   path.write_bytes(bytes(rng.integers(32, 127, 4000).tolist()))   # printable ASCII
-  return text.load(f'text:{path}', seq_len=12)
+  return datasets.load(f'text:{path}', seq_len=12)
 
 
 def test_text_batches_depend_on_the_seed_and_only_on_it(tmp_path):
