@@ -175,7 +175,7 @@ def big_checkpoint(args, scratch) -> dict:
   t_block = time.perf_counter() - t0
   ckpt.wait()
   t_commit = time.perf_counter() - t0
-  abstract = jax.eval_shape(lambda: {'state': state})
+  abstract = jax.eval_shape(lambda s: {'state': s}, state)
   del state
   t0 = time.perf_counter()
   restored, _, _ = ckpt.restore(abstract)

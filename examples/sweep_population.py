@@ -6,7 +6,6 @@ import os
 import itertools
 import jax
 import jax.numpy as jnp
-import numpy as np
 import purax
 from purax.core import population
 from own_model_contrastive import Embed, digit_batches, supcon

@@ -34,4 +34,4 @@ from purax.loop import StopOnSignal as StopOnSignal
 from purax.loop import evaluate as evaluate
 from purax.loop import fit as fit
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'

@@ -12,12 +12,14 @@ import os
 # is most of the suite's time, and -O0 takes a fifth off it (897 -> 729 s on 2
 # cores). HLO passes (fusion, layout, buffer assignment, the scheduler) are
 # untouched, so the counts the tests assert are XLA's defaults; each numerics
-# claim compares programs compiled alike. The child processes that set their
-# own XLA_FLAGS (resume, hooks, distributed, examples) run at XLA's default.
+# claim compares programs compiled alike (child processes included).
 FAST = ('' if os.environ.get('PURAX_TEST_XLA_OPT') == 'default'
         else ' --xla_backend_optimization_level=0')
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + FAST +
                            ' --xla_force_host_platform_device_count=8').strip()
+# The child processes (resume, hooks, distributed, examples) set their own
+# device count and take the same -O level from here.
+os.environ['PURAX_TEST_CHILD_XLA_FLAGS'] = FAST.strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402

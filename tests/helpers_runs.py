@@ -15,6 +15,7 @@ from purax.io.checkpoint import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 ENV = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+ENV['XLA_FLAGS'] = os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', '')   # one device
 ENV['PYTHONPATH'] = ROOT + os.pathsep + ENV.get('PYTHONPATH', '')
 ARGS = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', '10',
         '--eval-every', '20', '--checkpoint-every', '10', '--dropout-rate', '0.2',
@@ -27,6 +28,16 @@ def purax(*args, recorded_stop=None, timeout=180):
   else:
     cmd = [sys.executable, '-m', 'tests.scripts.train_recorded', str(recorded_stop), *args]
   return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def script(name, *args, timeout=300):
+  """The last line ``tests/scripts/NAME`` prints, run in a fresh process (this
+  checkout's purax, CPU, one device); its failure shows its stderr."""
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'scripts', name),
+                         *map(str, args)], cwd=ROOT, env=dict(ENV, JAX_PLATFORMS='cpu'),
+                        capture_output=True, text=True, timeout=timeout)
+  assert done.returncode == 0, done.stderr[-2000:]
+  return done.stdout.strip().splitlines()[-1]
 
 
 def final_tree(workdir):

@@ -13,7 +13,7 @@ import pytest
 
 import purax
 from purax import parallel
-from purax.core import optim, pbt
+from purax.core import pbt
 from purax.core import population as pop_lib
 
 TASK = purax.Task(model=purax.nn.MLP(num_classes=4, features=(8,)),

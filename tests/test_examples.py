@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / 'examples'
@@ -45,7 +44,8 @@ def test_every_example_runs_and_prints_its_result(tmp_path):
   # One test, so one xdist worker starts the scripts (as parametrized tests,
   # each worker that drew one started them all).
   env = {**os.environ, 'PURAX_EXAMPLE_TINY': '1', 'JAX_PLATFORMS': 'cpu',
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=8',   # XLA's default -O level
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=8 ' +
+                      os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', ''),
          'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')])}
   procs = {name: subprocess.Popen([sys.executable, str(EXAMPLES / name)], cwd=tmp_path, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

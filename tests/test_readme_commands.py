@@ -88,7 +88,8 @@ def readme_commands(program: str) -> list[list[str]]:
 def test_every_purax_command_of_the_readme_parses_and_validates():
   """Each `purax ...` line of the README is accepted by the parser, and a
   train or sweep config passes validation (flags, bounds, specs, cadences)."""
-  from purax.app.config import SweepConfig, TrainConfig
+  from purax.app.config import TrainConfig
+  from purax.app.sweep import SweepConfig
   commands = readme_commands('purax')
   assert len(commands) >= 20
   seen = set()

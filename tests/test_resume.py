@@ -8,13 +8,10 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import pytest
 
-from purax.app import job as job_lib
 from purax.app import runs
-from purax.app.rundir import read_config
 from purax.app.config import TrainConfig
 from purax.io.checkpoint import Checkpointer
 from tests.helpers import assert_bitwise

@@ -29,7 +29,8 @@ from typing import Annotated, Literal, Sequence, Union
 import tyro
 
 from purax.app import dry_run, plot, runs, sweep
-from purax.app.config import SweepConfig, TrainConfig
+from purax.app.config import TrainConfig
+from purax.app.sweep import SweepConfig
 from purax.core.errors import PuraxError
 from purax.io.export import FORMATS
 

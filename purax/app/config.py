@@ -1,4 +1,4 @@
-"""The typed configs of ``purax train`` and ``purax sweep``, in sections.
+"""The typed config of ``purax train``, in sections.
 
 A :class:`TrainConfig` is four sections, each checked in one place:
 
@@ -9,14 +9,14 @@ A :class:`TrainConfig` is four sections, each checked in one place:
 - ``run`` (:class:`RunConfig`): steps, seed, run directory, cadences, mesh,
   multi-host, profiling and logging.
 
-A :class:`SweepConfig` is the same sections with the optimizer's values
-replaced by search specs (:class:`purax.app.hparams.OptimizerSearch`), plus
-the population's own options (:class:`PopulationConfig`).
+A :class:`purax.app.sweep.SweepConfig` (beside the sweep) is the same
+sections with the optimizer's values replaced by search specs, plus the
+population's own options.
 
 The command line keeps flat flags (``--model``, ``--dataset``, ``--steps``,
 ``--learning-rate`` / ``--lr``); ``config.json`` holds the sections under a
 format number (:data:`FORMAT`). A ``config.json`` of format 1 (the flat
-``TrainConfig`` of purax 0.1) is read by :meth:`TrainConfig.from_flat`.
+``TrainConfig`` of purax 0.1) is read by :meth:`Sections.of`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ import dataclasses
 import json
 import os
 import time
+import types
 import typing
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
+
+import typeguard
 
 from purax import __version__
 from purax.app import fields
@@ -42,7 +45,6 @@ from purax.parallel.mesh import parse_mesh
 #: The format of ``config.json``: 2 since the sections (1: one flat object).
 FORMAT = 2
 OptimizerConfig = hparams_lib.OptimizerConfig
-OptimizerSearch = hparams_lib.OptimizerSearch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,34 +179,45 @@ def _flag(section: str, field: str) -> str:
   return {('model', 'name'): 'model', ('data', 'name'): 'dataset'}.get((section, field), field)
 
 
+class Sections:
+  """A config of sections (each field a section dataclass), spelled flat as the
+  command line spells it: ``--model`` for ``model.name``, ``--steps`` for
+  ``run.steps``."""
+
+  @classmethod
+  def of(cls, **flat: Any):
+    """A config from flat names (the CLI's flags, or a format-1 ``config.json``):
+    ``TrainConfig.of(model='lm', dataset='pystdlib', steps=100, learning_rate=1e-3)``.
+
+    Raises:
+      ConfigError: an unknown name, naming the known ones.
+    """
+    sections = [f.name for f in dataclasses.fields(cls)]
+    where = {_flag(s, f.name): (s, f.name) for s in sections
+             for f in dataclasses.fields(_section_type(cls, s))}
+    unknown = sorted(set(flat) - set(where))
+    expect(not unknown, 'config', f'fields among {sorted(where)}', unknown, ConfigError)
+    parts = {s: {} for s in sections}
+    for name, value in flat.items():
+      section, field = where[name]
+      parts[section][field] = value
+    defaults = cls()
+    return cls(**{s: dataclasses.replace(getattr(defaults, s), **parts[s]) for s in sections})
+
+  def flat(self) -> dict[str, Any]:
+    """The fields under their flat names (the inverse of :meth:`of`)."""
+    return {_flag(s.name, f.name): getattr(getattr(self, s.name), f.name)
+            for s in dataclasses.fields(self) for f in dataclasses.fields(getattr(self, s.name))}
+
+
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Sections):
   """A training run: ``purax train``."""
 
   model: ModelConfig = ModelConfig()
   data: DataConfig = DataConfig()
   optimizer: OptimizerConfig = OptimizerConfig()
   run: RunConfig = RunConfig()
-
-  @classmethod
-  def of(cls, **flat) -> 'TrainConfig':
-    """A config from flat names, as the command line spells them:
-    ``TrainConfig.of(model='lm', dataset='pystdlib', steps=100, learning_rate=1e-3)``.
-
-    Raises:
-      ConfigError: an unknown name, naming the known ones.
-    """
-    return cls.from_flat(flat)
-
-  @classmethod
-  def from_flat(cls, flat: Mapping[str, Any]) -> 'TrainConfig':
-    """A config from a flat mapping: :meth:`of`'s names, or a format-1
-    ``config.json`` (purax 0.1, one flat object)."""
-    return from_flat(cls, flat)
-
-  def flat(self) -> dict[str, Any]:
-    """The fields under their flat names (inverse of :meth:`from_flat`)."""
-    return flat(self)
 
   def validate(self) -> 'TrainConfig':
     """Checks every field that can be checked without data, each in its section.
@@ -233,8 +246,8 @@ class TrainConfig:
              f'a {_section_type(type(self), section).__name__}', type(value).__name__,
              ConfigError)
       hints = typing.get_type_hints(type(value), include_extras=False)
-      for field in dataclasses.fields(value):
-        check_type(_flag(section, field.name), getattr(value, field.name), hints[field.name])
+      for item in dataclasses.fields(value):
+        check_type(_flag(section, item.name), getattr(value, item.name), hints[item.name])
 
   def check_resumable(self, saved: 'TrainConfig', *, reached: int | None = None) -> None:
     """Checks that this config may continue a run saved with ``saved``.
@@ -248,11 +261,11 @@ class TrainConfig:
     """
     ours, theirs = self.saved_form(), saved.saved_form()
     for section in SECTIONS:
-      for field in dataclasses.fields(getattr(ours, section)):
-        if f'{section}.{field.name}' in resumable_changes():
+      for item in dataclasses.fields(getattr(ours, section)):
+        if f'{section}.{item.name}' in resumable_changes():
           continue
-        mine, old = (getattr(getattr(c, section), field.name) for c in (ours, theirs))
-        expect(mine == old, _flag(section, field.name),
+        mine, old = (getattr(getattr(c, section), item.name) for c in (ours, theirs))
+        expect(mine == old, _flag(section, item.name),
                f'{old!r} (as in the run being resumed; start a new --workdir to change it)',
                repr(mine), ConfigError)
     if reached is not None:
@@ -314,7 +327,7 @@ class TrainConfig:
     if version == 1:
       expect('model' in data, 'config.json', "the fields ['model']", "['model'] missing",
              ConfigError)
-      config = cls.from_flat(data)
+      config = cls.of(**data)
     else:
       missing = [s for s in SECTIONS if not isinstance(data.get(s), dict)]
       expect(not missing, 'config.json', f'the sections {list(SECTIONS)}', f'{missing} missing',
@@ -323,36 +336,11 @@ class TrainConfig:
       expect(not unknown, 'config.json', f'the sections {list(SECTIONS)}', unknown, ConfigError)
       expect('name' in data['model'], 'config.json', "the fields ['model']", "['model'] missing",
              ConfigError)
-      config = cls.from_flat({_flag(s, k): v for s in SECTIONS for k, v in data[s].items()})
+      config = cls.of(**{_flag(s, k): v for s in SECTIONS for k, v in data[s].items()})
     if 'scan_layers' not in (data if version == 1 else data['model']):
       config = dataclasses.replace(config, model=config.model.saved_before_scan_layers())
     config._check_types()    # values are checked by validate(), where the run starts
     return config
-
-
-def from_flat(cls, flat: Mapping[str, Any]):
-  """``cls`` (a config of sections) from flat names (the CLI's flags).
-
-  Raises:
-    ConfigError: an unknown name, naming the known ones.
-  """
-  sections = [f.name for f in dataclasses.fields(cls)]
-  where = {_flag(s, f.name): (s, f.name) for s in sections
-           for f in dataclasses.fields(_section_type(cls, s))}
-  unknown = sorted(set(flat) - set(where))
-  expect(not unknown, 'config', f'fields among {sorted(where)}', unknown, ConfigError)
-  parts = {s: {} for s in sections}
-  for name, value in flat.items():
-    section, field = where[name]
-    parts[section][field] = value
-  defaults = cls()
-  return cls(**{s: dataclasses.replace(getattr(defaults, s), **parts[s]) for s in sections})
-
-
-def flat(config) -> dict[str, Any]:
-  """A config of sections as one mapping of flat names (inverse of :func:`from_flat`)."""
-  return {_flag(s.name, f.name): getattr(getattr(config, s.name), f.name)
-          for s in dataclasses.fields(config) for f in dataclasses.fields(getattr(config, s.name))}
 
 
 def _section_type(cls, section: str):
@@ -360,141 +348,16 @@ def _section_type(cls, section: str):
 
 
 def check_type(name: str, value, hint) -> None:
-  """Raises ConfigError unless ``value`` is of the type ``hint`` names."""
-  args = typing.get_args(hint)
-  allowed = tuple(a for a in args if isinstance(a, type)) + tuple(
-      {type(v) for a in args if typing.get_origin(a) is Literal for v in typing.get_args(a)})
-  allowed = allowed or ((str,) if typing.get_origin(hint) is Literal else (hint,))
-  ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
-  if float in allowed and isinstance(value, int) and not isinstance(value, bool):
-    ok = True
-  names = ' or '.join('None' if a is type(None) else a.__name__ for a in allowed)
+  """Raises ConfigError unless ``value`` is of the type ``hint`` names
+  (``typeguard``, tyro's own checker; a bool is not taken for a number)."""
+  options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) \
+      else (hint,)
+  try:
+    typeguard.check_type(value, hint)
+    ok = not isinstance(value, bool) or bool in options
+  except typeguard.TypeCheckError:
+    ok = False
+  names = ' or '.join('None' if a is type(None) else ' or '.join(map(repr, typing.get_args(a)))
+                      if typing.get_origin(a) is Literal else getattr(a, '__name__', str(a))
+                      for a in options)
   expect(ok, name, names, f'{value!r} ({type(value).__name__})', ConfigError)
-
-
-@dataclasses.dataclass(frozen=True)
-class PopulationConfig:
-  """The population of a sweep.
-
-  Attributes:
-    seeds: comma-separated seeds; crossed with every list spec.
-    members: population size when a spec is random; when unset the grid size.
-    sample_seed: seed of the random draws.
-    metric: eval metric that ranks members (loss is minimised, accuracy maximised).
-    patience: early-stop a member after N evaluations without improvement (0: off).
-    pbt_every: population-based training every N steps, after that step's
-      evaluation (a multiple of --eval-every; 0: off).
-    pbt_fraction: share of members replaced by PBT, in (0, 0.5].
-  """
-
-  seeds: str = '0'
-  members: int | None = None
-  sample_seed: int = 0
-  metric: Literal['loss', 'accuracy'] = 'loss'
-  patience: int = 0
-  pbt_every: int = 0
-  pbt_fraction: float = 0.25
-
-  def validate(self, eval_every: int) -> 'PopulationConfig':
-    for name in ('patience', 'pbt_every', 'sample_seed'):
-      expect(getattr(self, name) >= 0, name, '>= 0', getattr(self, name), ConfigError)
-    expect(0 < self.pbt_fraction <= 0.5, 'pbt_fraction', 'in (0, 0.5]', self.pbt_fraction,
-           ConfigError)
-    expect(not self.pbt_every or (eval_every and self.pbt_every % eval_every == 0),
-           'pbt_every', f'0 or a multiple of eval_every={eval_every} (PBT ranks members '
-           'by the evaluation at its step' + (': set --eval-every' if not eval_every else '')
-           + ')', self.pbt_every, ConfigError)
-    return self
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepRunConfig:
-  """The run of a sweep (each member's seed comes from --seeds).
-
-  Attributes:
-    steps: optimizer updates per member.
-    workdir: sweep directory, runs/sweep-DATASET-MODEL-TIME when unset; must not exist.
-    log_every: fetch training metrics every N steps.
-    eval_every: evaluate every N steps (0: at the end only).
-    progress: show a progress bar.
-    mesh: every member on a device mesh, e.g. 'data=2' (each batch split over it).
-  """
-
-  steps: int = 300
-  workdir: str | None = None
-  log_every: int = 25
-  eval_every: int = 100
-  progress: bool = True
-  mesh: str | None = None
-
-  def validate(self) -> 'SweepRunConfig':
-    self.as_run().validate()
-    return self
-
-  def as_run(self, **changes) -> RunConfig:
-    """The :class:`RunConfig` of a member (its checkpoint: at the end only)."""
-    return dataclasses.replace(RunConfig(steps=self.steps, workdir=self.workdir,
-                                         log_every=self.log_every, eval_every=self.eval_every,
-                                         progress=self.progress, mesh=self.mesh,
-                                         checkpoint_interval_s=0.0), **changes)
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepConfig:
-  """A sweep: many training runs of one model, trained at once as a population
-  (``purax sweep``): the sections of ``purax train``, each optimizer
-  hyperparameter a search spec."""
-
-  model: ModelConfig = ModelConfig(name='mlp')
-  data: DataConfig = DataConfig()
-  optimizer: OptimizerSearch = OptimizerSearch(warmup_steps=20)
-  run: SweepRunConfig = SweepRunConfig()
-  population: PopulationConfig = PopulationConfig()
-
-  @classmethod
-  def of(cls, **flat_names) -> 'SweepConfig':
-    """A sweep from flat names: ``SweepConfig.of(learning_rate='1e-3,3e-3', steps=50)``."""
-    return from_flat(cls, flat_names)
-
-  def validate(self) -> 'SweepConfig':
-    """Checks every section and spec.
-
-    Raises:
-      ConfigError: naming the field, the expected and the actual value.
-    """
-    self.base().validate()
-    self.population.validate(self.run.eval_every)
-    specs = self.specs()
-    random = ['--' + row.field.replace('_', '-') for row in hparams_lib.HPARAMS
-              if not isinstance(specs[row.state], tuple)]
-    expect(not random or self.population.members is not None, 'members',
-           f'a population size (--members N) when a spec is random ({", ".join(random)})',
-           'unset', ConfigError)
-    return self
-
-  def specs(self) -> dict[str, Any]:
-    """``state name -> spec`` of every hyperparameter (a tuple or a distribution)."""
-    return {row.state: hparams_lib.parse_spec(row, getattr(self.optimizer, row.field))
-            for row in hparams_lib.HPARAMS}
-
-  def base(self, values: Mapping[str, float] | None = None, *, seed: int | None = None,
-           workdir: str | None = None) -> TrainConfig:
-    """The :class:`TrainConfig` of one member: hyperparameters ``values``
-    (state names; default the first value of each spec), its seed and run directory."""
-    first = {n: s[0] if isinstance(s, tuple) else s.low for n, s in self.specs().items()}
-    values = {**first, **(values or {})}
-    settings = {name: getattr(self.optimizer, name) for name in hparams_lib.SETTINGS}
-    optimizer = OptimizerConfig(**settings, **{row.field: float(values[row.state])
-                                               for row in hparams_lib.HPARAMS})
-    run = self.run.as_run(progress=False, seed=0 if seed is None else int(seed),
-                          workdir=workdir if workdir is not None else self.run.workdir)
-    return TrainConfig(model=self.model.with_sizes(), data=self.data, optimizer=optimizer,
-                       run=run)
-
-  def resolved(self) -> 'SweepConfig':
-    if self.run.workdir:
-      return self
-    name = self.data.name.replace(':', '_').replace('/', '_')
-    workdir = os.path.join('runs', f"sweep-{name}-{self.model.name}-"
-                           f"{time.strftime('%Y%m%d-%H%M%S')}")
-    return dataclasses.replace(self, run=dataclasses.replace(self.run, workdir=workdir))

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from purax.core.errors import ConfigError, DataError, expect
+from purax.core.errors import ConfigError, expect
 
 PyTree = Any
 Inputs = str | Callable[[PyTree], PyTree] | None

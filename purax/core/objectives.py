@@ -48,7 +48,7 @@ import numpy as np
 
 from purax.core import losses
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ContractError, DataError, expect
+from purax.core.errors import ContractError, expect
 
 PyTree = Any
 

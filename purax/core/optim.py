@@ -98,13 +98,13 @@ def clip_by_global_norm(max_norm, *, use_given_norm: bool = False
 
 
 def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
-                  warmup_steps, total_steps):
+                  warmup_steps, total_steps, eps_root):
   schedule = warmup_cosine(peak_learning_rate, warmup_steps=warmup_steps,
                            total_steps=total_steps)
   return optax.chain(
       clip_by_global_norm(clip_norm, use_given_norm=True),
-      optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                  mu_dtype=jnp.float32),
+      optax.adamw(schedule, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                  weight_decay=weight_decay, mu_dtype=jnp.float32),
   )
 
 
@@ -123,7 +123,8 @@ class ScheduledTransformation(NamedTuple):
 
 def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 0,
           weight_decay: float = 1e-4, b1: float = 0.9, b2: float = 0.999,
-          eps: float = 1e-8, clip_norm: float = 1.0) -> ScheduledTransformation:
+          eps: float = 1e-8, clip_norm: float = 1.0,
+          eps_root: float = 0.0) -> ScheduledTransformation:
   """AdamW (Loshchilov & Hutter 2019) with a warmup-cosine schedule and clipping.
 
   Args:
@@ -132,7 +133,14 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
     warmup_steps: linear warmup length (static).
     weight_decay: decoupled weight decay coefficient.
     b1, b2, eps: Adam's moment decay rates and denominator epsilon.
-    clip_norm: gradients are rescaled to at most this global L2 norm.
+    clip_norm: gradients are rescaled to at most this global L2 norm (> 0;
+      ``float("inf")``: no clipping).
+    eps_root: added to the second moment inside the square root,
+      ``sqrt(nu + eps_root)`` (static; optax's ``eps_root``). 0 is Adam as
+      published; differentiating *through* training (``jax.grad`` of a loss
+      after some steps with respect to a hyperparameter: a meta-gradient)
+      needs it > 0 (e.g. 1e-8), since ``d sqrt(nu) / d nu`` is infinite at
+      ``nu = 0`` and the gradient comes out NaN.
 
   Returns:
     An optax transformation whose state holds the six float hyperparameters
@@ -147,10 +155,12 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   expect(0 <= warmup_steps, 'warmup_steps', '>= 0', warmup_steps, ConfigError)
   expect(0 <= b1 < 1, 'b1', 'in [0, 1)', b1, ConfigError)
   expect(0 <= b2 < 1, 'b2', 'in [0, 1)', b2, ConfigError)
-  expect(clip_norm >= 0, 'clip_norm', '>= 0', clip_norm, ConfigError)
+  expect(clip_norm > 0, 'clip_norm', '> 0 (gradients are rescaled to at most this norm: 0 '
+         'would zero them; inf does not clip)', clip_norm, ConfigError)
   expect(weight_decay >= 0, 'weight_decay', '>= 0', weight_decay, ConfigError)
+  expect(eps_root >= 0, 'eps_root', '>= 0', eps_root, ConfigError)
   return _adamw(float(learning_rate), int(total_steps), int(warmup_steps), float(weight_decay),
-                float(b1), float(b2), float(eps), float(clip_norm))
+                float(b1), float(b2), float(eps), float(clip_norm), float(eps_root))
 
 
 # One transformation per set of values: a Task rebuilt with the same values is
@@ -159,13 +169,15 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
 # recompiling, keep one Task and set them in the state (purax.set_hyperparams, or a
 # population).
 @functools.lru_cache(maxsize=256)
-def _adamw(learning_rate, total_steps, warmup_steps, weight_decay, b1, b2, eps, clip_norm):
+def _adamw(learning_rate, total_steps, warmup_steps, weight_decay, b1, b2, eps, clip_norm,
+           eps_root):
   factory = optax.inject_hyperparams(
-      _adamw_cosine, static_args=('warmup_steps', 'total_steps'),
+      _adamw_cosine, static_args=('warmup_steps', 'total_steps', 'eps_root'),
       hyperparam_dtype=jnp.float32)
   tx = factory(peak_learning_rate=learning_rate, weight_decay=weight_decay,
                b1=b1, b2=b2, eps=eps, clip_norm=clip_norm,
-               warmup_steps=int(warmup_steps), total_steps=int(total_steps))
+               warmup_steps=int(warmup_steps), total_steps=int(total_steps),
+               eps_root=eps_root)
   unit = warmup_cosine(1.0, warmup_steps=int(warmup_steps), total_steps=int(total_steps))
 
   def current(opt_state):

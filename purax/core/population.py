@@ -326,8 +326,9 @@ def evaluate(task, pop: Population, batch, batch_index: jax.Array | None = None,
 def score(metrics, name: str = 'loss', mode: Literal['min', 'max'] = 'min') -> jax.Array:
   """float32 ``[members]`` score to minimise from ``[members]`` metrics (jit-safe).
 
-  ``mode='max'`` negates (e.g. accuracy). A member with no count or a
-  non-finite value scores ``+inf`` (worst).
+  ``metrics[name]`` is a :mod:`purax.core.metrics` value (``Average``, ``Sum``)
+  or an array of values. ``mode='max'`` negates (e.g. accuracy). A member with
+  no count or a non-finite value scores ``+inf`` (worst).
 
   Raises:
     ConfigError: ``name`` not among the metrics, or ``mode`` unknown.
@@ -338,7 +339,7 @@ def score(metrics, name: str = 'loss', mode: Literal['min', 'max'] = 'min') -> j
   if isinstance(m, metrics_lib.Average):
     value = m.total / jnp.where(m.count > 0, m.count, jnp.nan)
   else:
-    value = m.value
+    value = getattr(m, 'value', m)
   value = -value if mode == 'max' else value
   return jnp.where(jnp.isfinite(value), value, jnp.inf).astype(jnp.float32)
 

@@ -35,7 +35,8 @@ class Policy:
   """Storage, compute and output dtypes.
 
   Attributes:
-    param_dtype: dtype params are stored (and updated) in.
+    param_dtype: dtype params are stored (and updated) in: float32 or bfloat16
+      (float16 is refused: it cannot train).
     compute_dtype: dtype of activations and matmuls.
     output_dtype: dtype of model outputs handed to the loss.
   """
@@ -43,6 +44,15 @@ class Policy:
   param_dtype: jnp.dtype = jnp.float32
   compute_dtype: jnp.dtype = jnp.float32
   output_dtype: jnp.dtype = jnp.float32
+
+  def __post_init__(self):
+    # float16 storage would be the optimizer's arithmetic too (optax keeps its
+    # moments in the params' dtype): Adam's second moment underflows and the
+    # updates round away, so such a run diverges while reporting success.
+    expect(jnp.dtype(self.param_dtype) != jnp.float16, 'precision params',
+           "float32 or bfloat16 (float16 params cannot train: keep them float32 and "
+           "compute in float16, 'params=float32,compute=float16' or the preset 'fp16')",
+           "'float16'", ConfigError)
 
   @property
   def needs_loss_scaling(self) -> bool:
@@ -76,7 +86,8 @@ def get_policy(spec: str | Policy) -> Policy:
   Example: ``get_policy('params=float32,compute=bfloat16,output=float32')``.
 
   Raises:
-    ConfigError: unknown preset, field or dtype, naming it.
+    ConfigError: unknown preset, field or dtype, naming it; float16 params
+      (they cannot train: float16 compute with float32 params can).
   """
   if isinstance(spec, Policy):
     return spec

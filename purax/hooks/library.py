@@ -17,18 +17,17 @@ from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 
 
-def scores(record: dict, metric: str, mode: str) -> np.ndarray:
-  """float32 scores to minimise from ``record['eval/' + metric]`` (non-finite: +inf).
+def scores(record: dict, metric: str, mode: str) -> jax.Array:
+  """float32 scores to minimise from ``record['eval/' + metric]`` (a number, or
+  ``[members]``), by :func:`purax.core.population.score`'s rule.
 
   Raises:
     ConfigError: the metric was not evaluated at this step.
   """
-  name = f'eval/{metric}'
-  expect(name in record, 'metric', f'one of {sorted(k[5:] for k in record if k.startswith("eval/"))}'
-         ' (evaluated at this step)', repr(metric), ConfigError)
-  value = np.asarray(record[name], np.float32)
-  value = -value if mode == 'max' else value
-  return np.where(np.isfinite(value), value, np.inf).astype(np.float32)
+  evaluated = {k[5:]: np.asarray(v, np.float32) for k, v in record.items() if k.startswith('eval/')}
+  expect(metric in evaluated, 'metric', f'one of {sorted(evaluated)} (evaluated at this step)',
+         repr(metric), ConfigError)
+  return pop_lib.score(evaluated, metric, mode)
 
 
 @dataclasses.dataclass
@@ -154,23 +153,55 @@ def _average_dtype(x):
   return jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
 
 
-@jax.jit
-def _ema_update(average, params, decay):
-  """``decay * average + (1 - decay) * params`` in float32, leaf by leaf."""
+#: How an average begins (:class:`EMA` ``correction``).
+CORRECTIONS = ('debias', 'warmup', None)
+
+
+@functools.partial(jax.jit, static_argnames='correction')
+def _ema_update(average, params, decay, correction):
+  """The average after one more sample ``params``, in float32, leaf by leaf.
+
+  With ``n`` the samples before this one: ``'debias'`` weighs the samples
+  taken as ``decay**age`` normalised to sum to one (optax ``ema(debias=True)``,
+  Adam's bias correction: the first sample is the average); ``'warmup'`` uses
+  ``decay_n = min(decay, (1 + n) / (10 + n))`` from the starting params
+  (TensorFlow's ``ExponentialMovingAverage(num_updates=)``, timm's warm-up);
+  None: ``decay`` from the starting params.
+  """
+  n = average['count'].astype(jnp.float32)
+  if correction == 'debias':
+    rate = (1 - decay) / (1 - decay ** (n + 1))   # 1 at the first sample
+    keep = 1 - rate
+  elif correction == 'warmup':
+    keep = jnp.minimum(decay, (1 + n) / (10 + n))
+    rate = 1 - keep
+  else:
+    keep, rate = decay, 1 - decay
+
   def one(a, p):
     if not jnp.issubdtype(a.dtype, jnp.floating):
       return p.astype(a.dtype)
-    return decay * a + (1 - decay) * p.astype(a.dtype)
+    return keep * a + rate * p.astype(a.dtype)
   return {'params': jax.tree.map(one, average['params'], params),
           'count': average['count'] + 1}
 
 
 @dataclasses.dataclass
 class EMA:
-  """An exponential moving average of the params, sampled every ``every`` steps:
-  ``average <- decay * average + (1 - decay) * params`` (Polyak averaging),
-  starting from the params the run starts with; checkpointed, so a resumed run
-  continues the same average.
+  """An exponential moving average of the params, sampled every ``every`` steps
+  (Polyak averaging), checkpointed, so a resumed run continues the same average.
+
+  By default (``correction='debias'``) the average is bias-corrected as in
+  Adam (Kingma & Ba 2015, sec. 3) and optax ``ema(debias=True)``: after
+  samples ``p_1 .. p_n`` it is ``sum_i decay**(n-i) p_i / sum_i decay**(n-i)``,
+  so it is usable from the first sample (that sample itself) instead of
+  carrying the random initialisation with weight ``decay**n`` (0.95 after 50
+  samples at 0.999). ``correction='warmup'`` starts from the run's first
+  params with ``decay_n = min(decay, (1 + n) / (10 + n))`` (TensorFlow's
+  ``ExponentialMovingAverage`` with ``num_updates``, timm's warm-up): a window
+  of about the last tenth of the samples early on. ``correction=None`` is the
+  plain ``average <- decay * average + (1 - decay) * params`` from the run's
+  first params.
 
   The average is float32 (bfloat16 params are averaged in float32) and
   follows the params' shardings (the jitted update propagates them; a
@@ -197,6 +228,7 @@ class EMA:
   Attributes:
     decay: in ``[0, 1)``.
     every: sample every this many steps (>= 1), or 0: after every evaluation.
+    correction: ``'debias'`` (default), ``'warmup'`` or None (above).
     at_end: also sample at the last step off the cadence (default False:
       the last step is sampled when it falls on the cadence, so a run
       trained longer later continues the same average).
@@ -209,11 +241,13 @@ class EMA:
       (samples taken); set by ``fit``.
 
   Raises:
-    ConfigError: ``decay`` outside ``[0, 1)`` or ``every < 0``.
+    ConfigError: ``decay`` outside ``[0, 1)``, ``every < 0`` or an unknown
+      ``correction``.
   """
 
   decay: float = 0.999
   every: int = 1
+  correction: str | None = 'debias'
   at_end: bool = False
   name: str = 'ema'
   evaluate: Any = None
@@ -223,9 +257,12 @@ class EMA:
     expect(0.0 <= self.decay < 1.0, 'EMA.decay', 'in [0, 1)', self.decay, ConfigError)
     expect(isinstance(self.every, int) and self.every >= 0, 'EMA.every',
            'an integer >= 0', self.every, ConfigError)
+    expect(self.correction in CORRECTIONS, 'EMA.correction', f'one of {CORRECTIONS}',
+           repr(self.correction), ConfigError)
 
   def init_arrays(self, state) -> dict:
-    """The average at the start of a run: a float32 copy of the params (traceable)."""
+    """The average at the start of a run: a float32 copy of the params (traceable;
+    a debiased average gives it no weight)."""
     params = _params_of(state)
     return {'params': jax.tree.map(lambda p: jnp.array(p, _average_dtype(p), copy=True),
                                    params),
@@ -234,7 +271,7 @@ class EMA:
   def __call__(self, step, state, record):
     params = _params_of(state)
     arrays = self.arrays if self.arrays is not None else self.init_arrays(state)
-    self.arrays = _ema_update(arrays, params, jnp.float32(self.decay))
+    self.arrays = _ema_update(arrays, params, jnp.float32(self.decay), self.correction)
     if self.evaluate is None or not any(k.startswith('eval/') for k in record):
       return state, {}
     return state, {f'eval_ema/{k}': v for k, v in

@@ -125,7 +125,8 @@ def mnist1d() -> ArrayDataset:
 def from_npz(path: str, num_classes: int | None = None) -> ArrayDataset:
   """Loads ``x_train, y_train, x_test, y_test`` (and optional ``num_classes``).
 
-  Without ``num_classes`` in the file or the argument it is ``max label + 1``.
+  Without ``num_classes`` in the file or the argument it is the largest
+  training label + 1 (a test label beyond it is refused).
 
   Raises:
     DataError: the file is missing, is not an .npz archive, or lacks a key (the
@@ -153,10 +154,11 @@ def from_npz(path: str, num_classes: int | None = None) -> ArrayDataset:
              f'{value.dtype}{list(value.shape)} {value.ravel()[:3].tolist()}')
       num_classes = int(value)
   if num_classes is None:
-    labels = [a for a in (arrays['y_train'], arrays['y_test'])
-              if np.issubdtype(a.dtype, np.integer) and a.size]
-    # Inferred from the labels there are; validate() names what is wrong with the rest.
-    num_classes = max(2, int(max(a.max() for a in labels)) + 1) if labels else 2
+    # From the training labels only, so that a test label no training example
+    # has is refused by validate() (naming y_test), not taken as one more class.
+    y = arrays['y_train']
+    num_classes = max(2, int(y.max()) + 1) if np.issubdtype(y.dtype, np.integer) and y.size \
+        else 2
   return ArrayDataset(f'npz:{path}', num_classes=num_classes, **arrays)
 
 

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from purax.core.errors import ConfigError, DataError, PuraxError, expect
-from purax.io.export import (CHECK_BATCH_SIZES, ExportError, check_inputs,
+from purax.io.export import (ExportError, check_inputs,
                              check_shape, compare, read_verified, write_signature)
 
 ARTIFACT = 'predict.onnx'

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.core.errors import ConfigError, PuraxError, expect
+from purax.core.errors import ConfigError, PuraxError
 from purax.io.export import (ExportError, check_inputs, check_shape, compare, host_callbacks,
                              write_signature)
 

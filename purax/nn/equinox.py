@@ -2,21 +2,39 @@
 
 Equinox modules are pytrees whose array leaves are the parameters
 (``eqx.partition(model, eqx.is_inexact_array)``) and whose layers usually
-take one example at a time; the adapter vmaps over the batch axis. Stateful
-layers (``eqx.nn.BatchNorm`` with ``eqx.nn.State``) are not supported here:
-their batch statistics need an ``axis_name`` inside the model.
+take one example at a time; the adapter vmaps over the batch axis.
+
+What the adapter supports, as the linen and NNX adapters do:
+
+- **init from the key**: given a constructor ``key -> module`` the adapter's
+  ``init(key)`` builds the module from that key (traceable: vmapped inits
+  and populations over seeds get different members). Given a module, its
+  own parameters are the initial ones whatever the key (Equinox builds
+  parameters eagerly): pass a constructor to seed from ``init``.
+- **dropout from the step key**: each example gets ``fold_in(rng, i)`` of the
+  step's key; evaluation runs in ``eqx.nn.inference_mode``.
+- **state** (``eqx.nn.BatchNorm``, ``eqx.nn.StateIndex``): a constructor
+  that returns ``(module, state)`` (``eqx.nn.make_with_state``), or
+  ``from_equinox(module, state=state)``. The module is called as
+  ``module(x, state, key=...) -> (y, state)``, vmapped with ``axis_name``
+  (``'batch'``, what BatchNorm's ``axis_name`` must say), so batch statistics
+  are over the whole batch; ``state`` is ``model_state``, checkpointed and
+  carried like linen's ``batch_stats``.
 
 Example::
 
   import equinox as eqx
-  model = eqx.nn.MLP(4, 3, width_size=16, depth=1, key=jax.random.key(0))
-  task = purax.Task(model=from_equinox(model), tx=optax.adam(1e-3))
+  make = lambda key: eqx.nn.MLP(4, 3, width_size=16, depth=1, key=key)
+  task = purax.Task(model=from_equinox(make), tx=optax.adam(1e-3))
+
+  # With BatchNorm (axis_name='batch'):
+  make = lambda key: eqx.nn.make_with_state(Net)(key)   # Net(key) -> module
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,23 +48,36 @@ class Equinox:
 
   Attributes:
     static: the non-array part of the module (``eqx.partition``'s second half).
-    initial: the module's initial parameters (returned by ``init``, copied).
+    initial: the module's initial parameters (returned by ``init`` without a
+      constructor, copied).
+    initial_state: the module's initial ``eqx.nn.State``, or None (stateless).
+    constructor: ``key -> module`` or ``key -> (module, state)``, or None.
     inputs: what the module reads from the batch.
     per_example: call the module on one example at a time (``jax.vmap``
-      over the leading axis of the inputs; each example gets its own dropout
-      key, ``fold_in(rng, i)``); False: call it on the whole batch.
+      over the leading axis of the inputs, ``axis_name``; each example gets
+      its own dropout key, ``fold_in(rng, i)``); False: call it on the batch.
+    axis_name: the vmapped axis' name (BatchNorm's ``axis_name``).
     source: identity of the initial parameters (two modules never compare equal).
   """
 
   static: Any
   initial: Any = dataclasses.field(compare=False, hash=False)
+  initial_state: Any = dataclasses.field(default=None, compare=False, hash=False)
+  constructor: Callable | None = dataclasses.field(default=None, compare=False, hash=False)
   inputs: Inputs = 'x'
   per_example: bool = True
+  axis_name: str = 'batch'
   source: int = 0
 
   def init(self, key, batch):
-    del key, batch   # an Equinox module is built with its parameters
-    return jax.tree.map(jnp.array, self.initial), {}
+    """``(params, model_state)``: built from ``key`` with a constructor, else the
+    module's own (``model_state`` is the ``eqx.nn.State``, or ``{}``)."""
+    del batch
+    if self.constructor is None:
+      params, state = jax.tree.map(jnp.array, self.initial), self.initial_state
+    else:
+      params, _, state = _split(self.constructor(key))
+    return params, ({} if state is None else jax.tree.map(jnp.array, state))
 
   def apply(self, params, model_state, batch, *, train, rng=None, hparams=None):
     import equinox as eqx
@@ -54,31 +85,55 @@ class Equinox:
     model = eqx.nn.inference_mode(eqx.combine(params, self.static), value=not train)
     x = select_inputs(batch, self.inputs)
     key = rng if (train and rng is not None) else None
+    stateful = self.initial_state is not None
+
+    def call(xi, ki, st):
+      kwargs = {} if ki is None else {'key': ki}
+      return model(xi, st, **kwargs) if stateful else (model(xi, **kwargs), st)
     if not self.per_example:
-      return model(x, key=key), model_state
+      return call(x, key, model_state)
     n = jax.tree.leaves(x)[0].shape[0]
     keys = (jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
             if key is not None else None)
-    if keys is None:
-      return jax.vmap(lambda xi: model(xi))(x), model_state
-    return jax.vmap(lambda xi, ki: model(xi, key=ki))(x, keys), model_state
+    # The state goes in unbatched and comes out unbatched: BatchNorm reduces
+    # its statistics over the vmapped axis (axis_name), so they are the batch's.
+    return jax.vmap(call, in_axes=(0, None if keys is None else 0, None),
+                    out_axes=(0, None), axis_name=self.axis_name)(x, keys, model_state)
 
 
-def from_equinox(model, *, inputs: Inputs = 'x', per_example: bool = True) -> Equinox:
-  """The :class:`Equinox` adapter of ``model`` (an ``eqx.Module``).
+def _split(built):
+  """``(params, static, state)`` of a module or a ``(module, state)`` pair."""
+  import equinox as eqx
+  module, state = built if isinstance(built, tuple) else (built, None)
+  params, static = eqx.partition(module, eqx.is_inexact_array)
+  return params, static, state
+
+
+def from_equinox(model, *, state=None, inputs: Inputs = 'x', per_example: bool = True,
+                 axis_name: str = 'batch') -> Equinox:
+  """The :class:`Equinox` adapter of ``model``.
 
   Args:
-    model: the module; its inexact arrays are the parameters (``params``),
-      everything else is static.
+    model: an ``eqx.Module`` (its inexact arrays are the parameters, the rest
+      static), or a constructor ``key -> module`` / ``key -> (module, state)``
+      (``eqx.nn.make_with_state``) that ``init`` calls with its key.
+    state: the module's ``eqx.nn.State`` (with a module; a constructor returns it).
     inputs: what the module reads from the batch (``batch['x']`` by default).
     per_example: vmap the module over the batch (Equinox's convention of
       single-example layers); False when it takes a batch itself.
+    axis_name: the name of the vmapped batch axis (BatchNorm's ``axis_name``).
 
   Raises:
     ImportError: equinox is not installed (``pip install equinox``).
   """
   import equinox as eqx
-  params, static = eqx.partition(model, eqx.is_inexact_array)
+  constructor = None
+  if not isinstance(model, eqx.Module) and callable(model):
+    constructor, built = model, model(jax.random.key(0))   # the structure, once
+  else:
+    built = model if state is None else (model, state)
+  params, static, initial_state = _split(built)
   initial = jax.tree.map(jnp.array, params)
-  return Equinox(static=static, initial=initial, inputs=inputs, per_example=per_example,
-                 source=id(initial))
+  return Equinox(static=static, initial=initial, initial_state=initial_state,
+                 constructor=constructor, inputs=inputs, per_example=per_example,
+                 axis_name=axis_name, source=id(initial))

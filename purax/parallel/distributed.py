@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding

@@ -188,13 +188,14 @@ class Plan:
     return metrics_lib.zeros_of(self.task.evaluate, state, batch)
 
   def evaluate(self, state, batches: Iterable):
-    """The summed metrics tree of ``batches``, on the device.
+    """The summed metrics tree of ``batches``, on the device; their values are
+    checked as training batches are (:attr:`checks`).
 
     Raises:
-      ConfigError: no batches.
+      ConfigError: no batches. DataError: a value check failed.
     """
     acc = None
-    for batch in self.feed(batches, self.eval_sharding()):
+    for batch in self.feed(self.checked(iter(batches)), self.eval_sharding()):
       if acc is None:
         acc = self.zero_eval_metrics(state, batch)
       with host_batch_transfer():

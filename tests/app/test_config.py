@@ -55,6 +55,9 @@ def test_a_data_file_path_is_saved_absolute_and_old_relative_runs_still_resume(t
      '"learning_rate": 0.1}', r"steps: expected int, got '5' \(str\)"),
     ('{"model": "mlp", "dataset": "digits", "steps": 5, "batch_size": 8, "seed": 0, '
      '"learning_rate": 0.1, "progress": 1}', r'progress: expected bool, got 1 \(int\)'),
+    ('{"model": "mlp", "steps": true}', r'steps: expected int, got True \(bool\)'),
+    ('{"model": "mlp", "steps_per_call": "fast"}',
+     r"steps_per_call: expected int or 'auto', got 'fast' \(str\)"),
 ])
 def test_a_tampered_config_json_is_a_named_error(text, match):
   """Issue 13.7: garbage bytes, wrong types, a missing model."""

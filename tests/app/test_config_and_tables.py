@@ -4,7 +4,6 @@ set or a hyperparameter; old run directories resume; a run trains longer."""
 import ast
 import dataclasses
 import json
-import os
 import pathlib
 
 import flax.linen as nn
@@ -15,7 +14,8 @@ import pytest
 
 import purax
 from purax.app import cli, data, hparams, job, models, runs
-from purax.app.config import FORMAT, SweepConfig, TrainConfig
+from purax.app.config import FORMAT, TrainConfig
+from purax.app.sweep import SweepConfig
 from purax.core.errors import ConfigError
 
 FIXTURES = pathlib.Path(__file__).parent.parent / 'fixtures'

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from purax import loop
 from purax.app import cli, hparams, search, sweep
-from purax.app.config import SweepConfig
+from purax.app.sweep import SweepConfig
 from purax.core import population as P
 from purax.core.errors import ConfigError
 from purax.io import pipeline

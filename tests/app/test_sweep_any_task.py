@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from purax.app import cli, runs
-from purax.app.config import SweepConfig
+from purax.app.sweep import SweepConfig
 
 LM = ['--model', 'lm', '--dataset', 'pystdlib', '--steps', '4', '--batch-size', '4',
       '--seq-len', '16', '--d-model', '16', '--num-layers', '1', '--num-heads', '2',

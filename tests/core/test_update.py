@@ -252,11 +252,14 @@ def test_remat_with_dropout_in_the_transformer_encoder():
   assert_close(g_plain, g_remat, rtol=1e-6, atol=1e-7)
 
 
-def test_zero_gradients_with_a_zero_clipping_norm_give_zero_updates():
-  tx = purax.adamw(learning_rate=1e-2, total_steps=10, clip_norm=0.0, weight_decay=0.0)
+def test_zero_gradients_with_a_tiny_clipping_norm_give_zero_updates():
+  tx = purax.adamw(learning_rate=1e-2, total_steps=10, clip_norm=1e-30, weight_decay=0.0)
   params = {'w': jnp.ones(3)}
   updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
   assert bool(jnp.all(updates['w'] == 0))
+  # A zero clipping norm would zero every gradient, silently: refused by name.
+  with pytest.raises(purax.ConfigError, match=r'clip_norm: expected > 0 .*0 would zero them'):
+    purax.adamw(learning_rate=1e-2, total_steps=10, clip_norm=0.0)
 
 
 def test_under_the_bf16_policy_masters_optimizer_and_hyperparameters_stay_float32():

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from tests.helpers_checkpoint import CORRUPTIONS

@@ -46,21 +46,35 @@ class Recorder:
     return state, {}
 
 
-def test_ema_is_the_decayed_average_of_the_sampled_params():
+# The weights of (the starting params, the samples at steps 2, 4, 6) at decay 0.75,
+# by hand from each formula (EMA's docstring).
+EMA_WEIGHTS = {
+    'debias': (0, 9 / 37, 12 / 37, 16 / 37),         # 0.75**age / (0.75**2 + 0.75 + 1)
+    'warmup': (1 / 220, 9 / 220, 45 / 220, 165 / 220),   # decay_n = 1/10, 2/11, 3/12
+    None: (27 / 64, 9 / 64, 12 / 64, 16 / 64),       # 0.75**3 on the start
+}
+
+
+@pytest.mark.parametrize('correction', list(EMA_WEIGHTS))
+def test_ema_is_the_decayed_average_of_the_sampled_params(correction):
   state = fresh_state()
   start = jax.tree.map(lambda p: np.asarray(p, np.float64), state.params)
   evaluate = lambda s: purax.evaluate(TASK, s, [DATA[0]])             # noqa: E731
-  ema = hooks_lib.EMA(decay=0.75, every=2, evaluate=evaluate)
+  ema = hooks_lib.EMA(decay=0.75, every=2, evaluate=evaluate, correction=correction)
   recorder = Recorder(every=2)
-  final, history = purax.fit(TASK, state, DATA, hooks=purax.hooks.standard(progress=False, eval_data=[DATA[0]], eval_every=4) + list([recorder, ema]))
+  final, history = purax.fit(TASK, state, DATA, hooks=purax.hooks.standard(
+      progress=False, eval_data=[DATA[0]], eval_every=4) + [recorder, ema])
   assert sorted(recorder.seen) == [2, 4, 6] and int(ema.arrays['count']) == 3
-  expected = start
-  for s in (2, 4, 6):
-    expected = jax.tree.map(lambda a, p: 0.75 * a + 0.25 * p, expected, recorder.seen[s])
+  weights = EMA_WEIGHTS[correction]
+  assert sum(weights) == pytest.approx(1.0)
+  expected = jax.tree.map(lambda *ps: sum(w * p for w, p in zip(weights, ps)),
+                          start, *(recorder.seen[s] for s in (2, 4, 6)))
   # float32 arithmetic of three updates against float64: a few ulps.
-  jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7),
+  jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7),
                jax.device_get(ema.params), expected)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(ema.params))
+  if correction != 'debias':
+    return
   # Evaluable: the state with the average evaluates, and differs from the last params.
   averaged = ema.state_with_average(final)
   assert jax.tree.structure(averaged) == jax.tree.structure(final)
@@ -77,6 +91,8 @@ def test_ema_is_the_decayed_average_of_the_sampled_params():
 def test_ema_checks_its_settings():
   with pytest.raises(purax.ConfigError, match=r'EMA.decay: expected in \[0, 1\), got 1.0'):
     hooks_lib.EMA(decay=1.0)
+  with pytest.raises(purax.ConfigError, match=r"EMA.correction: expected one of \('debias', 'warmup', None\), got 'bias'"):
+    hooks_lib.EMA(correction='bias')
   with pytest.raises(purax.ConfigError, match='EMA.arrays: expected an average'):
     hooks_lib.EMA().state_with_average(fresh_state())
 

@@ -1,22 +1,15 @@
 """Hooks at log/eval points: early stopping's best score and patience counter
 survive a restart in a fresh process."""
 
-import os
-import subprocess
-import sys
+import functools
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, 'tests', 'scripts', 'early_stopping_run.py')
+from tests.helpers_runs import script
 
-
-def run(directory, stop_at):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  out = subprocess.run([sys.executable, SCRIPT, str(directory), str(stop_at)], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-2000:]
-  return out.stdout.strip().splitlines()[-1]
+run = functools.partial(script, 'early_stopping_run.py')
+run_population = functools.partial(script, 'population_resume.py')
+run_ema = functools.partial(script, 'ema_run.py')
 
 
 @pytest.mark.slow
@@ -28,15 +21,6 @@ def test_early_stopping_state_survives_a_restart_in_a_fresh_process(tmp_path):
   assert run(tmp_path / 'split', 0) == straight
 
 
-POPULATION = os.path.join(ROOT, 'tests', 'scripts', 'population_resume.py')
-
-
-def run_population(directory, stop_at, out):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  done = subprocess.run([sys.executable, POPULATION, str(directory), str(stop_at), str(out)],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0, done.stderr[-2000:]
-  return done.stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
@@ -58,16 +42,6 @@ def test_a_population_with_pbt_and_loss_scales_resumes_bitwise_in_a_fresh_proces
 
 # -- EMA: the average survives a restart --
 
-EMA_SCRIPT = os.path.join(ROOT, 'tests', 'scripts', 'ema_run.py')
-
-
-def run_ema(directory, stop_at, out):
-  # PYTHONPATH: this checkout's purax, whichever one the environment installed.
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='', PYTHONPATH=ROOT)
-  done = subprocess.run([sys.executable, EMA_SCRIPT, str(directory), str(stop_at), str(out)],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0, done.stderr[-2000:]
-  return done.stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.slow

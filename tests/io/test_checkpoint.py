@@ -342,7 +342,7 @@ with Checkpointer(directory, keep_last=1, keep_best=1) as ckpt:
 
 def test_keep_best_decisions_survive_a_restart_in_a_fresh_process(tmp_path):
   """Issue 14.3: saves 1..3, then a new process (a resumed run) saves 4..6."""
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env = dict(os.environ, XLA_FLAGS=os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', ''))
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
   for first, last, kept in [(1, 3, '[2, 3]'), (4, 6, '[2, 6]')]:

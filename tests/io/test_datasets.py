@@ -45,6 +45,9 @@ def test_npz_round_trip(tmp_path):
     (dict(y_train=np.full(20, 7), num_classes=np.int64(3)),
      r'y_train: expected labels in \[0, 3\), got labels in \[7, 7\]'),
     (dict(y_test=np.full(6, -1)), r'y_test: expected labels in \[0, 3\), got labels in \[-1, -1\]'),
+    # A test label no training example has (issue 27.5): not one more class.
+    (dict(y_test=np.array([0, 1, 2, 0, 1, 50])),
+     r'y_test: expected labels in \[0, 3\), got labels in \[0, 50\]'),
     (dict(x_test=np.zeros((6, 7, 8, 1))), r'x_test.shape: expected \[n, 8, 8, 1\] \(as x_train\), got \(6, 7, 8, 1\)'),
     (dict(y_train=np.zeros(19, np.int64)), r'y_train.shape: expected \[20\]'),
     # Issue 13.7: each kind the fuzzing found.

@@ -1,7 +1,6 @@
 import importlib.util
 import os
 
-import jax
 import numpy as np
 import pytest
 

@@ -15,11 +15,9 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import purax
-from purax.core import objectives
 from purax.io.export import ExportError, export
 from tests.helpers_export import MODELS, trained
 

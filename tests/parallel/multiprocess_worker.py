@@ -61,6 +61,6 @@ def main(process_id, num_processes, port, out):
 if __name__ == '__main__':
   # Read when the backend starts (first device use), not at import: importing
   # this module from the test leaves the test process's 8 devices alone.
-  os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+  os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2' + ' ' + os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', '')
   os.environ['JAX_PLATFORMS'] = 'cpu'
   main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -26,6 +26,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+TWO_DEVICES = ('--xla_force_host_platform_device_count=2 ' +
+               os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', ''))
+
+
 def _child_env(**extra) -> dict:
   """This process's environment for a child: no proxies, no PURAX_/JAX_
   settings, the repository importable, plus ``extra``."""
@@ -68,7 +72,7 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
 def _start_two_process_cli(*args) -> list[subprocess.Popen]:
   """Starts ``purax ARGS`` as processes 0 and 1 of a 2-process run (2 CPU devices each)."""
   port = _free_port()
-  env = _child_env(XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  env = _child_env(XLA_FLAGS=TWO_DEVICES)
   cmd = [sys.executable, '-c', 'import sys; from purax.app.cli import main; sys.exit(main())',
          *args, '--coordinator', f'localhost:{port}', '--num-processes', '2']
   return [subprocess.Popen(cmd + ['--process-id', str(i)], env=env, stdout=subprocess.PIPE,
@@ -190,7 +194,7 @@ def test_a_bad_option_on_one_process_makes_all_exit_together_naming_it(tmp_path,
   workdir = tmp_path / 'run'
   bad = tuple(str(tmp_path / 'other') if a == 'OTHER' else a for a in bad)
   port = _free_port()
-  env = _child_env(XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  env = _child_env(XLA_FLAGS=TWO_DEVICES)
   base = [sys.executable, '-c', 'import sys; from purax.app.cli import main; sys.exit(main())',
           *TRAIN, '--workdir', str(workdir), '--coordinator', f'localhost:{port}',
           '--num-processes', '2']
@@ -229,7 +233,7 @@ def test_coordinator_auto_trains_two_processes_from_slurm_variables_alone(tmp_pa
   cmd = [sys.executable, '-c', 'import sys; from purax.app.cli import main; sys.exit(main())',
          *TRAIN, '--workdir', str(workdir), '--coordinator', 'auto']
   procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(
-      XLA_FLAGS='--xla_force_host_platform_device_count=2', SLURM_JOB_ID=str(job),
+      XLA_FLAGS=TWO_DEVICES, SLURM_JOB_ID=str(job),
       SLURM_STEP_NODELIST='localhost', SLURM_NTASKS='2', SLURM_PROCID=str(i),
       SLURM_LOCALID=str(i), SLURM_STEP_NUM_NODES='1')) for i in range(2)]
   for code, log in _finish(procs):

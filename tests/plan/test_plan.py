@@ -80,6 +80,26 @@ def test_the_plan_checks_batch_values_as_asked(checks):
     plan_lib.SingleDevicePlan(TASK, checks='some')
 
 
+@pytest.mark.parametrize('where', ['single', 'sharded'])
+def test_evaluation_batches_are_checked_as_training_batches(where):
+  """Issue 27.5: a label outside the model's classes in the evaluation data is a
+  DataError naming it, as in the training data (it used to be evaluated)."""
+  mesh = parallel.make_mesh(data=2, devices=jax.devices()[:2])
+
+  def plan_and_state(checks):
+    if where == 'single':
+      return plan_lib.SingleDevicePlan(TASK, checks=checks), fresh()
+    plan = parallel.sharded(TASK, mesh, parallel.data_parallel(), DATA[0], checks=checks)
+    return plan, plan.init(jax.random.key(0))
+
+  bad = dict(DATA[0], y=np.full_like(DATA[0]['y'], 10))   # 10 classes: [0, 10)
+  plan, state = plan_and_state('first')
+  with pytest.raises(purax.DataError, match=r"batch\['y'\]: expected .*\[0, 10\)"):
+    purax.evaluate(TASK, state, [bad], plan=plan)
+  plan, state = plan_and_state('none')
+  assert np.isfinite(purax.evaluate(TASK, state, [bad], plan=plan)['loss'])
+
+
 def test_a_plan_lowers_its_step_for_a_dry_run():
   state = jax.eval_shape(TASK.init, jax.random.key(0), DATA[0])
   acc = purax.metrics.zeros_of(lambda s, b: TASK.step(s, b)[1], state, DATA[0])

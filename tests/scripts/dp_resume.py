@@ -11,7 +11,7 @@ import os
 import sys
 
 devices, mode, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}' + ' ' + os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', '')
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
