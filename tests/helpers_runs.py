@@ -22,12 +22,14 @@ ARGS = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', 
         '--no-progress']
 
 
-def purax(*args, recorded_stop=None, timeout=180):
+def purax(*args, recorded_stop=None, timeout=180, xla_flags=None):
+  """``purax ARGS`` in a fresh process (``xla_flags``: instead of the suite's)."""
   if recorded_stop is None:
     cmd = [sys.executable, '-m', 'purax', *args]
   else:
     cmd = [sys.executable, '-m', 'tests.scripts.train_recorded', str(recorded_stop), *args]
-  return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+  env = ENV if xla_flags is None else dict(ENV, XLA_FLAGS=xla_flags)
+  return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def script(name, *args, timeout=300):

@@ -126,7 +126,7 @@ def write(config, job, pop, seeds, history, *, console: bool = True) -> dict:
   if best is not None:
     save_best(config, job, pop, seeds, hparams, best, final, best_dir)
   summary = {
-      'config': config_lib.flat(config), 'metric': metric, 'swept': list(columns),
+      'config': config.flat(), 'metric': metric, 'swept': list(columns),
       'members': rows,
       'best': None if best is None else {'member': best, 'workdir': best_dir},
       'history': [{k: (v if k == 'step' else [_json_number(x) for x in np.ravel(v)])

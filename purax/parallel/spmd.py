@@ -26,14 +26,16 @@ Example (pmap)::
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from purax.core.errors import DataError, expect
+from purax.core.errors import ConfigError, DataError, expect
 from purax.core.model import Linen
 from purax.core.task import Task
 from purax.parallel.rules import Rules, data_parallel
@@ -52,6 +54,62 @@ def with_axis_name(task: Task, axis_name) -> Task:
     module = module.clone(axis_name=axis_name)
     model = dataclasses.replace(model, module=module) if isinstance(model, Linen) else module
   return dataclasses.replace(task, model=model)
+
+
+def check_state_reduced(task: Task, mesh: Mesh, axes, state, batch) -> None:
+  """Refuses a model whose ``model_state`` would differ per device.
+
+  Traces the training forward pass under ``jax.shard_map`` with
+  ``check_vma=True`` (JAX's own tracking of which values vary across
+  devices) and the new ``model_state`` declared replicated: it traces only
+  if the model reduces its state across ``axes`` itself (BatchNorm with
+  ``axis_name``; linen modules with an ``axis_name`` field get it set, as
+  ``purax.nn.ResNet``). Otherwise the replicated result would silently keep
+  one device's batch statistics, and the normalisation would use each
+  device's part of the batch.
+
+  Args:
+    axes: the batch axes of ``mesh`` the batch is split over.
+    state, batch: a state and a global batch ``[batch, ...]`` (shapes only).
+
+  Raises:
+    ConfigError: naming the model and how to declare the axis.
+  """
+  axes = tuple(a for a in axes if mesh.shape[a] > 1)   # a size-1 axis splits nothing
+  if not jax.tree.leaves(state.model_state) or not axes:
+    return
+  local = with_axis_name(task, axes)
+
+  def forward(params, model_state, hparams, batch):
+    return local.pure_model.apply(params, model_state, batch, train=True,
+                                  rng=jax.random.key(0), hparams=hparams)[1]
+
+  checked = jax.shard_map(forward, mesh=mesh, in_specs=(P(), P(), P(), P(axes)),
+                          out_specs=P(), check_vma=True)
+  try:
+    jax.eval_shape(checked, state.params, state.model_state, state.hparams, batch)
+  except ValueError as e:
+    if 'vary' not in str(e) and 'vma' not in str(e):
+      raise
+    names = axes[0] if len(axes) == 1 else axes
+    raise ConfigError(
+        f'model_state: expected a model that reduces its state across the devices '
+        f'(batch axes {axes}) on this per-device path, got {_model_name(task)}, whose '
+        f'new model_state differs per device (each device\'s batch statistics). Declare '
+        f'the axis in the model: flax BatchNorm(axis_name={names!r}), '
+        f'nnx.BatchNorm(..., axis_name={names!r}), an Equinox BatchNorm over '
+        f"('batch', {names!r}) — or train with purax.parallel.sharded (jit over the "
+        'global batch: the statistics are the whole batch\'s)') from None
+
+
+def _model_name(task: Task) -> str:
+  """The user's model class behind an adapter (linen, NNX, Equinox), for messages."""
+  model = task.model
+  for inner in (getattr(model, 'module', None), getattr(model, 'static', None)):
+    if inner is not None:
+      return type(inner).__name__
+  found = re.search(r"type='?(\w+)", repr(getattr(model, 'graphdef', '')))
+  return f'NNX {found.group(1)}' if found else type(model).__name__
 
 
 def _per_device_step(task: Task, axis_name) -> Callable:
@@ -79,7 +137,9 @@ def shard_map_step(task: Task, mesh: Mesh, rules: Rules | None = None) -> Callab
     whose leading axis is split over the batch axes; the state is donated.
 
   Raises:
-    ConfigError: the rules name an axis the mesh lacks (at build time).
+    ConfigError: the rules name an axis the mesh lacks (at build time); the
+      model's state would differ per device (:func:`check_state_reduced`, at
+      the first call of each batch shape).
     DataError: a batch size not divisible by the batch axes (at call time).
   """
   rules = rules or data_parallel()
@@ -95,11 +155,16 @@ def shard_map_step(task: Task, mesh: Mesh, rules: Rules | None = None) -> Callab
                        in_specs=(P(), P(axes)), out_specs=(P(), P()),
                        check_vma=False)
   jitted = jax.jit(body, donate_argnums=0)
+  checked = set()
 
   def step(state, batch):
     n = jnp.shape(jax.tree.leaves(batch)[0])[0]
     expect(n % size == 0, "the batch's leading axis (global batch size)",
            f'a multiple of {size} (the batch axes {axes})', n, DataError)
+    shapes = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), batch)
+    if str(shapes) not in checked:   # once per batch shapes (a trace, no compile)
+      check_state_reduced(task, mesh, axes, state, batch)
+      checked.add(str(shapes))
     return jitted(state, batch)
 
   return step
@@ -118,9 +183,25 @@ def pmap_step(task: Task, axis_name: str = 'batch', *,
     ``(state, batch) -> (state, metrics)`` on a replicated state (leading
     ``[devices]`` axis, :func:`replicate`) and a split batch ``[devices,
     batch / devices, ...]`` (:func:`split_batch`); the state is donated.
+
+  Raises:
+    ConfigError: the model's state would differ per device
+      (:func:`check_state_reduced`), at the first call.
   """
-  return jax.pmap(_per_device_step(task, axis_name), axis_name=axis_name,
-                  devices=devices, donate_argnums=0)
+  mapped = jax.pmap(_per_device_step(task, axis_name), axis_name=axis_name,
+                    devices=devices, donate_argnums=0)
+  checked = []
+
+  def step(state, batch):
+    if not checked:   # the state reduction, as shard_map_step checks it
+      used = list(devices or jax.local_devices())[:jax.tree.leaves(batch)[0].shape[0]]
+      one = jax.tree.map(lambda x: x[0], state)
+      merged = jax.tree.map(lambda x: jnp.reshape(x, (-1, *x.shape[2:])), batch)
+      check_state_reduced(task, Mesh(np.array(used), (axis_name,)), (axis_name,), one, merged)
+      checked.append(True)
+    return mapped(state, batch)
+
+  return step
 
 
 def replicate(tree: Any, num_devices: int | None = None) -> Any:

@@ -295,3 +295,36 @@ def test_under_the_bf16_policy_masters_optimizer_and_hyperparameters_stay_float3
 def test_bad_precision_specs(spec, message):
   with pytest.raises(purax.ConfigError, match=message.replace('[', r'\[').replace(']', r'\]')):
     get_policy(spec)
+
+
+def test_the_loss_scale_doubles_exactly_after_growth_interval_finite_steps():
+  """Issue 27.7: with growth_interval=3 the scale doubles at the 3rd finite step of a
+  run (not the 2nd or 4th) and halves at once on a non-finite one."""
+  state = LossScale.create(8.0, growth_interval=3, max_scale=2.0 ** 24)
+  scales = []
+  for finite in [True, True, True, True, True, True, False, True, True, True]:
+    state = state.update(jnp.asarray(finite))
+    scales.append(float(state.scale))
+  assert scales == [8, 8, 16, 16, 16, 32, 16, 16, 16, 32]
+
+
+def test_each_microbatch_draws_its_own_dropout_key():
+  """Issue 27.7: microbatch i's key is fold_in(step_key, i): the accumulated
+  gradient of a dropout model equals the mean of the per-microbatch gradients
+  under those keys (with every microbatch on the first key it would not)."""
+  model = pnn.MLP(num_classes=10, features=(32,), dropout_rate=0.5)
+  task = purax.Task(model=model, tx=optax.sgd(1.0), microbatches=2, skip_nonfinite=False)
+  batch = tiny_batch()
+  state = task.init(jax.random.key(0), batch)
+  new, _ = jax.jit(task.step)(state, batch)
+  key = state.step_key()
+  halves = [jax.tree.map(lambda a: a[4 * i:4 * (i + 1)], batch) for i in range(2)]
+  grad = lambda mb, k: jax.grad(lambda p: task.compute_loss(p, state.model_state, mb, k)[0])(  # noqa: E731
+      state.params)
+  own = [grad(halves[i], jax.random.fold_in(key, i)) for i in range(2)]
+  first = [grad(halves[i], jax.random.fold_in(key, 0)) for i in range(2)]
+  applied = jax.tree.map(lambda a, b: a - b, state.params, new.params)   # sgd(1): the gradient
+  mean = lambda gs: jax.tree.map(lambda a, b: (a + b) / 2, *gs)         # noqa: E731
+  assert_close(applied, mean(own), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(np.asarray(applied['Dense_0']['kernel']),
+                         np.asarray(mean(first)['Dense_0']['kernel']), atol=1e-4)

@@ -48,3 +48,15 @@ def test_prefetch_yields_device_arrays_in_order():
   out = list(pipeline.prefetch_to_device(batches, size=2))
   assert [int(b['x'][0]) for b in out] == list(range(5))
   assert all(isinstance(b['x'], jax.Array) for b in out)
+
+
+def test_a_batch_that_crosses_an_epoch_boundary_takes_the_next_epochs_permutation():
+  """Issue 27.7: 10 examples, batches of 4: step 2 holds the last 2 of epoch 0's
+  permutation and the first 2 of epoch 1's (not epoch 0's again)."""
+  x = np.arange(10, dtype=np.float32)[:, None]
+  y = np.arange(10, dtype=np.int32)
+  ds = pipeline.train_dataset(x, y, batch_size=4, seed=3, num_steps=5)
+  perm = lambda epoch: np.random.default_rng([3, epoch]).permutation(10)   # noqa: E731
+  np.testing.assert_array_equal(ds[2]['y'], np.concatenate([perm(0)[8:], perm(1)[:2]]))
+  np.testing.assert_array_equal(ds[3]['y'], perm(1)[2:6])
+  assert not np.array_equal(perm(0)[:2], perm(1)[:2])     # the two epochs differ there

@@ -73,3 +73,51 @@ def test_split_batch_errors():
   step = parallel.shard_map_step(MLP, parallel.make_mesh())
   with pytest.raises(DataError, match='expected a multiple of 8'):
     step(None, {'x': np.zeros((12, 2)), 'y': np.zeros((12,), np.int32)})
+
+
+@pytest.mark.parametrize('path', ['shard_map', 'pmap'])
+def test_model_state_that_would_differ_per_device_is_refused_naming_the_model(path):
+  """Issue 27.2: an NNX BatchNorm without axis_name on a per-device path would keep
+  one device's statistics (0.0147 from the global batch's): refused by name; with
+  the axis declared, the statistics are the global batch's."""
+  from flax import nnx
+
+  class Net(nnx.Module):
+    def __init__(self, rngs, axis_name=None):
+      self.lin = nnx.Linear(64, 16, rngs=rngs)
+      self.bn = nnx.BatchNorm(16, axis_name=axis_name, rngs=rngs)
+      self.out = nnx.Linear(16, 10, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(self.bn(jax.nn.relu(self.lin(x.reshape(x.shape[0], -1)))))
+
+  axis = 'data' if path == 'shard_map' else 'batch'
+  rng = np.random.default_rng(0)
+  batch = {'x': rng.normal(size=(16, 8, 8, 1)).astype(np.float32),
+           'y': rng.integers(0, 10, 16).astype(np.int32)}
+  devices = jax.devices()[:4]
+
+  def task_of(axis_name):
+    return purax.Task(model=purax.NNX.from_constructor(lambda rngs: Net(rngs, axis_name)),
+                      tx=purax.adamw(learning_rate=1e-2, total_steps=4))
+
+  def run(axis_name):
+    task = task_of(axis_name)
+    state = task.init(jax.random.key(0), batch)
+    if path == 'shard_map':
+      mesh = parallel.make_mesh(data=4, devices=devices)
+      step = parallel.shard_map_step(task, mesh)
+      return step(jax.device_put(state, jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec())), batch)[0]
+    step = parallel.pmap_step(task, devices=devices)
+    new, _ = step(parallel.replicate(state, 4), parallel.split_batch(batch, 4))
+    return parallel.unreplicate(new)
+
+  with pytest.raises(purax.ConfigError, match=r"model_state: expected a model that reduces "
+                                              r"its state across the devices .* got NNX Net"):
+    run(None)
+  single_task = task_of(None)
+  single, _ = jax.jit(single_task.step)(single_task.init(jax.random.key(0), batch), batch)
+  parallel_state = run(axis)
+  for a, b in zip(jax.tree.leaves(single.model_state), jax.tree.leaves(parallel_state.model_state)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
