@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.app import config as config_lib
 from purax.app import hparams as hparams_lib
 from purax.app import job as job_lib
 from purax.app import plot
