@@ -1,0 +1,111 @@
+"""A mutation round: one-line bugs injected into code users rely on, each run
+against the tests that should catch it (issue 27.7). Not collected by pytest.
+
+Each row is ``(file, the line's text, the bug, the tests)``; the script
+applies one bug at a time to the working tree, runs its tests, restores the
+file, and prints ``caught`` or ``SURVIVED`` per row and the count as JSON on
+the last line. The first rows are the kinds issue 27 named; the rest are this
+round's own.
+
+Usage (from the repository root, on an idle machine; about 10 minutes on 2
+cores): ``.venv/bin/python -m tests.mutations [--only SUBSTRING]``
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MUTATIONS = [
+    # The kinds issue 27 named (one-line bugs that used to survive the suite).
+    ('purax/core/update.py', 'jax.random.fold_in(key, i), summed=True',
+     'jax.random.fold_in(key, 0), summed=True', 'tests/core/test_update.py'),
+    ('purax/core/loss_scale.py', 'self.good_steps + 1 >= self.growth_interval',
+     'self.good_steps >= self.growth_interval', 'tests/core/test_update.py'),
+    ('purax/core/loss_scale.py', 'self.good_steps + 1 >= self.growth_interval',
+     'self.good_steps + 2 >= self.growth_interval', 'tests/core/test_update.py'),
+    ('purax/io/pipeline.py', 'permutation(first + 1)', 'permutation(first)',
+     'tests/io/test_pipeline.py'),
+    # This round's own.
+    ('purax/core/metrics.py', 'return Average(self.total + other.total, self.count + other.count)',
+     'return Average(self.total + other.total, self.count)', 'tests/core/test_metrics.py'),
+    ('purax/core/metrics.py', 'count=jnp.sum(weights))', 'count=jnp.sum(jnp.ones_like(weights)))',
+     'tests/core/test_metrics.py tests/io/test_pipeline.py'),
+    ('purax/core/metrics.py', 'return Sum(self.value + other.value)', 'return Sum(other.value)',
+     'tests/core/test_metrics.py'),
+    ('purax/core/metrics.py', 'jnp.where(other.current > 0, self.current + other.current, 0)',
+     'jnp.where(other.current > 0, other.current, 0)', 'tests/core/test_metrics.py'),
+    ('purax/hooks/loop.py', 'return last // every > first // every', 'return last % every == 0',
+     'tests/hooks/test_loop.py'),
+    ('purax/hooks/loop.py', '    return evaluated\n', '    return True\n',
+     'tests/hooks/test_loop.py'),
+    ('purax/io/pipeline.py', 'weight[:real] = 1.0', 'weight[:] = 1.0', 'tests/io/test_pipeline.py'),
+    ('purax/io/pipeline.py', 'np.random.default_rng([seed, epoch])', 'np.random.default_rng([seed, 0])',
+     'tests/io/test_pipeline.py'),
+    ('purax/core/update.py', 'return (grads_sum, state_sum, metrics, weight + w), None',
+     'return (grads_sum, state_sum, metrics, weight), None', 'tests/core/test_update.py'),
+    ('purax/core/update.py', 'weight = jax.lax.psum(weight, axis_name)', 'weight = weight',
+     'tests/parallel/test_spmd.py'),
+    ('purax/core/optim.py', 'return lambda count: peak_learning_rate * unit(count)',
+     'return lambda count: peak_learning_rate * unit(count + 1)', 'tests/core/test_optim.py'),
+    ('purax/core/loss_scale.py', 'self.scale * 0.5)', 'self.scale * 0.25)',
+     'tests/core/test_update.py'),
+    ('purax/core/loss_scale.py', 'jnp.all(jnp.isfinite(x))', 'jnp.any(jnp.isfinite(x))',
+     'tests/core/test_update.py'),
+    ('purax/io/text.py', "return {'x': windows[:, :-1], 'y': windows[:, 1:]}",
+     "return {'x': windows[:, :-1], 'y': windows[:, :-1]}", 'tests/io/test_text.py'),
+    ('purax/io/datasets.py', 'expect(lo >= 0 and hi < ds.num_classes',
+     'expect(lo >= 0 and hi <= ds.num_classes', 'tests/io/test_datasets.py'),
+    ('purax/core/population.py', "  value = -value if mode == 'max' else value",
+     '  value = value', 'tests/core/test_population.py'),
+    ('purax/hooks/library.py', 'if score < self.best - self.min_delta:',
+     'if score <= self.best - self.min_delta:', 'tests/hooks/test_library.py'),
+    ('purax/hooks/library.py', 'stop = self.stale >= self.patience',
+     'stop = self.stale > self.patience', 'tests/hooks/test_library.py'),
+    ('purax/parallel/spmd.py', 'local = state.replace(rng=jax.random.fold_in(state.rng, index))',
+     'local = state', 'tests/parallel/test_spmd.py'),
+    ('purax/core/precision.py', 'return x.astype(self.output_dtype)', 'return x',
+     'tests/core/test_update.py tests/core/test_precision.py'),
+    ('purax/core/hparams.py', 'return node._replace(hyperparams={k: values.get(k, v)',
+     'return node._replace(hyperparams={k: v', 'tests/core/test_optim.py tests/core/test_pbt.py'),
+]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--only', default='', help='rows whose file or bug contains this')
+  args = parser.parse_args(argv)
+  caught, survived = 0, []
+  for path, line, bug, tests in MUTATIONS:
+    if args.only and args.only not in path + bug:
+      continue
+    full = os.path.join(ROOT, path)
+    original = open(full).read()
+    if line not in original:
+      print(f'MISSING (the line moved): {path}: {line}')
+      survived.append(f'{path}: {line} (missing)')
+      continue
+    try:
+      with open(full, 'w') as f:
+        f.write(original.replace(line, bug, 1))
+      done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider',
+                             *tests.split()], cwd=ROOT, capture_output=True, text=True)
+    finally:
+      with open(full, 'w') as f:
+        f.write(original)
+    if done.returncode != 0:
+      caught += 1
+      print(f'caught: {path}: {line.strip()} -> {bug.strip()}', flush=True)
+    else:
+      survived.append(f'{path}: {line.strip()} -> {bug.strip()}')
+      print(f'SURVIVED: {survived[-1]}', flush=True)
+  total = caught + len(survived)
+  print(json.dumps({'caught': caught, 'total': total, 'survived': survived}))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
