@@ -24,7 +24,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 jax.config.update('jax_numpy_rank_promotion', 'raise')
 
@@ -33,6 +33,9 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile('dev', deadline=None, max_examples=50,
                           suppress_health_check=[HealthCheck.too_slow])
+# tests.mutations: a failing example is enough, its shrinking is not needed.
+settings.register_profile('mutation', parent=settings.get_profile('ci'),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.load_profile(os.environ.get('PURAX_HYPOTHESIS_PROFILE', 'ci'))
 
 

@@ -77,9 +77,10 @@ MUTATIONS = [
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--only', default='', help='rows whose file or bug contains this')
+  parser.add_argument('--skip', type=int, default=0, help='start at this row')
   args = parser.parse_args(argv)
   caught, survived = 0, []
-  for path, line, bug, tests in MUTATIONS:
+  for path, line, bug, tests in MUTATIONS[args.skip:]:
     if args.only and args.only not in path + bug:
       continue
     full = os.path.join(ROOT, path)
@@ -92,7 +93,8 @@ def main(argv=None) -> int:
       with open(full, 'w') as f:
         f.write(original.replace(line, bug, 1))
       done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider',
-                             *tests.split()], cwd=ROOT, capture_output=True, text=True)
+                             *tests.split()], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, PURAX_HYPOTHESIS_PROFILE='mutation'))
     finally:
       with open(full, 'w') as f:
         f.write(original)

@@ -48,6 +48,8 @@ def test_npz_round_trip(tmp_path):
     # A test label no training example has (issue 27.5): not one more class.
     (dict(y_test=np.array([0, 1, 2, 0, 1, 50])),
      r'y_test: expected labels in \[0, 3\), got labels in \[0, 50\]'),
+    (dict(y_test=np.array([0, 1, 2, 0, 1, 3])),     # the boundary: 3 classes are 0, 1, 2
+     r'y_test: expected labels in \[0, 3\), got labels in \[0, 3\]'),
     (dict(x_test=np.zeros((6, 7, 8, 1))), r'x_test.shape: expected \[n, 8, 8, 1\] \(as x_train\), got \(6, 7, 8, 1\)'),
     (dict(y_train=np.zeros(19, np.int64)), r'y_train.shape: expected \[20\]'),
     # Issue 13.7: each kind the fuzzing found.
