@@ -9,6 +9,7 @@ random-access training batches by step and evaluation batches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Annotated, Any, Callable
 
@@ -58,10 +59,8 @@ class DataConfig:
     """Loads the data set (ConfigError, DataError: naming what is wrong)."""
     ds = datasets.load(self.name, num_classes=self.num_classes, seq_len=self.seq_len)
     if self.spec.tokens:
-      return Data(ds, lambda batch_size, seed, num_steps: text.train_dataset(
-          ds, batch_size=batch_size, seed=seed, num_steps=num_steps))
-    return Data(ds, lambda batch_size, seed, num_steps: pipeline.train_dataset(
-        ds.x_train, ds.y_train, batch_size=batch_size, seed=seed, num_steps=num_steps))
+      return Data(ds, functools.partial(text.train_dataset, ds))
+    return Data(ds, functools.partial(pipeline.train_dataset, ds.x_train, ds.y_train))
 
   def validate(self) -> 'DataConfig':
     """Raises ConfigError naming the field, the expected and the actual value."""
@@ -92,7 +91,7 @@ class Data:
       :class:`purax.io.text.TextDataset`): ``name``, ``x_train``, ``y_train``
       (random access), ``x_test``, ``y_test``, ``num_classes`` (labels or
       tokens lie in ``[0, num_classes)``) and ``input_shape``.
-    train_batches: ``(batch_size, seed, num_steps) -> batches[step]``.
+    train_batches: ``(*, batch_size, seed, num_steps) -> batches[step]``.
   """
 
   source: Any
@@ -110,7 +109,7 @@ class Data:
 
   def train(self, batch_size: int, seed: int, num_steps: int):
     """Random-access training batches: ``[s]`` is step ``s``'s ``{'x', 'y'}``."""
-    return self.train_batches(batch_size, seed, num_steps)
+    return self.train_batches(batch_size=batch_size, seed=seed, num_steps=num_steps)
 
   def eval(self, batch_size: int):
     """Evaluation batches (weights mark the padding of the last one)."""
