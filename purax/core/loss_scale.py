@@ -52,9 +52,3 @@ class LossScale(struct.PyTreeNode):
     good = jnp.where(finite, jnp.where(grow, 0, self.good_steps + 1), 0)
     return self.replace(scale=scale.astype(jnp.float32), good_steps=good.astype(jnp.int32))
 
-
-def all_finite(tree) -> jax.Array:
-  """bool ``[]``: every element of every floating leaf is finite."""
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(x.dtype, jnp.inexact)]
-  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)

@@ -1,12 +1,13 @@
-"""Mixed-precision policies: which dtype params are stored, computed and output in.
+"""Mixed-precision policies: which dtype params are stored and computed in.
 
 The convention of jmp (DeepMind): ``params=float32,compute=bfloat16,output=float32``.
 purax applies a policy through the models' ``param_dtype`` (storage) and
-``dtype`` (compute; inputs are cast on entry) and casts model outputs to the
-output dtype before the loss. Whatever the policy, losses, softmax
-normalisers and normalisation moments are computed in float32, and master
-params, optimizer state and hyperparameters stay float32 unless the policy
-stores params in a narrower type on purpose.
+``dtype`` (compute; inputs are cast on entry). Whatever the policy, losses,
+softmax normalisers and normalisation moments are computed in float32 from the
+model's outputs, so the output dtype is always float32: ``output=float32`` is
+accepted for jmp's spelling, any other output dtype is refused (it would have
+no effect). Master params, optimizer state and hyperparameters stay float32
+unless the policy stores params in bfloat16 on purpose.
 
 Presets: ``fp32`` (all float32), ``bf16`` (params float32, compute bfloat16,
 output float32), ``fp16`` (the same with float16; needs loss scaling, see
@@ -27,23 +28,21 @@ _DTYPES = {'float32': jnp.float32, 'f32': jnp.float32, 'bfloat16': jnp.bfloat16,
            'half': jnp.float16, 'float64': jnp.float64}
 _FIELDS = {'params': 'param_dtype', 'param': 'param_dtype', 'p': 'param_dtype',
            'compute': 'compute_dtype', 'c': 'compute_dtype',
-           'output': 'output_dtype', 'o': 'output_dtype'}
+           'output': 'output', 'o': 'output'}
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-  """Storage, compute and output dtypes.
+  """Storage and compute dtypes (model outputs reach the loss as float32).
 
   Attributes:
     param_dtype: dtype params are stored (and updated) in: float32 or bfloat16
       (float16 is refused: it cannot train).
     compute_dtype: dtype of activations and matmuls.
-    output_dtype: dtype of model outputs handed to the loss.
   """
 
   param_dtype: jnp.dtype = jnp.float32
   compute_dtype: jnp.dtype = jnp.float32
-  output_dtype: jnp.dtype = jnp.float32
 
   def __post_init__(self):
     # float16 storage would be the optimizer's arithmetic too (optax keeps its
@@ -64,13 +63,10 @@ class Policy:
     """``{'dtype': compute, 'param_dtype': params}`` for purax.nn models."""
     return {'dtype': self.compute_dtype, 'param_dtype': self.param_dtype}
 
-  def cast_output(self, x: jax.Array) -> jax.Array:
-    return x.astype(self.output_dtype)
-
   def __str__(self):
     name = lambda d: jnp.dtype(d).name
     return (f'params={name(self.param_dtype)},compute={name(self.compute_dtype)},'
-            f'output={name(self.output_dtype)}')
+            'output=float32')
 
 
 PRESETS = {
@@ -87,7 +83,8 @@ def get_policy(spec: str | Policy) -> Policy:
 
   Raises:
     ConfigError: unknown preset, field or dtype, naming it; float16 params
-      (they cannot train: float16 compute with float32 params can).
+      (they cannot train: float16 compute with float32 params can); an output
+      dtype other than float32 (losses are computed in float32).
   """
   if isinstance(spec, Policy):
     return spec
@@ -108,5 +105,10 @@ def get_policy(spec: str | Policy) -> Policy:
     expect(_DTYPES[value] != jnp.float64 or jax.config.jax_enable_x64, f'precision {key}',
            'float32, bfloat16 or float16 (float64 needs JAX_ENABLE_X64=1; without it '
            'jax would silently compute in float32)', repr(value), ConfigError)
+    if _FIELDS[key] == 'output':
+      expect(_DTYPES[value] == jnp.float32, 'precision output',
+             'float32 (losses are computed in float32 from the model outputs, whatever '
+             'the compute dtype; drop the output field)', repr(value), ConfigError)
+      continue
     values[_FIELDS[key]] = _DTYPES[value]
   return Policy(**values)

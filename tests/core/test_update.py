@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import purax
 from purax import nn as pnn
 from purax.core import metrics as metrics_lib
-from purax.core import optim
+from purax.core import objectives, optim
 from purax.core.loss_scale import LossScale
 from purax.core.precision import get_policy
 from tests.helpers import tiny_batch, tiny_task, tree_equal
@@ -128,6 +128,28 @@ def test_a_step_with_non_finite_gradients_leaves_the_state_bitwise_unchanged_but
   assert computed['examples'] == 0                 # the skipped batch does not count
   if scaled:
     assert float(after.loss_scale.scale) == float(state.loss_scale.scale) / 2
+
+
+def test_a_step_whose_loss_is_not_finite_is_skipped_even_with_finite_gradients():
+  """A loss value the gradient does not see (a stop_gradient term that is inf on a
+  flagged batch): the gradients are finite, the loss is not, the step is skipped."""
+  @purax.loss_function(hparams={'label_smoothing': 0.0})
+  def loss(outputs, batch, hparams):
+    values, weight, metrics = objectives.classification(outputs, batch, hparams)
+    return values + jax.lax.stop_gradient(jnp.log(1.0 - batch['flag'])), weight, metrics
+
+  task = dataclasses.replace(tiny_task('mlp'), loss=loss)
+  batch = dict(tiny_batch(seed=0), flag=np.zeros((8,), np.float32))
+  state = task.init(jax.random.key(0), batch)
+  flagged = dict(batch, flag=np.eye(8, dtype=np.float32)[3])   # log(0) = -inf on one row
+  after, metrics = jax.jit(task.step)(state, flagged)
+  value, grads = jax.value_and_grad(lambda p: task.compute_loss(
+      p, state.model_state, flagged, state.step_key())[0])(state.params)
+  assert value == -np.inf and np.isfinite(float(optax.global_norm(grads)))
+  computed = metrics_lib.compute(metrics)
+  assert computed['skipped'] == 1 and tree_equal(after.params, state.params)
+  taken, _ = jax.jit(task.step)(state, batch)
+  assert not tree_equal(taken.params, state.params)
 
 
 @pytest.mark.parametrize('model', ['mlp', 'cnn'])

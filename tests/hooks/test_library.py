@@ -188,3 +188,17 @@ def test_ema_on_a_mesh_resumes_onto_the_sharded_params(tmp_path):
   jax.tree.map(lambda a, p: assert_same_sharding(a, p, 'ema'), resumed.params, final.params)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.params),
                jax.device_get(straight.params))
+
+
+@pytest.mark.parametrize('mode,scores', [('min', (1.0, 0.875, 0.75)), ('max', (0.25, 0.375, 0.5))])
+def test_early_stopping_counts_an_improvement_of_exactly_min_delta_as_stale(mode, scores):
+  """min_delta 0.25 from a best of 1.0 (max: 0.25): the next two scores improve by
+  0.125 and by exactly 0.25, neither more than min_delta, so both are stale and
+  patience 2 stops the run at the third evaluation, not later."""
+  hook = hooks_lib.EarlyStopping(metric='loss', mode=mode, patience=2, min_delta=0.25)
+  out = [hook(0, None, {'eval/loss': s})[1] for s in scores]
+  assert out == [{'early_stopping/stale': 0}, {'early_stopping/stale': 1},
+                 {'early_stopping/stale': 2, 'stop': True}]
+  assert hook.best == (1.0 if mode == 'min' else -0.25)
+  hook(0, None, {'eval/loss': scores[0] - 0.5 if mode == 'min' else scores[0] + 0.5})
+  assert hook.stale == 0       # an improvement of more than min_delta resets the count

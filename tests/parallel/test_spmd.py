@@ -4,6 +4,7 @@ BatchNorm averages over the mapped axis, dropout keys differ per device."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -39,26 +40,37 @@ def test_shard_map_step_equals_single_device(sizes, weighted, data):
                                  parallel.shard_map_step(RESNET, mesh), state, batches)
 
 
-def test_pmap_draws_a_distinct_dropout_mask_per_device():
+@pytest.mark.parametrize('path', ['pmap', 'shard_map'])
+def test_each_device_draws_its_dropout_mask_from_the_step_key_folded_with_its_index(path):
+  """With SGD the update of the mean gradient is the mean of the per-device
+  updates, so the two-device step must equal the mean of two single-device steps
+  on each half, device d's rng being fold_in(rng, d): the same key on both
+  devices (one mask twice) gives another value. The rng stays replicated."""
   task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(64,), dropout_rate=0.5),
-                    tx=purax.adamw(learning_rate=1e-2, total_steps=10))
-  x = np.ones((4, 8), np.float32)
-  batch = {'x': np.tile(x, (2, 1)), 'y': np.zeros((8,), np.int32)}
+                    tx=optax.sgd(0.5))
+  rng = np.random.default_rng(0)
+  batch = {'x': rng.normal(size=(8, 8)).astype(np.float32), 'y': rng.integers(0, 4, 8).astype(np.int32)}
   state = task.init(jax.random.key(0), batch)
-
-  def grads(state, batch):   # per-device gradients, before any psum
-    key = jax.random.fold_in(state.step_key(), jax.lax.axis_index('batch'))
-    return jax.grad(lambda p: task.compute_loss(p, {}, batch, key)[0])(state.params)
-
-  g = jax.pmap(grads, axis_name='batch', devices=jax.devices()[:2])(
-      parallel.replicate(state, 2), parallel.split_batch(batch, 2))
-  kernel = g['Dense_0']['kernel']
-  assert not np.allclose(kernel[0], kernel[1])   # same inputs, different masks
-  new, _ = parallel.pmap_step(task, devices=jax.devices()[:2])(
-      parallel.replicate(state, 2), parallel.split_batch(batch, 2))
-  np.testing.assert_array_equal(new.params['Dense_0']['kernel'][0],
-                                new.params['Dense_0']['kernel'][1])   # still replicated
-  assert (jax.random.key_data(new.rng[0]) == jax.random.key_data(state.rng)).all()
+  halves = [jax.tree.map(lambda v: v[4 * d:4 * d + 4], batch) for d in range(2)]
+  rng_before = np.asarray(jax.random.key_data(state.rng))   # shard_map_step donates state
+  with jax.default_matmul_precision('highest'):
+    local = [jax.jit(task.step)(state.replace(rng=jax.random.fold_in(state.rng, d)), halves[d])[0]
+             for d in range(2)]
+    expected = jax.tree.map(lambda a, b: (a + b) / 2, local[0].params, local[1].params)
+    same = [jax.jit(task.step)(state, halves[d])[0] for d in range(2)]   # one mask twice
+    one_key = jax.tree.map(lambda a, b: (a + b) / 2, same[0].params, same[1].params)
+    if path == 'pmap':
+      new, _ = parallel.pmap_step(task, devices=jax.devices()[:2])(
+          parallel.replicate(state, 2), parallel.split_batch(batch, 2))
+      params, rng_out = jax.tree.map(lambda v: v[0], new.params), new.rng[0]
+      np.testing.assert_array_equal(new.params['Dense_0']['kernel'][0],
+                                    new.params['Dense_0']['kernel'][1])   # still replicated
+    else:
+      new, _ = parallel.shard_map_step(task, testing.mesh_of({'data': 2}))(state, batch)
+      params, rng_out = new.params, new.rng
+  testing.assert_trees_close(params, expected, testing.Tolerance(rtol=1e-5, atol=1e-6))
+  assert not np.allclose(params['Dense_0']['kernel'], one_key['Dense_0']['kernel'], atol=1e-4)
+  np.testing.assert_array_equal(jax.random.key_data(rng_out), rng_before)
 
 
 def test_with_axis_name_sets_batchnorm_axis_only_where_supported():
