@@ -95,6 +95,15 @@ def is_random_access(data) -> bool:
       data, (dict, str, bytes))
 
 
+def holds_its_batches(data) -> bool:
+  """Whether ``data``'s batches can be handed to a step as they are: a list or
+  tuple of batches (held, so nothing refills them) or a source that builds new
+  arrays at every read and says so (``fresh_batches = True``, as
+  :func:`purax.io.pipeline.train_dataset` does). Other sources' batches are
+  copied once (:func:`purax.io.pipeline.owned`): a loader may refill its arrays."""
+  return isinstance(data, (list, tuple)) or getattr(data, 'fresh_batches', False) is True
+
+
 class _Source:
   """The batches of steps ``start, start + 1, ...`` and the data position after each."""
 
@@ -108,8 +117,10 @@ class _Source:
              self.num_steps, ConfigError)
       self.batches = (data[s] for s in range(start, self.num_steps))
       self.stateful = False
+      self.fresh = holds_its_batches(data)
       return
     self.num_steps = steps
+    self.fresh = False
     iterator = iter(data)
     self.stateful = callable(getattr(iterator, 'get_state', None)) and callable(
         getattr(iterator, 'set_state', None))
@@ -180,7 +191,9 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
     train_data: random access by step (``train_data[s]`` is the batch of step
       ``s``) or any iterable of batches (the module docstring). Its loader may
       refill a batch's arrays once it has yielded it: ``fit`` trains on a copy
-      where a call could still read it (:func:`purax.io.pipeline.owned`).
+      where a call could still read it (:func:`purax.io.pipeline.owned`),
+      except for a list or tuple of batches and a source marked
+      ``fresh_batches = True`` (:func:`holds_its_batches`).
     steps: the step to train to; default ``len(train_data)`` (random access)
       or until the iterable ends.
     plan: how the state is placed and stepped (:mod:`purax.plan`): default a
@@ -226,7 +239,8 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
               {'next_step': start, **({'iterator': restored.data_state}
                                       if restored.data_state is not None else {})},
               start=start, first=start,
-              ranges=[h.alone for h in hooks if getattr(h, 'alone', None) is not None])
+              ranges=[h.alone for h in hooks if getattr(h, 'alone', None) is not None],
+              fresh_batches=source.fresh)
   if first is not None and loop.metrics is None:
     loop.metrics = plan.zero_metrics(loop.state, first)
   loop.restore_hooks(restored.hook_states, restored.hook_arrays)

@@ -109,6 +109,36 @@ def test_a_loader_that_refills_its_arrays_trains_on_the_batches_it_yielded(steps
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize('steps_per_call', [1, 'auto'])
+def test_batches_are_copied_only_where_the_source_may_refill_them(steps_per_call, monkeypatch):
+  """A list of batches and purax's own training dataset (new arrays at every
+  read, ``fresh_batches``) go to the step as they are; an iterator's batches
+  are copied once each (purax.io.pipeline.owned): no per-step copy a bare
+  loop would not make, and none missing where a loader may refill."""
+  import purax.plan.auto as auto_mod
+  import purax.plan.single as single_mod
+  import purax.parallel.plan as plan_mod
+  copies = []
+
+  def counted(batch):
+    copies.append(1)
+    return pipeline.owned(batch)
+
+  for module in (auto_mod, single_mod, plan_mod):
+    monkeypatch.setattr(module, 'owned', counted)
+  task, train, _ = make(num_steps=8)
+  held = [train[s] for s in range(8)]
+  counts = {}
+  for name, data in (('list', held), ('dataset', train), ('iterator', iter(held))):
+    copies.clear()
+    state = task.init(jax.random.key(0), held[0])
+    loop.fit(task, state, data, steps=8, steps_per_call=steps_per_call,
+             hooks=purax.hooks.standard(log_every=4, progress=False))
+    counts[name] = len(copies)
+  assert train.fresh_batches is True
+  assert counts == {'list': 0, 'dataset': 0, 'iterator': 8}
+
+
 @pytest.mark.parametrize('steps_per_call', [1, 3, 'auto'])
 def test_a_batch_with_python_number_leaves_trains_like_one_without(steps_per_call):
   """Leaves jit takes as they are (a Python float, a list of ints) reach the

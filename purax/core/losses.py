@@ -52,6 +52,30 @@ def mean_squared_error(predictions: jax.Array, targets: jax.Array) -> jax.Array:
   return jnp.mean(jnp.square(err).reshape(err.shape[0], -1), axis=-1)
 
 
+def top1_correct(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """float32 0/1 ``[...]``: ``argmax(logits, -1) == labels`` (the first largest
+  logit on a tie, as ``jnp.argmax``), without an argmax pass.
+
+  The label's logit is compared with the row's max (the reduction the
+  softmax computes too, so XLA shares it) and a tie is broken by counting the
+  maxima before the label: both are plain reductions, where an argmax is a
+  variadic (value, index) reduction that the CPU backend does not fuse. A
+  row with a NaN logit counts as not correct.
+
+  Args:
+    logits: ``[..., classes]``, any float dtype.
+    labels: ``[...]`` integers in ``[0, classes)``.
+  """
+  labels = labels.astype(jnp.int32)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  picked = jnp.take_along_axis(logits, labels[..., None], axis=-1)
+  at_top = logits == top
+  before = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) < labels[..., None]
+  earlier = jnp.sum(at_top & before, axis=-1)
+  return jax.lax.stop_gradient((picked[..., 0] == top[..., 0]) & (earlier == 0)).astype(
+      jnp.float32)
+
+
 def token_cross_entropy(logits: jax.Array, labels: jax.Array,
                         label_smoothing: jax.Array | float = 0.0) -> jax.Array:
   """Per-token softmax cross-entropy for language models, in float32.

@@ -251,7 +251,7 @@ def classification(logits, batch, hparams):
   expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
          'an integer dtype (class labels)', jnp.result_type(y))
   values = losses.softmax_cross_entropy(logits, y, hparams['label_smoothing'])
-  correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
+  correct = losses.top1_correct(logits, y)      # argmax(logits) == y
   return values, _weight(batch, 1, y.shape), {'accuracy': correct}
 
 

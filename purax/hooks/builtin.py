@@ -296,7 +296,7 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
     checkpointer, checkpoint_every: :class:`Checkpoint` (when a checkpointer is given).
     should_stop, stop_every: :class:`Stop` (when ``should_stop`` is given).
     max_consecutive_skips: :class:`NonFiniteStreak` (None: off).
-    progress: :class:`Progress`.
+    progress: :class:`Progress` (False: no such hook).
     profile: ``(start, stop)`` of :class:`Profile`, written to ``profile_dir``.
     profile_memory: the profile also writes a device memory profile.
 
@@ -306,7 +306,8 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
   Raises:
     ConfigError: an option out of range (named).
   """
-  hooks: list[Any] = [Log(log_every, writer), Progress(progress)]
+  # No bar asked for: no hook that would run after every call to draw nothing.
+  hooks: list[Any] = [Log(log_every, writer)] + ([Progress()] if progress else [])
   if eval_data is not None:
     hooks.append(Evaluate(eval_data, eval_every))
   else:

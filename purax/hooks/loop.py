@@ -84,6 +84,8 @@ class Loop:
       outside them).
     ranges: ranges of ``state.step`` whose updates must run one per call
       (the hooks' ``alone``).
+    fresh_batches: the data's batches need no private copy
+      (:func:`purax.loop.holds_its_batches`).
   """
 
   task: Any
@@ -107,6 +109,7 @@ class Loop:
   hook_s: float = 0.0
   began: float | None = None
   ranges: list = dataclasses.field(default_factory=list)
+  fresh_batches: bool = False
 
   def hook_seconds(self) -> float:
     """Seconds spent in the hooks since ``fit`` started, up to now."""

@@ -48,7 +48,8 @@ def train_dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int,
 
   Returns:
     ``ds`` with ``len(ds) == num_steps`` and ``ds[s] == {'x': [batch, ...],
-    'y': [batch, ...]}``.
+    'y': [batch, ...]}``, new arrays at every read (``ds.fresh_batches``:
+    :func:`purax.fit` hands them to the step without a copy).
 
   Raises:
     ConfigError: ``batch_size`` not in ``[1, n]`` or ``num_steps < 1``.
@@ -72,7 +73,9 @@ def train_dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int,
     return gather(indices)
 
   import grain
-  return grain.MapDataset.range(num_steps).map(batch_of_step)
+  ds = grain.MapDataset.range(num_steps).map(batch_of_step)
+  ds.fresh_batches = True     # each read gathers new arrays: fit needs no copy of them
+  return ds
 
 
 def eval_batches(x: np.ndarray, y: np.ndarray, *, batch_size: int) -> grain.MapDataset:

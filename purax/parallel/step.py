@@ -99,11 +99,11 @@ class ShardedPlan(Plan):
             else jax.tree.map(lambda a: with_sharding(a, repl), tree)
             for name, tree in abstract.items()}
 
-  def feed(self, batches, sharding):
+  def feed(self, batches, sharding, *, copied: bool = False):
     """With several processes, each global batch as this process's rows of it,
     assembled on the mesh; with one, as :class:`Plan` places it."""
     if jax.process_count() == 1:
-      return super().feed(batches, sharding)
+      return super().feed(batches, sharding, copied=copied)
     return (distributed.global_batch(
         jax.tree.map(lambda v: v[distributed.process_rows(
             self.mesh, self.rules, len(jax.tree.leaves(batch)[0]))], batch),

@@ -145,7 +145,8 @@ def auto_batches(plan, host_batches: Iterator, loop) -> Iterator:
   """The calls of a ``steps_per_call='auto'`` fit (module docstring); the
   choice is left in ``plan.chosen_steps_per_call``."""
   # Held before their steps run: copied, as a loader may refill its arrays.
-  probe = [owned(b) for b in itertools.islice(host_batches, PROBE_STEPS)]
+  probe = [b if loop.fresh_batches else owned(b)
+           for b in itertools.islice(host_batches, PROBE_STEPS)]
   timed = [Timed(b, sync=i == len(probe) - 1) for i, b in enumerate(probe)]
   yield from ((t, 1) for t in timed)
   k = 1

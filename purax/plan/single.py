@@ -54,7 +54,8 @@ class Stacked(struct.PyTreeNode):
     return len(jax.tree.leaves(self.batches)[0])
 
 
-def stacked(batches: Iterable, start: int, k: int, alone=lambda step: False) -> Iterator:
+def stacked(batches: Iterable, start: int, k: int, alone=lambda step: False, *,
+            fresh: bool = False) -> Iterator:
   """Groups batches into :class:`Stacked` calls of ``k`` that end at multiples of
   ``k``; the steps before the first multiple (a resumed run), after the last (a
   tail shorter than ``k``) and every block of ``k`` holding a step that must
@@ -63,8 +64,9 @@ def stacked(batches: Iterable, start: int, k: int, alone=lambda step: False) -> 
   compilation.
 
   Each batch is copied once, into its slot of the call's new ``[k, ...]``
-  arrays (or :func:`purax.io.pipeline.owned` for a single), as it arrives: a
-  loader may refill its arrays once it has yielded them.
+  arrays (or :func:`purax.io.pipeline.owned` for a single, unless ``fresh``:
+  the source's batches need no copy), as it arrives: a loader may refill its
+  arrays once it has yielded them.
 
   Raises:
     DataError: a batch of a call whose structure, shapes or dtypes (as jit
@@ -80,7 +82,7 @@ def stacked(batches: Iterable, start: int, k: int, alone=lambda step: False) -> 
       single_until = step + k
     if not n and (step % k or step < single_until):
       step += 1
-      yield owned(batch)
+      yield batch if fresh else owned(batch)
       continue
     leaves, tree = jax.tree.flatten(batch)
     if n == 0:
@@ -129,9 +131,9 @@ class SingleDevicePlan(Plan):
   def calls(self, host_batches: Iterable, k: int, loop) -> Iterator:
     """``(input, steps)`` of each call from ``loop.step`` on, ``k`` steps per call."""
     if k == 1:
-      return ((b, 1) for b in to_step(host_batches, self.prefetch))
-    batches = to_step(stacked(host_batches, loop.step, k, loop.alone), self.prefetch,
-                      copied=True)
+      return ((b, 1) for b in to_step(host_batches, self.prefetch, copied=loop.fresh_batches))
+    batches = to_step(stacked(host_batches, loop.step, k, loop.alone, fresh=loop.fresh_batches),
+                      self.prefetch, copied=True)
     return ((b, b.steps if isinstance(b, Stacked) else 1) for b in batches)
 
   @staticmethod

@@ -7,10 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import purax
 from purax import parallel, testing
 from purax.core import population
+from purax.core.losses import top1_correct
 
 
 class Embed(nn.Module):
@@ -147,3 +149,21 @@ def test_a_per_example_metric_of_a_per_token_loss_counts_rows_with_weight():
   m = purax.metrics.compute(t.evaluate(t.init(jax.random.key(0), batch()), batch()))
   assert m['row_id'] == pytest.approx(1.5)          # rows 0..3 only
   assert m['examples'] == 4
+
+
+@settings(max_examples=30)
+@given(classes=st.sampled_from([1, 3, 10]), data=st.data())
+def test_accuracy_is_argmax_with_its_first_index_tie_break(classes, data):
+  """losses.top1_correct (classification's accuracy, no argmax pass) counts what
+  ``argmax(logits) == y`` counts, ties included: integer logits tie often, and
+  all-equal logits (a zero-initialized head) are correct for class 0 only."""
+  logits = np.asarray(data.draw(st.lists(st.integers(-2, 2), min_size=6 * classes,
+                                         max_size=6 * classes)), np.float32).reshape(6, classes)
+  y = np.asarray(data.draw(st.lists(st.integers(0, classes - 1), min_size=6, max_size=6)))
+  want = (np.argmax(logits, axis=-1) == y).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(_top1(logits, y)), want)
+  zeros = np.asarray(_top1(np.zeros((classes, classes), np.float32), np.arange(classes)))
+  np.testing.assert_array_equal(zeros, np.eye(1, classes)[0])
+
+
+_top1 = jax.jit(top1_correct)
