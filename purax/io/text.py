@@ -191,7 +191,9 @@ def train_dataset(ds: TextDataset, *, batch_size: int, seed: int,
     return {'x': windows[:, :-1], 'y': windows[:, 1:]}
 
   import grain
-  return grain.MapDataset.range(num_steps).map(batch_of_step)
+  ds = grain.MapDataset.range(num_steps).map(batch_of_step)
+  ds.fresh_batches = True     # each read gathers new windows: fit needs no copy of them
+  return ds
 
 
 def encode(text: str) -> np.ndarray:
