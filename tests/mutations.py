@@ -70,10 +70,10 @@ MUTATIONS = [
      'local = state', 'tests/parallel/test_spmd.py'),
     ('purax/core/precision.py', "expect(_DTYPES[value] == jnp.float32, 'precision output',",
      "expect(True, 'precision output',", 'tests/core/test_precision.py'),
-    ('purax/core/losses.py', ' & (earlier == 0)).astype(', ').astype(',
+    ('purax/core/losses.py', ' & (earlier == 0)).astype(', ').astype(  # earlier',
      'tests/core/test_objectives.py'),
     ('purax/loop.py', "return isinstance(data, (list, tuple)) or getattr(data, 'fresh_batches', False) is True",
-     'return True', 'tests/test_loop.py'),
+     'return True  # fresh', 'tests/test_loop.py'),
     ('purax/core/hparams.py', 'return node._replace(hyperparams={k: values.get(k, v)',
      'return node._replace(hyperparams={k: v', 'tests/core/test_optim.py tests/core/test_pbt.py'),
 ]

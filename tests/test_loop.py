@@ -129,14 +129,22 @@ def test_batches_are_copied_only_where_the_source_may_refill_them(steps_per_call
   task, train, _ = make(num_steps=8)
   held = [train[s] for s in range(8)]
   counts = {}
-  for name, data in (('list', held), ('dataset', train), ('iterator', iter(held))):
+  class Unmarked:            # random access, but nothing says its reads are new arrays
+    def __len__(self):
+      return len(held)
+
+    def __getitem__(self, s):
+      return held[s]
+
+  for name, data in (('list', held), ('dataset', train), ('iterator', iter(held)),
+                     ('unmarked', Unmarked())):
     copies.clear()
     state = task.init(jax.random.key(0), held[0])
     loop.fit(task, state, data, steps=8, steps_per_call=steps_per_call,
              hooks=purax.hooks.standard(log_every=4, progress=False))
     counts[name] = len(copies)
   assert train.fresh_batches is True
-  assert counts == {'list': 0, 'dataset': 0, 'iterator': 8}
+  assert counts == {'list': 0, 'dataset': 0, 'iterator': 8, 'unmarked': 8}
 
 
 @pytest.mark.parametrize('steps_per_call', [1, 3, 'auto'])
