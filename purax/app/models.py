@@ -80,7 +80,8 @@ class ModelConfig:
       scanned above purax.nn.transformer.SCAN_LAYERS_ABOVE layers. A run
       records the choice in config.json.
     precision: 'fp32', 'bf16' (params float32, compute bfloat16), 'fp16' (with
-      dynamic loss scaling) or 'params=DTYPE,compute=DTYPE,output=DTYPE'.
+      dynamic loss scaling) or 'params=DTYPE,compute=DTYPE' (',output=float32'
+      is accepted: losses are computed in float32).
   """
 
   name: Annotated[Literal[tuple(MODELS)], tyro.conf.arg(name='model')] = 'cnn'

@@ -92,7 +92,7 @@ def get_policy(spec: str | Policy) -> Policy:
   if spec in PRESETS:
     return PRESETS[spec]
   expect('=' in spec, 'precision', f'one of {sorted(PRESETS)} or '
-         "'params=DTYPE,compute=DTYPE,output=DTYPE'", repr(spec), ConfigError)
+         "'params=DTYPE,compute=DTYPE'", repr(spec), ConfigError)
   values = {}
   for part in spec.split(','):
     key, _, value = part.partition('=')
