@@ -23,7 +23,6 @@ import statistics
 import time
 
 import jax
-import optax
 
 import purax
 from purax import plan as plan_lib
@@ -31,7 +30,7 @@ from purax.app import rundir
 from purax.app.models import get_model
 from purax.io import datasets, pipeline
 
-from step_overhead import BATCH, handwritten_step
+from step_overhead import BATCH, handwritten_step, handwritten_tx
 
 
 def purax_ms(task, batches):
@@ -74,9 +73,7 @@ def main():
     data = pipeline.train_dataset(ds.x_train, ds.y_train, batch_size=BATCH, seed=0,
                                   num_steps=args.steps)
     batches = [jax.device_put(data[i]) for i in range(args.steps)]
-    tx = optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 2e-3, 50, 600),
-                                 weight_decay=1e-4))
+    tx = handwritten_tx(600)
     step = handwritten_step(task.model, tx)
     noguard = dataclasses.replace(task, skip_nonfinite=False)
     variants = {'purax_step': lambda: purax_ms(task, batches),

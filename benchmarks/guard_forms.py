@@ -46,7 +46,7 @@ from purax.app.models import get_model  # noqa: E402
 from purax.core import metrics as metrics_lib  # noqa: E402
 from purax.core import objectives, optim, update  # noqa: E402
 from purax.io import datasets, pipeline  # noqa: E402
-from step_overhead import handwritten_step  # noqa: E402
+from step_overhead import handwritten_step, handwritten_tx  # noqa: E402
 
 
 def _selected(loss_fn, tx, state, batch, settings, *, params_by_update: bool):
@@ -139,8 +139,7 @@ def main():
                                                      batches[0]))
     return run
 
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-      optax.warmup_cosine_decay_schedule(0.0, 2e-3, 50, args.steps), weight_decay=1e-4))
+  tx = handwritten_tx(args.steps)
   hand = handwritten_step(task.model, tx)
 
   def run_hand():

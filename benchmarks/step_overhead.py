@@ -83,10 +83,15 @@ def handwritten_step(model, tx):
   return jax.jit(step.__wrapped__, donate_argnums=(0, 1))
 
 
+def handwritten_tx(total_steps: int) -> optax.GradientTransformation:
+  """The hand-written loops' optimizer: ``purax.adamw(learning_rate=2e-3,
+  warmup_steps=50)``'s settings written with optax (clipping at 1, weight decay 1e-4)."""
+  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+      optax.warmup_cosine_decay_schedule(0.0, 2e-3, 50, total_steps), weight_decay=1e-4))
+
+
 def run_handwritten(task, state, batches, *, sync_every_step, device_put=True):
-  tx = optax.chain(optax.clip_by_global_norm(1.0),
-                   optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 2e-3, 50, len(batches)),
-                               weight_decay=1e-4))
+  tx = handwritten_tx(len(batches))
   step = handwritten_step(task.model, tx)
   params = jax.tree.map(jnp.copy, state.params)
   opt_state = tx.init(params)

@@ -36,6 +36,14 @@ def _gather(x: np.ndarray, y: np.ndarray):
   return gather
 
 
+def fresh(ds):
+  """``ds`` marked ``fresh_batches = True``: every read builds new arrays, so
+  :func:`purax.fit` hands its batches to the step without a copy
+  (:func:`purax.loop.holds_its_batches`). Returns ``ds``."""
+  ds.fresh_batches = True
+  return ds
+
+
 def train_dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int,
                   num_steps: int) -> grain.MapDataset:
   """A grain ``MapDataset`` of ``num_steps`` training batches, random access by step.
@@ -73,9 +81,7 @@ def train_dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int,
     return gather(indices)
 
   import grain
-  ds = grain.MapDataset.range(num_steps).map(batch_of_step)
-  ds.fresh_batches = True     # each read gathers new arrays: fit needs no copy of them
-  return ds
+  return fresh(grain.MapDataset.range(num_steps).map(batch_of_step))   # gathers new arrays
 
 
 def eval_batches(x: np.ndarray, y: np.ndarray, *, batch_size: int) -> grain.MapDataset:

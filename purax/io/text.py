@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from purax.core.errors import ConfigError, DataError, expect
+from purax.io import pipeline
 
 # grain is imported on use: the core and the models need only jax, flax and optax
 # (so benchmarks/lm.py runs on a GPU image without grain).
@@ -191,9 +192,7 @@ def train_dataset(ds: TextDataset, *, batch_size: int, seed: int,
     return {'x': windows[:, :-1], 'y': windows[:, 1:]}
 
   import grain
-  ds = grain.MapDataset.range(num_steps).map(batch_of_step)
-  ds.fresh_batches = True     # each read gathers new windows: fit needs no copy of them
-  return ds
+  return pipeline.fresh(grain.MapDataset.range(num_steps).map(batch_of_step))   # new windows
 
 
 def encode(text: str) -> np.ndarray:

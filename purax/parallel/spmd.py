@@ -155,15 +155,16 @@ def shard_map_step(task: Task, mesh: Mesh, rules: Rules | None = None) -> Callab
                        in_specs=(P(), P(axes)), out_specs=(P(), P()),
                        check_vma=False)
   jitted = jax.jit(body, donate_argnums=0)
-  checked = []
+  checked = False
 
   def step(state, batch):
+    nonlocal checked
     n = jnp.shape(jax.tree.leaves(batch)[0])[0]
     expect(n % size == 0, "the batch's leading axis (global batch size)",
            f'a multiple of {size} (the batch axes {axes})', n, DataError)
     if not checked:   # once (a trace, no compile): no per-step host work after it
       check_state_reduced(task, mesh, axes, state, batch)
-      checked.append(True)
+      checked = True
     return jitted(state, batch)
 
   return step
