@@ -49,17 +49,34 @@ def params_differ(a, b):
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+def with_hyperparam(state, name, value, member=None):
+  """``state`` with every ``opt_state`` leaf named ``name`` (an injected
+  hyperparameter) set to ``value`` by plain tree surgery, past the setters'
+  checks; ``member``: only that member's entry of a stacked state."""
+  def put(path, x):
+    if not jax.tree_util.keystr(path).endswith(f"['{name}']"):
+      return x
+    return jnp.full_like(x, value) if member is None else x.at[member].set(value)
+  return state.replace(opt_state=jax.tree_util.tree_map_with_path(put, state.opt_state))
+
+
 @contextlib.contextmanager
 def compilations():
-  """Yields a list that collects one entry per XLA backend compilation inside."""
+  """Yields a list that collects one entry per XLA compilation inside: a
+  backend compile, or a load of the same executable from the suite's
+  persistent compilation cache (which stands in for one)."""
   events = []
   listener = lambda event, *a, **k: events.append(event) if 'backend_compile' in event \
       else None   # noqa: E731
+  hits = lambda event, *a, **k: events.append(event) if event.endswith('/cache_hits') \
+      else None   # noqa: E731
   jax.monitoring.register_event_duration_secs_listener(listener)
+  jax.monitoring.register_event_listener(hits)
   try:
     yield events
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
+    jax.monitoring.unregister_event_listener(hits)
 
 
 __all__ = ['tiny_batch', 'tiny_task', 'tree_equal', 'params_differ', 'jnp']

@@ -123,19 +123,47 @@ def get(state, tx=None) -> dict[str, jax.Array]:
   return found
 
 
+#: The interval of a hyperparameter that :func:`set` checks without a row in
+#: :data:`BOUNDS` (a user's loss or model hyperparameter may be negative): finite.
+FINITE = Bounds(-math.inf, math.inf, low_open=True, high_open=True)
+
+
+def check(name: str, value) -> None:
+  """Checks a concrete value of hyperparameter ``name``: finite and, for a name
+  of :data:`BOUNDS`, inside its interval.
+
+  Args:
+    name: the hyperparameter's name in the state.
+    value: a number or an array (``[members]`` for a stacked state). A value
+      traced under ``jit`` / ``vmap`` is not checked (it has no value yet; the
+      step's guard skips an update that a non-finite one would spoil, see
+      :func:`all_finite`).
+
+  Raises:
+    ConfigError: ``hyperparameter NAME: expected a finite value in
+      INTERVAL, got VALUE``, naming the member (``NAME[i]``) of an array.
+  """
+  if isinstance(value, jax.core.Tracer):
+    return
+  rule = BOUNDS.get(name, FINITE)
+  for index, v in np.ndenumerate(np.asarray(value, np.float64)):
+    rule.check(v, f'hyperparameter {name}' + (f'{list(index)}' if index else ''))
+
+
+def all_finite(state) -> jax.Array:
+  """bool ``[]``: every hyperparameter of ``state`` (:func:`get`, without the
+  schedule) is finite. Traceable and nearly free (a few scalars): the step's
+  guard ands it with the loss and the gradient norm, so a non-finite value
+  that reached the state past :func:`check` (written into ``opt_state``
+  directly, or traced) skips the update instead of spoiling every parameter."""
+  values = [jnp.all(jnp.isfinite(v)) for v in get(state).values()]
+  return jnp.all(jnp.stack(values)) if values else jnp.ones((), bool)
+
+
 def _value(name: str, value) -> jax.Array:
   """``value`` as a new float32 array (a caller's array never becomes a state
-  leaf, so a donating step cannot delete it); a concrete value must be finite
-  and, for a name of :data:`BOUNDS`, inside its interval."""
-  if not isinstance(value, jax.core.Tracer):
-    values = np.asarray(value, np.float64)
-    expect(bool(np.all(np.isfinite(values))), f'hyperparameter {name}',
-           'finite values (a non-finite rate would turn every parameter into NaN)',
-           values.tolist(), ConfigError)
-    if name in BOUNDS:
-      expect(all(BOUNDS[name].contains(float(v)) for v in values.reshape(-1)),
-             f'hyperparameter {name}', f'values in {BOUNDS[name].interval()}', values.tolist(),
-             ConfigError)
+  leaf, so a donating step cannot delete it), :func:`check`-ed."""
+  check(name, value)
   return jnp.array(value, jnp.float32, copy=True)
 
 
@@ -150,8 +178,9 @@ def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: di
 
   Raises:
     ConfigError: a name the state does not carry, a non-finite value, or a
-      value outside its :data:`BOUNDS` interval (named; values traced under
-      ``jit`` are not checked).
+      value outside its :data:`BOUNDS` interval (:func:`check`: named, with
+      the member of a stacked value; values traced under ``jit`` / ``vmap``
+      are not checked, and the step's guard skips an update they would spoil).
   """
   values = {**(values or {}), **kwargs}
   known = names(state)

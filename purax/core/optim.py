@@ -7,6 +7,7 @@ population of them) never recompiles, and bfloat16 params never round
 """
 
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -133,8 +134,9 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
     warmup_steps: linear warmup length (static).
     weight_decay: decoupled weight decay coefficient.
     b1, b2, eps: Adam's moment decay rates and denominator epsilon.
-    clip_norm: gradients are rescaled to at most this global L2 norm (> 0;
-      ``float("inf")``: no clipping).
+    clip_norm: gradients are rescaled to at most this global L2 norm (> 0,
+      finite: a state's hyperparameters are; no clipping: a large value,
+      e.g. ``1e30``).
     eps_root: added to the second moment inside the square root,
       ``sqrt(nu + eps_root)`` (static; optax's ``eps_root``). 0 is Adam as
       published; differentiating *through* training (``jax.grad`` of a loss
@@ -148,17 +150,25 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
     ``learning_rate(opt_state)`` is the rate the next update applies.
 
   Raises:
-    ConfigError: a value out of range, naming the field.
+    ConfigError: a value out of range or not finite (NaN, ``inf``), naming
+      the field.
   """
+  for name, value in (('learning_rate', learning_rate), ('weight_decay', weight_decay),
+                      ('b1', b1), ('b2', b2), ('eps', eps), ('clip_norm', clip_norm),
+                      ('eps_root', eps_root)):
+    expect(math.isfinite(value), name, 'a finite number (a non-finite hyperparameter would '
+           'turn every parameter into NaN)', value, ConfigError)
   expect(learning_rate >= 0, 'learning_rate', '>= 0', learning_rate, ConfigError)
   expect(total_steps >= 1, 'total_steps', '>= 1', total_steps, ConfigError)
   expect(0 <= warmup_steps, 'warmup_steps', '>= 0', warmup_steps, ConfigError)
   expect(0 <= b1 < 1, 'b1', 'in [0, 1)', b1, ConfigError)
   expect(0 <= b2 < 1, 'b2', 'in [0, 1)', b2, ConfigError)
   expect(clip_norm > 0, 'clip_norm', '> 0 (gradients are rescaled to at most this norm: 0 '
-         'would zero them; inf does not clip)', clip_norm, ConfigError)
+         'would zero them)', clip_norm, ConfigError)
   expect(weight_decay >= 0, 'weight_decay', '>= 0', weight_decay, ConfigError)
   expect(eps_root >= 0, 'eps_root', '>= 0', eps_root, ConfigError)
+  expect(eps > 0 or eps_root > 0, 'eps', '> 0 (or eps_root > 0: with both 0 a gradient entry '
+         'that is 0 from the start divides 0 by 0)', eps, ConfigError)
   return _adamw(float(learning_rate), int(total_steps), int(warmup_steps), float(weight_decay),
                 float(b1), float(b2), float(eps), float(clip_norm), float(eps_root))
 

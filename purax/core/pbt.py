@@ -17,22 +17,24 @@ Example::
 from __future__ import annotations
 
 import functools
+import math
 from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from purax.core.errors import ConfigError, expect
 from purax.core import hparams as hparams_lib
 from purax.core.population import Population
 
-# Hyperparameters that must stay inside an interval after a perturbation.
+_MAX = float(np.finfo(np.float32).max)
 
 
 def _check(members: int, fraction: float, factors: Sequence[float]) -> int:
   expect(0.0 < fraction <= 0.5, 'fraction', 'in (0, 0.5]', fraction, ConfigError)
-  expect(len(factors) >= 1 and all(f > 0 for f in factors), 'factors',
-         'one or more positive numbers', tuple(factors), ConfigError)
+  expect(len(factors) >= 1 and all(math.isfinite(f) and f > 0 for f in factors), 'factors',
+         'one or more finite positive numbers', tuple(factors), ConfigError)
   return max(1, int(fraction * members)) if members >= 2 else 0
 
 
@@ -71,7 +73,9 @@ def _exploit_explore(pop, scores, key, *, fraction, factors, names, bounds):
   for name, k in zip(names, keys):
     factor = table[jax.random.randint(k, (members,), 0, len(factors))]
     value = jnp.where(copied, hparams[name] * factor, hparams[name])
-    lo, hi = dict(bounds).get(name, (0.0, jnp.inf))
+    # Finite ends: a perturbed value is finite unless its source was not (a
+    # hyperparameter traced here is not checked; the step's guard skips it).
+    lo, hi = np.clip(dict(bounds).get(name, hparams_lib.DEFAULT_BOUNDS.clip()), -_MAX, _MAX)
     perturbed[name] = jnp.clip(value, lo, hi).astype(jnp.float32)
   new = new.replace(state=hparams_lib.set(new.state, perturbed))
   return new, {'source': source, 'copied': copied}
@@ -94,7 +98,10 @@ def exploit_explore(pop: Population, scores: jax.Array, *, key: jax.Array,
       hyperparameter (Jaderberg et al. use 0.8 and 1.2).
     names: hyperparameters to perturb (default: ``('peak_learning_rate',)``).
     bounds: name -> (low, high) clip after perturbing (default:
-      :data:`purax.core.hparams.BOUNDS`; others are clipped to ``[0, inf)``).
+      :data:`purax.core.hparams.BOUNDS`; others are clipped to ``[0, inf)``);
+      an infinite end clips at float32's largest value, so a perturbed value
+      is finite unless the member's was (traced here, unchecked by the
+      setter: the step's guard skips that member's updates).
 
   Returns:
     ``(pop, info)``: each copied member holds its source's params,
@@ -104,8 +111,8 @@ def exploit_explore(pop: Population, scores: jax.Array, *, key: jax.Array,
     copied) and ``info['copied']`` bool ``[members]``.
 
   Raises:
-    ConfigError: ``fraction`` out of range, non-positive factors, or an
-      unknown hyperparameter name.
+    ConfigError: ``fraction`` out of range, non-positive or non-finite
+      factors, or an unknown hyperparameter name.
   """
   bounds = {n: hparams_lib.bounds(n).clip() for n in hparams_lib.BOUNDS} if bounds is None else bounds
   expect(jnp.shape(scores) == (pop.num_members,), 'scores.shape',

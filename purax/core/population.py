@@ -13,10 +13,11 @@ evaluate every member on one shared batch or on per-member batches. Member
 ``i`` computes exactly what a standalone run with hyperparameters ``i`` and key
 ``i`` computes; nothing mixes members.
 
-A member whose loss or gradients become non-finite is frozen: the task's
-non-finite guard (on in a population whatever ``task.skip_nonfinite`` says)
-skips that update, so its state keeps its last finite value, including its
-``step``; ``diverged[i]`` is set for good, and its metrics carry the flag.
+A member whose loss, gradients or hyperparameters become non-finite is
+frozen: the task's non-finite guard (on in a population whatever
+``task.skip_nonfinite`` says) skips that update, so its state keeps its last
+finite value, including its ``step``; ``diverged[i]`` is set for good, and
+its metrics carry the flag.
 Parameters made non-finite by a finite update (a finite gradient times an
 absurd learning rate) make the next step's loss non-finite: the member is
 frozen there, keeping those parameters. With dynamic loss scaling (float16) a
@@ -93,10 +94,13 @@ class Population(struct.PyTreeNode):
 
 
 def check_hparams(hparams: HParams, members: int) -> dict[str, jax.Array]:
-  """Checks each value is a float ``[members]`` array; returns them as float32.
+  """Checks each value is a real ``[members]`` array of finite values in
+  bounds (:func:`purax.core.hparams.check`; a traced value, under ``jit``, is
+  checked for shape and dtype only); returns them as float32.
 
   Raises:
-    ConfigError: a value of another shape or a non-float dtype, naming it.
+    ConfigError: a value of another shape or dtype, or a member's value
+      non-finite or out of bounds (``hyperparameter NAME[i]``), naming it.
   """
   out = {}
   for name, value in hparams.items():
@@ -105,6 +109,7 @@ def check_hparams(hparams: HParams, members: int) -> dict[str, jax.Array]:
            list(value.shape), ConfigError)
     expect(jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer),
            f'hparams[{name!r}].dtype', 'a real dtype', value.dtype, ConfigError)
+    hparams_lib.check(name, value)
     out[name] = jnp.array(value, jnp.float32, copy=True)
   return out
 
@@ -128,8 +133,9 @@ def init(task, keys: jax.Array, hparams: HParams, batch) -> Population:
     A :class:`Population` with nothing diverged or stopped.
 
   Raises:
-    ConfigError: no members, an unknown hyperparameter, or a value not
-      ``[members]``. DataError: a malformed batch.
+    ConfigError: no members, an unknown hyperparameter, a value not
+      ``[members]``, or a concrete member's value non-finite or out of bounds
+      (:func:`check_hparams`). DataError: a malformed batch.
   """
   members = int(jnp.shape(keys)[0]) if jnp.ndim(keys) else 0
   expect(members >= 1, 'members', '>= 1', members, ConfigError)
@@ -158,8 +164,9 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   # Without loss scaling every skipped update is a divergence; with it a skip
   # is an overflow, expected and handled (the scale halves). Divergence is
   # what the guard sees (the loss and the gradients' norm, which the step
-  # computes anyway): params made non-finite by a finite update (a finite
-  # gradient times an absurd learning rate) are caught at the member's next
+  # computes anyway, and the member's hyperparameters): params made
+  # non-finite by a finite update (a finite gradient times an absurd
+  # learning rate) are caught at the member's next
   # step, whose loss they make non-finite. Checking the params themselves
   # every step was measured at ~5% of a small member's step.
   newly = (jnp.zeros((), bool) if state.loss_scale is not None

@@ -29,9 +29,11 @@ microbatches, loss-scaled, summed across devices), then a guarded update.
   times ``state.loss_scale``; the gradient is divided by it right after, in
   float32. The scale applied is the state's, whatever the batch size.
 - Non-finite guard: when the gradients' global norm (any NaN or inf in any
-  gradient makes it non-finite) or the loss is not finite, the update is
-  skipped — params, optimizer state (its counters, hence the schedule, too)
-  and model state stay bitwise as they were — and the step counts in
+  gradient makes it non-finite), the loss or a hyperparameter in the state
+  (:func:`purax.core.hparams.all_finite`: one written into ``opt_state``
+  past the setters' checks) is not finite, the update is skipped — params,
+  optimizer state (its counters, hence the schedule, too) and model state
+  stay bitwise as they were — and the step counts in
   ``metrics['skipped']``; its loss metrics are zeroed so the window's
   averages stay finite. ``state.step`` still advances: it counts steps taken
   (batches consumed, the data position). The loss scale, if any, is halved.
@@ -46,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from purax.core import hparams as hparams_lib
 from purax.core import loops
 from purax.core import metrics as metrics_lib
 from purax.core import optim
@@ -230,8 +233,12 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
   if not guard:
     return apply(state), metrics
   # Any NaN or inf in any gradient makes their global norm non-finite (the
-  # norm itself does not overflow: optim.global_norm rescales).
-  finite = jnp.logical_and(jnp.isfinite(grad_norm), jnp.isfinite(metrics['loss'].total))
+  # norm itself does not overflow: optim.global_norm rescales). A non-finite
+  # hyperparameter (a NaN learning rate) spoils the update from finite
+  # gradients: testing those few scalars costs nothing, where testing the
+  # updates (a pass over every parameter) would have to run before the cond.
+  finite = (jnp.isfinite(grad_norm) & jnp.isfinite(metrics['loss'].total)
+            & hparams_lib.all_finite(state))
   # A branch taken at run time, not a select over every leaf: a select keeps
   # the old params/opt_state alive next to the new ones, which makes XLA copy
   # the optimizer's moments before updating them in place (a third of a small

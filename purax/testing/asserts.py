@@ -101,7 +101,9 @@ def assert_trees_close(actual: Any, expected: Any, tol: Tolerance, *, what: str 
       continue
     wide = np.complex128 if jnp.issubdtype(a.dtype, jnp.complexfloating) else np.float64
     a64, e64 = a.astype(wide), e.astype(wide)
-    diff = np.nanmax(np.abs(a64 - e64)) if a64.size and not np.isnan(a64 - e64).all() else 0.0
+    with np.errstate(invalid='ignore'):   # inf - inf: equal infinities are no difference
+      delta = np.abs(a64 - e64)
+    diff = np.nanmax(delta) if a64.size and not np.isnan(delta).all() else 0.0
     _chex(chex.assert_trees_all_close, a64, e64, rtol=tol.rtol, atol=tol.atol, name=name,
           detail=f'max |actual - expected| = {diff:.3g} exceeds '
                  f'atol={tol.atol:g} + rtol={tol.rtol:g} * |expected|')

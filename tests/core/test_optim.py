@@ -4,9 +4,11 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import purax
+from purax.core import hparams as hparams_lib
 from purax.core import optim
 
 
@@ -70,12 +72,58 @@ def test_the_setter_refuses_values_outside_the_bounds_table_and_points_at_the_pe
                     tx=purax.adamw(learning_rate=1e-3, total_steps=10))
   state = task.init(jax.random.key(0), {'x': np.zeros((2, 5), np.float32),
                                         'y': np.zeros((2,), np.int32)})
-  with pytest.raises(purax.ConfigError, match=r'hyperparameter weight_decay: expected values '
-                                              r'in \[0, 1\], got -1.0'):
+  with pytest.raises(purax.ConfigError, match=r'hyperparameter weight_decay: expected a finite '
+                                              r'value in \[0, 1\], got -1.0'):
     purax.set_hyperparams(state, weight_decay=-1.0)
-  with pytest.raises(purax.ConfigError, match=r'hyperparameter b2: expected values in \[0, 1\)'):
+  with pytest.raises(purax.ConfigError, match=r'hyperparameter b2: expected a finite value in '
+                                              r'\[0, 1\)'):
     purax.set_hyperparams(state, b2=1.0)
   with pytest.raises(purax.ConfigError, match=r'set that'):
     purax.set_hyperparams(state, learning_rate=1e-4)
   assert float(purax.set_hyperparams(state, weight_decay=0.5).opt_state.hyperparams[
       'weight_decay']) == 0.5
+
+
+NON_FINITE = [float('nan'), float('inf'), -float('inf')]
+
+
+@pytest.mark.parametrize('value', NON_FINITE)
+@pytest.mark.parametrize('field', ['learning_rate', 'weight_decay', 'b1', 'b2', 'eps',
+                                   'clip_norm', 'eps_root'])
+def test_adamw_refuses_a_non_finite_value_by_name(field, value):
+  """Issue 28.5: ``adamw(learning_rate=inf)`` was accepted (NaN was refused only
+  by the range check)."""
+  with pytest.raises(purax.ConfigError,
+                     match=rf'^{field}: expected a finite number .*, got {value}$'):
+    purax.adamw(total_steps=10, **{field: value})
+
+
+def test_adamw_refuses_eps_zero_without_eps_root_and_the_update_it_would_spoil_is_real():
+  """With eps = eps_root = 0, a parameter whose gradient is 0 from the start
+  gets 0 / 0 = NaN from finite gradients, loss and hyperparameters, where
+  the guard cannot see it: refused by name."""
+  with pytest.raises(purax.ConfigError, match=r'^eps: expected > 0 \(or eps_root > 0'):
+    purax.adamw(total_steps=10, eps=0.0)
+  tx = optax.adam(1e-3, eps=0.0)                    # the update the refusal prevents
+  params = {'w': jnp.ones(2)}
+  grads = {'w': jnp.array([0.0, 1.0])}
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert np.isnan(np.asarray(updates['w'])[0])
+  purax.adamw(total_steps=10, eps=0.0, eps_root=1e-16)   # eps_root keeps the root positive
+
+
+@pytest.mark.parametrize('value', NON_FINITE)
+def test_the_setter_refuses_a_non_finite_value_of_every_hyperparameter_by_name(value):
+  """Issue 28.5, every name a state carries (the optimizer's and the loss's,
+  with and without a row in the bounds table): refused, the state unchanged."""
+  task = purax.Task(model=purax.nn.MLP(num_classes=3, features=(4,)),
+                    tx=purax.adamw(learning_rate=1e-3, total_steps=10))
+  state = task.init(jax.random.key(0), {'x': np.zeros((2, 5), np.float32),
+                                        'y': np.zeros((2,), np.int32)})
+  names = hparams_lib.names(state)
+  assert set(names) == {'peak_learning_rate', 'weight_decay', 'b1', 'b2', 'eps', 'clip_norm',
+                        'label_smoothing'}
+  for name in names:
+    with pytest.raises(purax.ConfigError, match=rf'^hyperparameter {name}: expected a finite '
+                                                rf'value in .*, got {value}$'):
+      purax.set_hyperparams(state, {name: value})

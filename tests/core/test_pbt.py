@@ -130,3 +130,21 @@ def test_bad_arguments_are_named():
     pbt.exploit_explore(pop, jnp.zeros(3), key=jax.random.key(0), names=('lr',))
   with pytest.raises(ConfigError, match=r'scores.shape: expected \[3\]'):
     pbt.exploit_explore(pop, jnp.zeros(2), key=jax.random.key(0))
+
+
+def test_explore_cannot_make_a_hyperparameter_non_finite():
+  """Issue 28.5: PBT writes its perturbed values traced (unchecked by the
+  setter), so they are finite by construction: finite factors (an infinite
+  one refused by name) and finite clip ends (an infinite bound, or the
+  default one of a name without a row, clips at float32's largest value)."""
+  pop = population()
+  with pytest.raises(ConfigError, match=r'^factors: expected one or more finite positive '
+                                        r'numbers, got \(1.25, inf\)'):
+    pbt.exploit_explore(pop, jnp.zeros(3), key=jax.random.key(0), factors=(1.25, np.inf))
+  huge = pop.replace(state=purax.set_hyperparams(pop.state, eps=np.float32([3e38] * 3)))
+  for bounds in (None, {'eps': (0.0, np.inf)}):
+    new, info = pbt.exploit_explore(huge, jnp.float32([0.0, 1.0, 2.0]), key=jax.random.key(0),
+                                    factors=(1.25,), names=('eps',), bounds=bounds)
+    assert np.asarray(info['copied']).tolist() == [False, False, True]
+    eps = np.asarray(purax.hyperparams(new.state)['eps'])
+    assert np.isfinite(eps).all() and eps[2] > np.float32(3e38), (bounds, eps)

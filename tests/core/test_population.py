@@ -29,7 +29,7 @@ from purax.core import population as P
 from purax.core.errors import ConfigError
 from purax.core.metrics import zeros_of as zero_metrics
 from purax.plan import train_step
-from tests.helpers import params_differ
+from tests.helpers import assert_bitwise, params_differ, with_hyperparam
 
 from tests.helpers_population import (ATOL, FEATURES, RTOL, TASK, batch,
                                      keys, make_task, pinit, pstep, sinit,
@@ -203,6 +203,43 @@ def test_bad_input_is_named():
     P.init(TASK, keys([0, 1]), {'b1': np.float32([0.9])}, batch())
   with pytest.raises(ConfigError, match='patience: expected >= 1'):
     P.early_stopping(pinit(TASK, keys([0, 1, 2]), {}, batch()), jnp.zeros(3), patience=0)
+
+
+def test_a_non_finite_member_value_is_refused_by_init_and_the_setter_naming_the_member():
+  """Issue 28.5: init checks concrete values per member (under jit they are
+  traced: the step's guard covers them, next test), as the setter does on a
+  stacked state."""
+  with pytest.raises(ConfigError, match=r'^hyperparameter peak_learning_rate\[1\]: expected a '
+                                        r'finite value in \(0, 10\], got nan$'):
+    P.init(TASK, keys([0, 1, 2]), {'peak_learning_rate': np.float32([1e-3, np.nan, 1e-3])},
+           batch())
+  pop = pinit(TASK, keys([0, 1, 2]), {}, batch())
+  with pytest.raises(ConfigError, match=r'^hyperparameter eps\[2\]: expected a finite value '
+                                        r'in .*, got inf$'):
+    purax.set_hyperparams(pop.state, eps=np.float32([1e-8, 1e-8, np.inf]))
+
+
+_STRATEGY_STEP = jax.jit(P.step, static_argnums=0, static_argnames='strategy')
+
+
+@pytest.mark.parametrize('strategy', ['sequential', 'vmap'])
+def test_a_member_with_a_non_finite_hyperparameter_in_its_state_is_skipped_the_others_not(
+    strategy):
+  """Issue 28.5: a NaN learning rate written into member 1's ``opt_state`` (past
+  the setters, or traced through them): member 1's update is skipped and it
+  is frozen as diverged, its state bitwise as it was; the others are
+  updated exactly as without it. One member at a time (the guard's cond) and
+  vmapped (the cond becomes a select)."""
+  pop0 = pinit(TASK, keys([0, 1, 2]), {}, batch())
+  bad = pop0.replace(state=with_hyperparam(pop0.state, 'peak_learning_rate', np.nan, member=1))
+  pop, m = _STRATEGY_STEP(TASK, bad, batch(), strategy=strategy)
+  clean, _ = _STRATEGY_STEP(TASK, pop0, batch(), strategy=strategy)
+  assert metrics_lib.compute(m)['skipped'].tolist() == [0, 1, 0]
+  assert np.asarray(pop.diverged).tolist() == [False, True, False]
+  assert_bitwise(P.member(pop, 1), P.member(bad, 1), 'member 1')
+  for i in (0, 2):
+    assert params_differ(P.member(pop, i).params, P.member(pop0, i).params)
+    assert_bitwise(P.member(pop, i), P.member(clean, i), f'member {i}')
 
 
 def test_init_traces_abstractly_and_member_stack_round_trip():

@@ -17,7 +17,7 @@ from purax.core import metrics as metrics_lib
 from purax.core import objectives, optim
 from purax.core.loss_scale import LossScale
 from purax.core.precision import get_policy
-from tests.helpers import tiny_batch, tiny_task, tree_equal
+from tests.helpers import assert_bitwise, tiny_batch, tiny_task, tree_equal, with_hyperparam
 from purax.app.models import get_model
 
 
@@ -150,6 +150,24 @@ def test_a_step_whose_loss_is_not_finite_is_skipped_even_with_finite_gradients()
   assert computed['skipped'] == 1 and tree_equal(after.params, state.params)
   taken, _ = jax.jit(task.step)(state, batch)
   assert not tree_equal(taken.params, state.params)
+
+
+@pytest.mark.parametrize('name, value', [('peak_learning_rate', np.nan),
+                                         ('peak_learning_rate', np.inf), ('eps', -np.inf)])
+def test_a_non_finite_hyperparameter_written_into_opt_state_skips_the_update(name, value):
+  """Issue 28.5: a NaN learning rate that reached ``opt_state`` past the setters
+  (here by tree surgery) gave finite gradients, ``skipped 0`` and NaN params;
+  the guard tests the state's hyperparameters too: skipped, state unchanged."""
+  task, batch = tiny_task('mlp'), tiny_batch(seed=1)
+  state = _INIT(task, jax.random.key(1), batch)
+  poisoned = with_hyperparam(state, name, value)
+  after, metrics = _STEP(task, poisoned, batch)
+  computed = metrics_lib.compute(metrics)
+  assert computed['skipped'] == 1 and computed['skip_streak'] == 1
+  for field in ('params', 'opt_state', 'model_state', 'hparams'):
+    assert_bitwise(getattr(after, field), getattr(poisoned, field), field)
+  assert int(after.step) == int(state.step) + 1
+  assert metrics_lib.compute(_STEP(task, state, batch)[1])['skipped'] == 0   # clean: applied
 
 
 @pytest.mark.parametrize('model', ['mlp', 'cnn'])
