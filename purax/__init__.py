@@ -30,7 +30,7 @@ from purax.io.checkpoint import Checkpointer as Checkpointer
 from purax.io.checkpoint.run import restore_or_init as restore_or_init
 from purax import hooks as hooks
 from purax import plan as plan
-from purax.loop import StopOnSignal as StopOnSignal
+from purax.io.signals import StopOnSignal as StopOnSignal
 from purax.loop import evaluate as evaluate
 from purax.loop import fit as fit
 

@@ -22,10 +22,7 @@ Data comes from either kind of source:
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
-import signal
-import threading
 import time
 import warnings
 from typing import Any, Iterable, Literal
@@ -40,37 +37,6 @@ from purax.hooks.builtin import standard
 from purax.hooks.loop import Loop, cadences, due, gcd, name_of
 from purax.io.checkpoint.run import Restored
 from purax.plan import SingleDevicePlan
-
-
-class StopOnSignal(contextlib.AbstractContextManager):
-  """Turns SIGTERM/SIGINT into a flag polled by the loop; a second signal acts as usual.
-
-  Use as ``with StopOnSignal() as stop: fit(..., hooks=standard(should_stop=stop))``: the
-  loop then finishes its step, checkpoints and returns; ``stop.received``
-  names the signal. Handlers are installed only on the main thread.
-  """
-
-  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
-    self.signals, self.received, self._previous = signals, None, {}
-
-  def __call__(self) -> bool:
-    return self.received is not None
-
-  def _handle(self, signum, frame):
-    self.received = signal.Signals(signum).name
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      for s in self.signals:
-        self._previous[s] = signal.signal(s, self._handle)
-    return self
-
-  def __exit__(self, *exc):
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
-    return False
 
 
 def evaluate(task: Task, state: TrainState, batches: Iterable, *, plan=None

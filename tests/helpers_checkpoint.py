@@ -41,6 +41,19 @@ def _edit_json(path):
     json.dump(extra, f)
 
 
+def _drop_record(path, key, reseal=False):
+  """Deletes an integrity record from a step's JSON; ``reseal`` recomputes its
+  SHA-256, as whoever swapped the arrays would (issue 28.2)."""
+  from purax.io.checkpoint import integrity
+  with open(path) as f:
+    extra = json.load(f)
+  del extra[key]
+  if reseal:
+    extra['sha256'] = integrity.json_digest(extra)
+  with open(path, 'w') as f:
+    json.dump(extra, f)
+
+
 def _empty_dir(step_dir):
   shutil.rmtree(step_dir)
   os.mkdir(step_dir)
@@ -64,6 +77,12 @@ CORRUPTIONS = {
     'garbled array_metadatas': lambda d: _rewrite(
         f'{d}/state/array_metadatas/process_0', _garble),
     'empty step directory': _empty_dir,
+    # A removed record must not turn its check off (issue 28.2).
+    'removed sha256 record': lambda d: _drop_record(f'{d}/extra/metadata', 'sha256'),
+    'removed fingerprints, resealed': lambda d: _drop_record(
+        f'{d}/extra/metadata', 'fingerprints', reseal=True),
+    'removed signature, resealed': lambda d: _drop_record(
+        f'{d}/extra/metadata', 'signature', reseal=True),
 }
 # Damage to files that restore does not need: the arrays read still match
 # their checksums, so the newest checkpoint is restored.

@@ -21,17 +21,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import sys
-import threading
 from typing import Annotated, Literal, Sequence, Union
 
 import tyro
 
-from purax.app import dry_run, plot, runs, sweep
+from purax.app import dry_run, plot, rundir, runs, sweep
 from purax.app.config import TrainConfig
 from purax.app.sweep import SweepConfig
 from purax.core.errors import PuraxError
+from purax.io import signals
 from purax.io.export import FORMATS
 
 #: The export formats' names: the keys of :data:`purax.io.export.FORMATS`, the one table.
@@ -118,14 +117,6 @@ Command = Union[
 ]
 
 
-def _exit_on_signal(signum, frame):
-  del frame
-  name = signal.Signals(signum).name
-  print(f'purax: stopped by {name} (exit status {128 + signum}); files are written '
-        'atomically, so nothing is half-written', file=sys.stderr)
-  raise SystemExit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the ``purax`` command; returns the exit status.
 
@@ -136,15 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   written), during ``eval``/``export``/``generate``, or a second time.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
-  previous = {}
-  if threading.current_thread() is threading.main_thread():
-    for s in (signal.SIGTERM, signal.SIGINT):
-      previous[s] = signal.signal(s, _exit_on_signal)
-  try:
+  with signals.exit_on_signals():
     return _main(argv)
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
 
 
 def parse(argv: Sequence[str]):
@@ -208,14 +192,12 @@ def _saved_config(argv: list[str]) -> TrainConfig | None:
       workdir = argv[i + 1]
     elif arg.startswith('--workdir='):
       workdir = arg.split('=', 1)[1]
-  path = os.path.join(workdir, 'config.json') if workdir else None
-  if path is None or not os.path.isfile(path):
+  if not workdir or not os.path.isfile(os.path.join(workdir, 'config.json')):
     return None
-  with open(path) as f:
-    try:
-      return TrainConfig.from_json(f.read())
-    except (ValueError, TypeError):
-      return None   # not ours to parse: train() reports it
+  try:
+    return rundir.read_config(workdir)
+  except (ValueError, TypeError):
+    return None   # not ours to parse (or a link): train() reports it
 
 
 if __name__ == '__main__':

@@ -13,6 +13,7 @@ matplotlib is in the ``cli`` extra and imported on use, with the Agg backend
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from purax.app import hparams as hparams_lib
 from purax.app.config import TrainConfig
 from purax.core.errors import ConfigError, expect
 from purax.core.optim import warmup_cosine
+from purax.io.safe_files import open_file, write_atomic
 
 #: (panel title, train key, eval key) of the panels besides the learning rate.
 PANELS = (('loss', 'train/loss', 'eval/loss'),
@@ -53,7 +55,7 @@ def _number(v) -> float:
 def read_jsonl(path: str) -> list[dict]:
   """The records of a ``metrics.jsonl`` (a line torn by a kill is skipped)."""
   records = []
-  with open(path, encoding='utf-8') as f:
+  with open_file(path, encoding='utf-8') as f:
     for line in f:
       try:
         records.append(json.loads(line))
@@ -99,8 +101,9 @@ def _finish(fig, axes, path: str, title: str, legend: bool) -> str:
   fig.suptitle(title)
   fig.tight_layout(rect=(0, 0.1 if legend else 0, 1, 1))
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path + '.tmp.png', dpi=100)
-  os.replace(path + '.tmp.png', path)
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=100)
+  write_atomic(path, png.getvalue())
   return path
 
 
@@ -118,7 +121,7 @@ def plot_run(workdir: str, out: str | None = None) -> str:
   expect(bool(records), 'metrics.jsonl', 'at least one record', 'none', ConfigError)
   config = {}
   if os.path.isfile(os.path.join(workdir, 'config.json')):
-    with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    with open_file(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
       text = f.read()
     try:
       config = TrainConfig.from_json(text).flat()
@@ -201,7 +204,7 @@ def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int
 def plot_sweep(workdir: str, out: str | None = None) -> str:
   """Curves of a sweep directory (``sweep.json``) into ``out`` (default
   ``WORKDIR/curves.png``); returns the path."""
-  with open(os.path.join(workdir, 'sweep.json'), encoding='utf-8') as f:
+  with open_file(os.path.join(workdir, 'sweep.json'), encoding='utf-8') as f:
     summary = json.load(f)
   return plot_sweep_summary(summary, out or os.path.join(workdir, 'curves.png'))
 

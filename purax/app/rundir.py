@@ -9,7 +9,8 @@ is the directory new, empty, or a purax run to resume (then its saved config
 must agree with this one)? A new directory is created only once everything
 else is built and checked (:meth:`RunDir.create`); if the run then fails
 before any checkpoint is committed, :meth:`RunDir.close` leaves the
-directory as it was found.
+directory as it was found. Its files are opened through
+:mod:`purax.io.safe_files`: never through a link out of the directory.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from jax.experimental import multihost_utils
 
 from purax.app.config import TrainConfig
 from purax.core.errors import ConfigError, expect
+from purax.io.safe_files import check_no_links_out, open_fd, open_file, write_atomic
 
 LOCK_NAME = '.purax.lock'
 CONFIG = 'config.json'
@@ -41,12 +43,14 @@ class WorkdirLock:
   deleted (deleting a lock file races with a process about to lock it).
 
   Raises:
-    ConfigError: another live process holds it (named: pid, host, since).
+    ConfigError: another live process holds it (named: pid, host, since), or
+      it is not a regular file (a symlink, named with its target: never
+      written through).
   """
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, LOCK_NAME)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_fd(self.path, 'r+')
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -71,15 +75,19 @@ class WorkdirLock:
 
 
 def read_config(workdir: str) -> TrainConfig:
-  """The config a run directory saved.
+  """The config a run directory saved, once nothing under it is a symlink
+  leading out of it (what is restored, resumed or exported is the run's own).
 
   Raises:
-    ConfigError: ``workdir`` holds no ``config.json``, or it cannot be read.
+    ConfigError: ``workdir`` holds no ``config.json``, or it cannot be read
+      (it is a link, or not JSON of a config); a symlink under ``workdir``
+      leads out of it (named).
   """
   path = os.path.join(workdir, CONFIG)
   expect(os.path.isfile(path), 'workdir', 'a run directory with config.json',
          repr(workdir), ConfigError)
-  with open(path) as f:
+  check_no_links_out(workdir)
+  with open_file(path) as f:
     return TrainConfig.from_json(f.read())
 
 
@@ -98,18 +106,11 @@ def holds_run(workdir: str) -> bool:
   return resuming
 
 
-def write_atomic(path: str, text: str) -> None:
-  """Writes ``text`` to ``path`` through a temporary file and a rename."""
-  with open(path + '.tmp', 'w') as f:
-    f.write(text)
-  os.replace(path + '.tmp', path)
-
-
 def truncate_jsonl(path: str, last_step: int) -> None:
   """Drops records written after ``last_step`` (they are recomputed on resume)."""
   if not os.path.exists(path):
     return
-  with open(path) as f:
+  with open_file(path) as f:
     lines = [line for line in f if line.strip()]
   keep = []
   for line in lines:

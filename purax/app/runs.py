@@ -36,7 +36,8 @@ from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
 from purax.io import datasets, export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_init
-from purax.loop import StopOnSignal, evaluate, fit
+from purax.io.signals import StopOnSignal
+from purax.loop import evaluate, fit
 from purax.nn.generate import generate
 from purax.plan import SingleDevicePlan
 
@@ -169,7 +170,7 @@ def _fit(job, rundir, checkpointer, restored, stop):
         log_every=run.log_every, writer=writer,
         eval_data=job.data.eval(job.config.data.eval_batch_size), eval_every=run.eval_every,
         checkpointer=checkpointer, checkpoint_every=run.checkpoint_every,
-        should_stop=_agreed(stop) if multihost else stop,
+        should_stop=_agreed(stop) if multihost else _after_start_up(stop),
         stop_every=run.log_every if multihost else None,
         max_consecutive_skips=job.config.optimizer.max_consecutive_skips,
         progress=run.progress and rundir.primary and progress.interactive(),
@@ -201,6 +202,9 @@ def finish(job, rundir, state, history, stop) -> dict:
     print(f'purax: stopped by {by} at step {reached}; checkpoint committed in '
           f'{rundir.file("checkpoints")}; run the same command to resume', file=sys.stderr)
     return {'stopped_by': by, 'step': reached}
+  if stop.received:     # e.g. during the final save: the run had finished, and is kept
+    print(f'purax: {stop.received} arrived as the run finished; step {reached} is committed',
+          file=sys.stderr)
   final = {k[len('eval/'):]: v for rec in history for k, v in rec.items()
            if k.startswith('eval/')}
   if not final:   # resumed a run that had already finished
@@ -216,6 +220,21 @@ def finish(job, rundir, state, history, stop) -> dict:
     rundir_lib.write_atomic(rundir.file('final_metrics.json'), json.dumps(
         {'step': job.config.run.steps, **final}, indent=2, allow_nan=False))
   return final
+
+
+def _after_start_up(stop):
+  """``stop`` as the loop polls it after each call, where a signal that came
+  before the first call returned (while its step was traced and compiled) is
+  still start-up: :class:`StoppedBeforeStart`, nothing written."""
+  polled = False
+
+  def poll() -> bool:
+    nonlocal polled
+    if not polled and stop():
+      raise StoppedBeforeStart(stop.received, 'compiling the first step')
+    polled = True
+    return stop()
+  return poll
 
 
 def _agreed(poll):

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purax.io import safe_files
 from purax.core.errors import ConfigError, DataError, PuraxError, expect
 
 ARTIFACT = 'predict.jaxexport'
@@ -168,10 +169,7 @@ def host_callbacks(predict: Callable, spec: jax.ShapeDtypeStruct) -> list[str]:
 
 def write_signature(directory: str, signature: dict) -> None:
   """Writes ``signature.json`` (through a temporary name) into ``directory``."""
-  path = os.path.join(directory, SIGNATURE)
-  with open(path + '.tmp', 'w') as f:
-    json.dump(signature, f, indent=2)
-  os.replace(path + '.tmp', path)
+  safe_files.write_atomic(os.path.join(directory, SIGNATURE), json.dumps(signature, indent=2))
 
 
 def export_predict(predict: Callable[[jax.Array], jax.Array], input_shape: Sequence[int],
@@ -202,50 +200,68 @@ def export_predict(predict: Callable[[jax.Array], jax.Array], input_shape: Seque
   path = os.path.join(directory, ARTIFACT)
   payload = exported.serialize()
   signature['sha256'] = hashlib.sha256(payload).hexdigest()
-  with open(path + '.tmp', 'wb') as f:
-    f.write(payload)
-  with open(os.path.join(directory, SIGNATURE + '.tmp'), 'w') as f:
-    json.dump(signature, f, indent=2)
-  os.replace(path + '.tmp', path)
-  os.replace(os.path.join(directory, SIGNATURE + '.tmp'), os.path.join(directory, SIGNATURE))
+  # Each through a fresh temporary and a rename (never through a link); a
+  # crash between the two leaves a pair that load_predict refuses (SHA-256).
+  safe_files.write_atomic(path, payload)
+  write_signature(directory, signature)
   return path
 
 
-def read_verified(path: str, artifact: str, what: str) -> tuple[str, bytes]:
+def read_verified(path: str, artifact: str, what: str, *, verify: bool = True
+                  ) -> tuple[str, bytes]:
   """``(path, bytes)`` of an artifact (a file, or ``artifact`` in a directory),
   checked against the SHA-256 that ``signature.json`` beside it records.
 
+  The check is required: a missing ``signature.json``, or one without a
+  ``sha256``, is an error, not a skipped check. ``verify=False`` waives it
+  (the caller vouches for the bytes: an artifact copied without its
+  signature).
+
   Raises:
-    DataError: naming ``what``: the file is missing, the signature unreadable,
-      or the bytes differ from it (flipped, truncated, replaced).
+    DataError: naming ``what``: the file is missing, the signature missing
+      or unreadable (with ``verify``), or the bytes differ from it (flipped,
+      truncated, replaced).
   """
   if os.path.isdir(path):
     path = os.path.join(path, artifact)
   expect(os.path.isfile(path), what, 'an existing file', repr(path), DataError)
   with open(path, 'rb') as f:
     payload = f.read()
+  if not verify:
+    return path, payload
   signature_path = os.path.join(os.path.dirname(path), SIGNATURE)
-  if os.path.isfile(signature_path):
-    try:
-      with open(signature_path) as f:
-        want = json.load(f).get('sha256')
-    except (ValueError, AttributeError) as e:
-      raise DataError(f'{what}: expected a readable {signature_path}, got {e}') from None
-    got = hashlib.sha256(payload).hexdigest()
-    expect(want is None or want == got, f'{what} {path!r}',
-           f'SHA-256 {want} (as {SIGNATURE} records)', f'{got}: the file changed', DataError)
+  waive = 'or pass verify=False to load it unchecked'
+  try:
+    with open(signature_path) as f:
+      want = json.load(f).get('sha256')
+  except FileNotFoundError:
+    raise DataError(f'{what} {path!r}: expected {SIGNATURE} beside it (its SHA-256), got no '
+                    f'such file; restore it, {waive}') from None
+  except (ValueError, AttributeError, OSError) as e:
+    raise DataError(f'{what}: expected a readable {signature_path}, got {e}') from None
+  expect(isinstance(want, str), f'{signature_path} sha256', f'the SHA-256 of {artifact} ({waive})',
+         repr(want), DataError)
+  got = hashlib.sha256(payload).hexdigest()
+  expect(want == got, f'{what} {path!r}',
+         f'SHA-256 {want} (as {SIGNATURE} records)', f'{got}: the file changed', DataError)
   return path, payload
 
 
-def load_predict(path: str) -> Callable[[np.ndarray], jax.Array]:
+def load_predict(path: str, *, verify: bool = True) -> Callable[[np.ndarray], jax.Array]:
   """Loads an exported artifact (file or its directory) as ``x -> outputs``.
 
+  Args:
+    path: ``predict.jaxexport`` or the directory holding it.
+    verify: check the bytes against the SHA-256 in ``signature.json`` beside
+      it (required: a missing signature is an error); ``False`` waives it.
+
   Raises:
-    DataError: the file is missing, differs from the SHA-256 that
-      ``signature.json`` beside it records (flipped, truncated, replaced), is
-      not a jax.export artifact, or inputs have the wrong per-example shape.
+    DataError: the file is missing; with ``verify``, ``signature.json`` or its
+      ``sha256`` is missing, or the bytes differ from it (flipped, truncated,
+      replaced); the file is not a jax.export artifact; or inputs have the
+      wrong per-example shape.
   """
-  path, payload = read_verified(path, ARTIFACT, 'export artifact')
+  path, payload = read_verified(path, ARTIFACT, 'export artifact', verify=verify)
   try:
     exported = jax.export.deserialize(bytearray(payload))
   except Exception as e:   # flatbuffer/struct/version errors of a file that is no artifact

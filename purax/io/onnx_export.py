@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from purax.core.errors import ConfigError, DataError, PuraxError, expect
+from purax.io import safe_files
 from purax.io.export import (ExportError, check_inputs,
                              check_shape, compare, read_verified, write_signature)
 
@@ -225,24 +226,25 @@ def export_onnx(predict: Callable[[jax.Array], jax.Array], input_shape: Sequence
                'sha256': hashlib.sha256(payload).hexdigest(), **(metadata or {})}
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, ARTIFACT)
-  with open(path + '.tmp', 'wb') as f:
-    f.write(payload)
-  os.replace(path + '.tmp', path)
+  safe_files.write_atomic(path, payload)
   write_signature(directory, signature)
   return path
 
 
-def load_onnx(path: str) -> Callable[[np.ndarray], list[np.ndarray]]:
+def load_onnx(path: str, *, verify: bool = True) -> Callable[[np.ndarray], list[np.ndarray]]:
   """Loads ``predict.onnx`` (file or its directory) as ``x -> [outputs]`` on onnxruntime.
+
+  ``verify`` as in :func:`purax.io.export.load_predict` (required SHA-256;
+  ``False`` waives it).
 
   Raises:
     ConfigError: onnxruntime is not installed.
-    DataError: the file is missing, differs from the SHA-256 that
-      ``signature.json`` beside it records, or inputs have the wrong
-      per-example shape.
+    DataError: the file is missing; with ``verify``, ``signature.json`` or its
+      ``sha256`` is missing or the bytes differ from it; or inputs have the
+      wrong per-example shape.
   """
   _, _, onnxruntime = _require()
-  path, payload = read_verified(path, ARTIFACT, 'onnx artifact')
+  path, payload = read_verified(path, ARTIFACT, 'onnx artifact', verify=verify)
   try:
     session = _session(onnxruntime, payload)
   except Exception as e:   # onnxruntime's own error classes for a file that is no model

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 import jax
 
 from purax.core.errors import ConfigError, expect
+from purax.io import safe_files
 
 #: Name of the step annotations in the trace.
 STEP_NAME = 'train'
@@ -125,10 +126,13 @@ def save_memory_profile(path: str) -> str:
   """Writes the devices' current memory profile (pprof) to ``path``; returns it.
 
   View with ``pprof --web PATH`` (or ``go tool pprof``); it lists the live
-  buffers by the Python frame that allocated them.
+  buffers by the Python frame that allocated them. A symlink or non-regular
+  file at ``path`` is refused (ConfigError, named), never written through.
   """
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  jax.profiler.save_device_memory_profile(path)
+  profile = jax.profiler.device_memory_profile()
+  with safe_files.open_file(path, 'wb') as f:
+    f.write(profile)
   return path
 
 

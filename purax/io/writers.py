@@ -39,7 +39,7 @@ import time
 from typing import Any, Mapping, Protocol, Sequence
 
 from purax.core.errors import ConfigError, expect
-from purax.io import progress, wandb_writer
+from purax.io import progress, safe_files, wandb_writer
 
 
 class MetricWriter(Protocol):
@@ -96,10 +96,11 @@ class JsonlWriter:
 
   Each record is written in one ``write`` and flushed before the call returns.
   Non-finite values are written as strings (``"nan"``): the file stays JSON.
+  A symlink or non-regular file at ``path`` is refused (ConfigError, named).
   """
 
   def __init__(self, path: str):
-    self._file = open(path, 'a', encoding='utf-8')
+    self._file = safe_files.open_file(path, 'a', encoding='utf-8')
 
   def write_scalars(self, step, scalars):
     record = {'step': int(step), 'time': time.time()}

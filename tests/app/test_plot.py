@@ -78,3 +78,17 @@ def test_not_a_run_directory_is_an_error_naming_it(tmp_path, capsys):
   with pytest.raises(ConfigError, match='workdir: expected a run directory .metrics.jsonl. or a sweep'):
     plot.plot(str(tmp_path))
   assert cli.main(['plot', '--workdir', str(tmp_path)]) == 2
+
+
+def test_the_png_replaces_a_link_and_is_never_written_through_one(tmp_path):
+  """Issue 28.1: links planted at curves.png and at its temporaries leave their
+  target unchanged; curves.png becomes the run's own file."""
+  run = write_run(tmp_path / 'run')
+  victim = tmp_path / 'victim'
+  victim.write_bytes(b'precious')
+  for name in ('curves.png', 'curves.png.tmp', 'curves.png.tmp.png'):
+    (run / name).symlink_to(victim)
+  assert plot.plot(str(run)) == str(run / 'curves.png')
+  assert victim.read_bytes() == b'precious'
+  assert not (run / 'curves.png').is_symlink()
+  assert (run / 'curves.png').read_bytes().startswith(PNG)

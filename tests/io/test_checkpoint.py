@@ -121,6 +121,21 @@ def test_an_unreadable_newest_checkpoint_is_moved_aside_and_the_older_one_restor
   assert step == 2 and tree_equal(keyless(restored), keyless({'state': later}))
 
 
+def test_verify_false_waives_the_required_integrity_records(tmp_path, two_checkpoints):
+  """What ``verify=False`` waives: a checkpoint without its records restores as
+  stored (the records' tests above show the default refuses it)."""
+  pristine, state, later = two_checkpoints
+  shutil.copytree(pristine, tmp_path / 'ckpt')
+  for key in ('fingerprints', 'signature', 'sha256'):     # sha256 last: none left
+    CORRUPTIONS[f'removed {key} record' if key == 'sha256' else f'removed {key}, resealed'](
+        str(tmp_path / 'ckpt' / '2'))
+  abstract = jax.eval_shape(lambda: {'state': state})
+  with pytest.raises(CheckpointError, match=r'checkpoint 2 .*unreadable.*integrity records'):
+    Checkpointer(str(tmp_path / 'ckpt')).restore(abstract, step=2)
+  restored, _, step = Checkpointer(str(tmp_path / 'ckpt'), verify=False).restore(abstract)
+  assert step == 2 and tree_equal(keyless(restored), keyless({'state': later}))
+
+
 @pytest.mark.parametrize('damage', sorted(HARMLESS))
 def test_damage_to_files_restore_does_not_read_keeps_the_verified_checkpoint(
     tmp_path, two_checkpoints, damage):
@@ -350,3 +365,26 @@ def test_keep_best_decisions_survive_a_restart_in_a_fresh_process(tmp_path):
                            str(last)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == kept
+
+
+@pytest.mark.parametrize('how', ['renamed', 'linked'])
+def test_a_step_directory_recording_another_step_is_not_restored(tmp_path, two_checkpoints,
+                                                                  how):
+  """Issue 28.1: step 1 renamed (or linked) to 3 is not checkpoint 3: restore
+  names it and falls back to 2; asked for step 3, it refuses."""
+  pristine, state, later = two_checkpoints
+  directory = tmp_path / 'ckpt'
+  shutil.copytree(pristine, directory)
+  if how == 'renamed':
+    os.rename(directory / '1', directory / '3')
+  else:
+    (directory / '3').symlink_to('1')
+  abstract = jax.eval_shape(lambda: {'state': state})
+  ckpt = Checkpointer(str(directory))
+  assert 3 in ckpt.steps()
+  with pytest.raises(CheckpointError, match=r'checkpoint 3 in .* is unreadable: .*records step '
+                                            r'1 .*not 3, the name of its directory'):
+    ckpt.restore(abstract, step=3)
+  with pytest.warns(RuntimeWarning, match=r'skipping unreadable checkpoint 3 .*records step 1'):
+    restored, _, step = ckpt.restore(abstract)
+  assert step == 2 and tree_equal(keyless(restored), keyless({'state': later}))

@@ -52,10 +52,37 @@ def test_a_damaged_artifact_is_refused_with_a_clear_error(tmp_path, damage):
              'garbage': bytes(range(256)) * 4, 'garbage alone': bytes(range(256)) * 4}[damage]
   with open(path, 'wb') as f:
     f.write(changed)
-  if damage == 'garbage alone':     # no signature.json beside it: the reader still refuses
+  if damage == 'garbage alone':     # no signature.json, check waived: the reader still refuses
     (directory / 'signature.json').unlink()
     match = 'expected a jax.export artifact, got bytes it cannot read'
   else:
     match = r'export artifact .*: expected SHA-256 [0-9a-f]{64} .*the file changed'
   with pytest.raises(purax.DataError, match=match):
+    load_predict(path, verify=damage != 'garbage alone')
+
+
+@pytest.mark.parametrize('removed', ['signature.json', 'its sha256'])
+def test_a_removed_signature_is_an_error_not_a_skipped_check(tmp_path, removed):
+  """Issue 28.2: deleting the signature (or its sha256) must not turn the check
+  off and let a swapped artifact load; ``verify=False`` is the explicit waiver."""
+  import json
+  import jax.numpy as jnp
+  from purax.io.export import export_predict
+  directory = tmp_path / 'export'
+  path = export_predict(lambda x: jnp.tanh(x) * 2.0, (3,), str(directory))
+  swapped = export_predict(lambda x: x * 0.0, (3,), str(tmp_path / 'other'))
+  with open(path, 'wb') as f:            # another model's bytes in place of this one's
+    f.write(open(swapped, 'rb').read())
+  signature = directory / 'signature.json'
+  if removed == 'signature.json':
+    signature.unlink()
+    match = r"expected signature.json beside it .*got no such file.*verify=False"
+  else:
+    body = json.loads(signature.read_text())
+    del body['sha256']
+    signature.write_text(json.dumps(body))
+    match = r"signature.json sha256: expected the SHA-256 of predict.jaxexport .*got None"
+  with pytest.raises(purax.DataError, match=match):
     load_predict(path)
+  waived = load_predict(path, verify=False)      # the caller vouches for the bytes
+  np.testing.assert_array_equal(np.asarray(waived(np.ones((2, 3), np.float32))), 0.0)

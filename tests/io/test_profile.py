@@ -59,3 +59,13 @@ def test_bad_range_names_the_field(text):
 
 def test_parse_range():
   assert profile.parse_range('5:8') == (5, 8)
+
+
+def test_a_memory_profile_is_never_written_through_a_link(tmp_path):
+  """Issue 28.1: a link at memory.prof is refused, its target left unchanged."""
+  victim = tmp_path / 'victim'
+  victim.write_text('precious')
+  (tmp_path / profile.MEMORY_PROFILE).symlink_to(victim)
+  with pytest.raises(ConfigError, match=r'memory\.prof: expected a regular file .*symlink'):
+    profile.save_memory_profile(str(tmp_path / profile.MEMORY_PROFILE))
+  assert victim.read_text() == 'precious'

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from purax.core.errors import ConfigError
 from purax.io import writers
 
 
@@ -48,3 +49,16 @@ def test_jsonl_never_holds_a_bare_nan(tmp_path):
   w.close()
   text = (tmp_path / 'm.jsonl').read_text()
   assert json.loads(text, parse_constant=lambda c: pytest.fail(f'bare {c}')) is not None
+
+
+def test_a_linked_metrics_file_is_refused_and_its_target_left_unchanged(tmp_path):
+  """Issue 28.1: metrics.jsonl is never appended through a link."""
+  victim = tmp_path / 'victim'
+  victim.write_text('precious')
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'metrics.jsonl').symlink_to(victim)
+  with pytest.raises(ConfigError, match=r'metrics\.jsonl: expected a regular file .*got a '
+                                        r'symlink to .*victim'):
+    writers.create_default_writer(str(run), console=False)
+  assert victim.read_text() == 'precious'

@@ -146,6 +146,18 @@ def json_digest(payload: Mapping[str, Any]) -> str:
   return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+RECORDS = ('sha256', 'fingerprints', 'signature')
+
+
+def require_records(extra: Mapping[str, Any]) -> None:
+  """Raises Unreadable unless a checkpoint's JSON has every integrity record
+  (a removed record must not turn its check off)."""
+  missing = [k for k in RECORDS if k not in extra]
+  if missing:
+    raise Unreadable(f'extra JSON: expected the integrity records {list(RECORDS)}, got none '
+                     f'for {missing} (removed?; Checkpointer(verify=False) waives the checks)')
+
+
 def check_fingerprints(saved: Sequence[str], tree: PyTree, sig: list[list]) -> None:
   got = fingerprints(tree)
   if len(got) != len(saved):
@@ -156,3 +168,13 @@ def check_fingerprints(saved: Sequence[str], tree: PyTree, sig: list[list]) -> N
                         'the bytes changed on disk')
 
 
+def check_step(extra: Mapping[str, Any], step: int) -> None:
+  """Raises Unreadable unless the step a checkpoint's JSON records (its data
+  position, ``next_step``) is ``step``, its directory's name: a step directory
+  renamed, copied or linked from another step is not that step's checkpoint.
+  A JSON that records no step (written by other tools) is not checked."""
+  data = extra.get('data')
+  recorded = data.get('next_step') if isinstance(data, dict) else None
+  if recorded is not None and recorded != step:
+    raise Unreadable(f'extra JSON: records step {recorded!r} (its data position), not {step}, '
+                     f'the name of its directory (renamed or linked from step {recorded!r}?)')

@@ -40,6 +40,10 @@ class Checkpointer:
     metadata: JSON-serialisable data saved with every checkpoint (config,
       versions, mesh).
     async_save: write in a background thread (orbax's async checkpointing).
+    verify: on restore, require each checkpoint's integrity records (the
+      SHA-256 of its JSON, the per-array fingerprints and signature) and
+      check them; a checkpoint missing one is unreadable, not unchecked.
+      ``False`` waives the checks (a checkpoint written by other tools).
     interval_s: :meth:`should_save` is true once this many seconds have passed
       since the last save (or since this object was made), unless a save is
       still being written (orbax's ``ContinuousCheckpointingPolicy``). None or
@@ -56,7 +60,7 @@ class Checkpointer:
   def __init__(self, directory: str, *, keep_last: int = 3, keep_best: int = 0,
                best_metric: str = 'eval/accuracy', best_mode: str = 'max',
                metadata: Mapping[str, Any] | None = None, async_save: bool = True,
-               interval_s: float | None = DEFAULT_INTERVAL_S):
+               interval_s: float | None = DEFAULT_INTERVAL_S, verify: bool = True):
     if keep_last < 1:
       raise CheckpointError(f'keep_last: expected >= 1, got {keep_last}')
     if best_mode not in ('max', 'min'):
@@ -67,6 +71,7 @@ class Checkpointer:
     self.interval_s = float(interval_s) if interval_s else None
     self.directory = os.path.abspath(directory)
     self.metadata = dict(metadata or {})
+    self.verify = bool(verify)
     self.best_metric = best_metric
     self._scores: dict[int, float] = {}
     preserve = [orbax_policies.LatestN(n=keep_last)]
@@ -256,7 +261,8 @@ class Checkpointer:
     return f'{source}.unreadable-{n}'
 
   def _read_extra(self, step: int) -> dict[str, Any]:
-    """The step's JSON, checked against its own SHA-256 (when it has one)."""
+    """The step's JSON, checked against its own SHA-256 (required with ``verify``)
+    and against the step directory's name (:func:`integrity.check_step`)."""
     try:
       extra = self._manager.restore(step, args=ocp.args.Composite(
           extra=ocp.args.JsonRestore()))['extra']
@@ -264,8 +270,11 @@ class Checkpointer:
       raise Unreadable(f'extra JSON: {type(e).__name__}: {e}') from e
     if not isinstance(extra, dict):
       raise Unreadable(f'extra JSON: expected an object, got {type(extra).__name__}')
-    if 'sha256' in extra and extra['sha256'] != integrity.json_digest(extra):
-      raise Unreadable('extra JSON: SHA-256 mismatch: the bytes changed on disk')
+    if self.verify:
+      integrity.require_records(extra)
+      if extra['sha256'] != integrity.json_digest(extra):
+        raise Unreadable('extra JSON: SHA-256 mismatch: the bytes changed on disk')
+    integrity.check_step(extra, step)
     return extra
 
   def _read_on_host(self, step: int, target: PyTree) -> PyTree:
@@ -280,7 +289,7 @@ class Checkpointer:
     where = f'checkpoint {step} in {self.directory}'
     extra = self._read_extra(step)
     target_signature = layout.signature(abstract)
-    if 'signature' in extra:
+    if self.verify:
       layout.check_signature(extra['signature'], target_signature, where)
     target = layout.abstract_storable(abstract)
     try:
@@ -293,7 +302,7 @@ class Checkpointer:
         on_host = self._read_on_host(step, target)
       except Exception as bare:   # unreadable even without a target: the files' fault
         raise Unreadable(f'{type(bare).__name__}: {bare}') from e
-      if 'fingerprints' in extra:
+      if self.verify:
         integrity.check_fingerprints(extra['fingerprints'], on_host, target_signature)
       raise CheckpointError(f'{where}: the files are intact, but restoring onto the target '
                             f'failed: {type(e).__name__}: {e}') from e
@@ -301,6 +310,6 @@ class Checkpointer:
     # first train step may donate.
     shardings = jax.tree.map(lambda x: x.sharding, stored)
     placed = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(stored)
-    if 'fingerprints' in extra:
+    if self.verify:
       integrity.check_fingerprints(extra['fingerprints'], placed, target_signature)
     return layout.unstorable(placed, abstract), extra, step

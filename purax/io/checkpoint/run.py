@@ -23,6 +23,7 @@ import jax
 
 from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
+from purax.io.checkpoint.errors import CheckpointError
 from purax.io.checkpoint.manager import Checkpointer
 from purax.parallel.plan import Plan
 
@@ -103,13 +104,15 @@ class Restored:
 
 
 def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, *,
-                    plan=None, hooks=(), move_aside: bool = False) -> Restored:
+                    plan=None, hooks=(), move_aside: bool = False,
+                    must_exist: bool = False) -> Restored:
   """Restores the newest readable checkpoint in ``directory``, or initialises.
 
   Args:
     directory: a checkpoint directory (``fit``'s checkpointer's), a
       ``purax train`` run directory (its ``checkpoints/`` is used), or a
-      :class:`Checkpointer`. A missing or empty directory initialises.
+      :class:`Checkpointer`. A missing or empty directory (or one holding only
+      unfinished saves) is "nothing here yet" and initialises.
     task: the task whose state is restored (its shapes and dtypes must match:
       strict, never a cast).
     key: the PRNG key of a fresh state (``task.init(key, batch)``).
@@ -125,28 +128,57 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
     move_aside: rename each unreadable checkpoint met on the way to
       ``STEP.unreadable-N`` (:meth:`Checkpointer.restore`; what ``purax train``
       does when it resumes).
+    must_exist: require a checkpoint: "nothing here yet" is an error rather
+      than a fresh state (for code that means to resume, e.g. evaluation).
 
   Returns:
     A :class:`Restored`.
 
   Raises:
-    CheckpointMismatchError: the checkpoint's structure, shapes or dtypes
-      differ from the task's state. ConfigError: a checkpoint whose data
-      position disagrees with its state.
+    ConfigError: ``directory`` is a file, or a directory that holds other
+      things than checkpoints (it is not a checkpoint directory: a typo'd or
+      wrong path, never silently a fresh run). CheckpointError: with
+      ``must_exist``, no committed checkpoint. CheckpointMismatchError: the
+      checkpoint's structure, shapes or dtypes differ from the task's state.
+      ConfigError: a checkpoint whose data position disagrees with its state.
   """
   plan = Plan(task) if plan is None else plan
   abstract = plan.abstract_checkpoint(abstract_checkpoint(task, batch, hooks))
   checkpointer = directory
   if not isinstance(directory, Checkpointer):
-    inner = os.path.join(directory, 'checkpoints')
-    if os.path.isfile(os.path.join(directory, 'config.json')) and os.path.isdir(inner):
-      directory = inner        # a `purax train` run directory: its checkpoints
-    checkpointer = (Checkpointer(directory) if os.path.isdir(directory) and os.listdir(directory)
-                    else None)
-  if checkpointer is not None and checkpointer.steps():
-    try:
+    directory = checkpoint_directory(directory)
+    checkpointer = Checkpointer(directory) if os.path.isdir(directory) else None
+  try:
+    if checkpointer is not None and checkpointer.steps():
       return Restored.of(*checkpointer.restore(abstract, move_aside=move_aside))
-    finally:
-      if checkpointer is not directory:
-        checkpointer.close()
+  finally:
+    if checkpointer is not None and checkpointer is not directory:
+      checkpointer.close()
+  if must_exist:
+    raise CheckpointError(f'restore_or_init({directory!r}, must_exist=True): expected a '
+                          'committed checkpoint, got none')
   return Restored(plan.init_state(key, batch), None, 0, None, {})
+
+
+def checkpoint_directory(path: str) -> str:
+  """The checkpoint directory that ``path`` names: itself, or a ``purax
+  train`` run directory's ``checkpoints/``. Missing is fine (nothing yet).
+
+  Raises:
+    ConfigError: ``path`` is a file, or a directory with entries that are
+      not checkpoint steps (``100``, ``100.orbax-checkpoint-tmp-*``,
+      ``100.unreadable-1``): not a checkpoint directory.
+  """
+  expect(not os.path.exists(path) or os.path.isdir(path), 'directory',
+         'a checkpoint directory or a purax train run directory', f'{path!r}, a file',
+         ConfigError)
+  if os.path.isfile(os.path.join(path, 'config.json')):
+    return os.path.join(path, 'checkpoints')       # a `purax train` run directory
+  strangers = sorted(e for e in (os.listdir(path) if os.path.isdir(path) else ())
+                     if not e.split('.', 1)[0].isdigit())
+  expect(not strangers, 'directory',
+         'a checkpoint directory (step directories such as 100/) or a purax train run '
+         'directory (with config.json)',
+         f'{path!r}, holding {strangers[:5]}{" ..." if len(strangers) > 5 else ""}',
+         ConfigError)
+  return path
