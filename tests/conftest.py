@@ -1,6 +1,8 @@
 """Suite-wide JAX settings, set before jax is imported anywhere.
 
 - 8 host CPU devices, for the parallel tests; XLA:CPU's backend at -O0 (below);
+- one persistent compilation cache for the session (below), shared by the
+  xdist workers and the child processes, removed at the end;
 - rank promotion raises (catches silent broadcasting bugs);
 - a deterministic hypothesis profile for CI (derandomized, no deadline,
   bounded examples); PURAX_HYPOTHESIS_PROFILE=dev explores more.
@@ -21,6 +23,21 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + FAST +
 # device count and take the same -O level from here.
 os.environ['PURAX_TEST_CHILD_XLA_FLAGS'] = FAST.strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+# The same programs compile in both xdist workers and in every child process
+# (each `purax train` of a resume test compiles the step its neighbour just
+# did): one persistent cache for the session lets all but the first load it.
+# The first process to import this (pytest's main process) makes the
+# directory; workers and children inherit it through the environment. The
+# cache key is the program, the devices and the XLA flags, so a hit is the
+# same executable. PURAX_TEST_COMPILATION_CACHE=0 turns it off.
+if os.environ.get('PURAX_TEST_COMPILATION_CACHE') != '0':
+  if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+    import tempfile
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='purax-test-xla-cache-')
+    os.environ['PURAX_TEST_CACHE_OWNER'] = str(os.getpid())
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -50,3 +67,10 @@ def straight_run(tmp_path_factory):
   done = purax('train', *ARGS, '--workdir', workdir, recorded_stop=0)
   assert done.returncode == 0, done.stderr
   return workdir
+
+
+def pytest_unconfigure(config):
+  """The session's compilation cache goes with the process that made it."""
+  if os.environ.get('PURAX_TEST_CACHE_OWNER') == str(os.getpid()):
+    import shutil
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
