@@ -84,6 +84,9 @@ def train(config: TrainConfig) -> dict:
       try:
         state, history = _fit(job, rundir, checkpointer,
                               resume(job, rundir, checkpointer), stop)
+      except jax.errors.JaxRuntimeError:   # multi-host: a lost peer exits 75, named
+        parallel.distributed.await_verdict()
+        raise
       finally:   # a committed checkpoint keeps the directory, however the run ends
         with contextlib.suppress(Exception):
           if checkpointer.steps():

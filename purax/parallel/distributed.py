@@ -24,8 +24,12 @@ Example (two processes, run once per process with ``--process-id 0`` / ``1``)::
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import signal
+import threading
+import time
 from typing import Any
 
 import jax
@@ -42,6 +46,12 @@ ENV = {
 }
 
 _started: tuple | None = None
+
+#: Exit status of a process whose peer was lost (EX_TEMPFAIL: resume the run).
+PEER_LOST_STATUS = 75
+#: Seconds without a sign of life after which a peer is lost (the default of
+#: ``initialize(heartbeat_timeout_s=None)``; ``PURAX_HEARTBEAT_TIMEOUT`` overrides).
+HEARTBEAT_TIMEOUT_S = 30
 
 
 def _from_env(name: str):
@@ -68,7 +78,7 @@ def _as_int(values: dict, name: str, field: str) -> int:
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *,
                local_device_ids: int | list[int] | None = None,
-               timeout_s: int = 300, heartbeat_timeout_s: int = 30) -> bool:
+               timeout_s: int = 300, heartbeat_timeout_s: float | None = None) -> bool:
   """Connects this process to the others (``jax.distributed.initialize``).
 
   Call it first, before anything touches a device. Missing arguments are read
@@ -86,9 +96,10 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     process_id: this process's index in ``[0, num_processes)``.
     local_device_ids: restrict this process to these local devices.
     timeout_s: seconds to wait for all processes to connect.
-    heartbeat_timeout_s: a process silent this long is dead, and jax's
-      coordination service stops the others (instead of leaving them in a
-      collective).
+    heartbeat_timeout_s: a process silent this long is lost: every other
+      process prints ``purax: process I: lost process J ...`` and exits with
+      :data:`PEER_LOST_STATUS` (see :func:`watch_peers`). Unset:
+      ``PURAX_HEARTBEAT_TIMEOUT`` or :data:`HEARTBEAT_TIMEOUT_S`.
 
   Returns:
     True if this call started the distributed runtime, False otherwise.
@@ -108,6 +119,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
       sources[name] = 'argument'
   if values['num_processes'] is None and values['coordinator'] is None:
     return False
+  heartbeat_timeout_s = _heartbeat_timeout(heartbeat_timeout_s)
   if values['coordinator'] == 'auto':
     return _initialize_from_cluster(local_device_ids, timeout_s, heartbeat_timeout_s)
   field = lambda name: f'{name} (from {sources[name] or "nowhere: not set"})'
@@ -131,8 +143,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   jax.distributed.initialize(coordinator_address=addr, num_processes=n, process_id=pid,
                              local_device_ids=local_device_ids,
                              initialization_timeout=timeout_s,
-                             heartbeat_timeout_seconds=heartbeat_timeout_s)
+                             heartbeat_timeout_seconds=_jax_heartbeat(heartbeat_timeout_s))
   _started = key
+  watch_peers(heartbeat_timeout_s)
   return True
 
 
@@ -154,9 +167,126 @@ def _initialize_from_cluster(local_device_ids, timeout_s: int, heartbeat_timeout
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(local_device_ids=local_device_ids,
                              initialization_timeout=timeout_s,
-                             heartbeat_timeout_seconds=heartbeat_timeout_s)
+                             heartbeat_timeout_seconds=_jax_heartbeat(heartbeat_timeout_s))
   _started = 'auto'
+  watch_peers(heartbeat_timeout_s)
   return True
+
+
+def _heartbeat_timeout(value: float | None) -> float:
+  if value is None:
+    env = os.environ.get('PURAX_HEARTBEAT_TIMEOUT')
+    try:
+      value = float(env) if env else HEARTBEAT_TIMEOUT_S
+    except ValueError:
+      raise ConfigError(f'PURAX_HEARTBEAT_TIMEOUT: expected seconds, got {env!r}') from None
+  expect(value > 0, 'heartbeat_timeout_s', '> 0', value, ConfigError)
+  return float(value)
+
+
+def _jax_heartbeat(timeout_s: float) -> int:
+  """jax's own heartbeat timeout: later than purax's, so that the coordination
+  service's abort (SIGABRT, a C++ stack trace) never comes first."""
+  return int(2 * timeout_s + 10)
+
+
+# --- Peer loss: a watchdog through the coordination service's key-value store.
+
+_watch: dict = {}
+
+
+def _lost(me: int, who: str, silent_s: float) -> None:
+  """Prints the purax message and ends this process at once with
+  :data:`PEER_LOST_STATUS` (no collective, no C++ abort)."""
+  message = (f'purax: process {me}: lost {who} (no sign of life for {silent_s:.0f} s: it '
+             f'died or hangs); exiting with status {PEER_LOST_STATUS}. Checkpoints '
+             f'committed before stay readable: run the same command again to resume.\n')
+  try:
+    os.write(2, message.encode())
+  finally:
+    os._exit(PEER_LOST_STATUS)   # pylint: disable=protected-access
+
+
+def _watchdog(client, me: int, n: int, timeout_s: float, period_s: float) -> None:
+  seen = {i: (None, time.monotonic()) for i in range(n) if i != me}
+  reached = time.monotonic()     # the last successful exchange with the service
+  beat = 0
+  while True:
+    beat += 1
+    now = time.monotonic()
+    try:
+      client.key_value_set(f'purax/alive/{me}', str(beat), allow_overwrite=True)
+      reached = now
+    except Exception:   # the service (process 0) unreachable
+      pass
+    for i in seen:
+      try:
+        value = client.key_value_try_get(f'purax/alive/{i}')
+      except Exception:   # not yet set, or the service unreachable
+        continue
+      if value != seen[i][0]:
+        seen[i] = (value, now)
+    if now - reached > timeout_s:
+      _lost(me, 'process 0 (the coordination service)', now - reached)
+    for i, (_, since) in seen.items():
+      if now - since > timeout_s:
+        _lost(me, f'process {i}', now - since)
+    time.sleep(period_s)
+
+
+def watch_peers(timeout_s: float) -> None:
+  """Starts this process's watchdog (a daemon thread; once): every
+  ``timeout_s / 10`` s it writes its own counter to the coordination service's
+  key-value store and reads the others'. A process whose counter has not moved
+  for ``timeout_s`` (or the service itself unreachable that long: process 0
+  lost) ends this one with a purax message naming it and
+  :data:`PEER_LOST_STATUS`, before jax's own heartbeat (``2 * timeout_s + 10``)
+  would abort it. A C++ abort in the meantime (gloo, when a peer's connection
+  breaks mid-collective) waits up to ``timeout_s`` plus a period for that
+  verdict (:func:`await_verdict`) instead of dumping core.
+  """
+  if _watch or jax.process_count() == 1:
+    return
+  from jax._src import distributed as _distributed   # the coordination client
+  client = _distributed.global_state.client
+  period_s = max(0.1, timeout_s / 10)
+  _watch.update(timeout_s=timeout_s, period_s=period_s)
+  threading.Thread(target=_watchdog, name='purax-peer-watchdog', daemon=True,
+                   args=(client, jax.process_index(), jax.process_count(), timeout_s,
+                         period_s)).start()
+  _hook_abort()
+
+
+def await_verdict() -> None:
+  """After a failure in a multi-host run: waits (at most the heartbeat timeout
+  and two periods) for the watchdog to decide whether a peer was lost; if so it
+  ends the process (:func:`watch_peers`); otherwise this returns, and the
+  failure is this process's own."""
+  if not _watch:
+    return
+  deadline = time.monotonic() + _watch['timeout_s'] + 2 * _watch['period_s']
+  while time.monotonic() < deadline:
+    time.sleep(_watch['period_s'])
+
+
+_ABORT_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
+
+
+def _hook_abort() -> None:
+  """SIGABRT (a C++ thread's std::terminate or LOG(FATAL)) waits for the
+  watchdog's verdict first: a lost peer exits with the purax message; any
+  other abort proceeds as before, a few seconds later."""
+  previous = signal.getsignal(signal.SIGABRT)
+  if previous not in (signal.SIG_DFL, None):
+    return   # someone else's handler: left alone
+  def on_abort(_signum):
+    await_verdict()   # returns: abort() goes on (default action)
+  handler = _ABORT_HANDLER(on_abort)
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.signal.restype = ctypes.c_void_p
+  libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+  libc.signal(signal.SIGABRT, ctypes.cast(handler, ctypes.c_void_p))
+  _watch['abort_handler'] = handler   # kept alive
 
 
 def agree(name: str, value: str, *, timeout_s: int = 30) -> list[str]:

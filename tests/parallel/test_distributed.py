@@ -249,3 +249,86 @@ def test_coordinator_auto_outside_a_cluster_is_a_named_error(monkeypatch):
   with pytest.raises(ConfigError, match="coordinator: expected 'auto' inside a cluster jax "
                                         "detects .*, got 'auto' with none detected"):
     parallel.distributed.initialize('auto')
+
+
+HEARTBEAT_S = 5   # PURAX_HEARTBEAT_TIMEOUT of the host-death tests (default 30)
+# The README's bound: a lost process is named within the heartbeat timeout plus
+# a watchdog period (timeout / 10); a second of slack for a loaded machine.
+LOST_BOUND_S = 1.1 * HEARTBEAT_S + 1.0
+LOST = 'purax: process 0: lost process 1 (no sign of life for'
+C_ABORT = ('Check failure', 'terminate called', 'SIGABRT', 'Fatal Python error')
+
+
+def test_a_killed_process_ends_the_survivor_with_status_75_naming_it(tmp_path):
+  """Issue 28.4: SIGKILL process 1 of a two-process `purax train`; process 0
+  exits 75 within the bound with a purax message naming process 1 (no C++
+  abort), and the newest committed checkpoint restores."""
+  from purax.io.checkpoint import Checkpointer
+  from tests.helpers_runs import final_tree
+  workdir = tmp_path / 'run'
+  port = _free_port()
+  env = _child_env(XLA_FLAGS=TWO_DEVICES, PURAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT_S))
+  cmd = [sys.executable, '-c', 'import sys; from purax.app.cli import main; sys.exit(main())',
+         'train', '--model', 'mlp', '--dataset', 'digits', '--steps', '100000', '--mesh',
+         'data=4', '--checkpoint-every', '10', '--eval-every', '0', '--log-every', '5',
+         '--no-progress', '--workdir', str(workdir), '--coordinator', f'localhost:{port}',
+         '--num-processes', '2']
+  procs = [subprocess.Popen(cmd + ['--process-id', str(i)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT) for i in range(2)]
+  try:
+    deadline = time.monotonic() + TIMEOUT_S
+    checkpoints = workdir / 'checkpoints'
+    # A committed step is a directory named by its number (orbax renames it
+    # from STEP.orbax-checkpoint-tmp); only read the names: a Checkpointer
+    # opened here while the run writes would tidy its temporary directory away.
+    while not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+      assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+          [p.poll() for p in procs]
+      time.sleep(0.2)
+    procs[1].kill()
+    killed = time.monotonic()
+    procs[0].wait(timeout=TIMEOUT_S)
+    elapsed = time.monotonic() - killed
+  finally:
+    results = _finish(procs)
+  code, log = results[0]
+  assert code == parallel.distributed.PEER_LOST_STATUS == 75, (code, log[-3000:])
+  assert LOST in log and 'exiting with status 75' in log, log[-3000:]
+  assert not any(s in log for s in C_ABORT), log[-3000:]
+  assert elapsed < LOST_BOUND_S, elapsed
+  committed = Checkpointer(str(workdir / 'checkpoints')).steps()
+  _, _, step = final_tree(str(workdir))
+  assert committed and step == committed[-1] and step % 10 == 0, (committed, step)
+
+
+ABORT_AFTER_LOSS = r'''
+import ctypes, os, signal, sys, threading, time
+from purax import parallel
+me, port = int(sys.argv[1]), sys.argv[2]
+parallel.distributed.initialize(f'localhost:{port}', 2, me, heartbeat_timeout_s=2)
+parallel.distributed.agree('up', 'yes')
+if me == 1:
+  os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(0.5)
+# What gloo does when the peer's connection breaks mid-collective: a C++
+# thread calls std::terminate -> abort(), without the GIL.
+threading.Thread(target=ctypes.CDLL(None).abort).start()
+time.sleep(60)
+print('not ended')
+'''
+
+
+def test_a_cpp_abort_after_a_lost_peer_exits_75_naming_it():
+  """The other path to a C++ abort (gloo's std::terminate on a broken
+  connection, right after the peer dies): the abort waits for the watchdog's
+  verdict and the process exits 75 with the purax message, no core dump."""
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, '-c', ABORT_AFTER_LOSS, str(i), str(port)],
+                            env=_child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT) for i in range(2)]
+  start = time.monotonic()
+  (code, log), (code1, _) = _finish(procs)
+  assert code1 == -signal.SIGKILL
+  assert code == 75 and LOST in log, (code, log[-3000:])
+  assert not any(s in log for s in C_ABORT) and 'not ended' not in log, log[-3000:]
+  assert time.monotonic() - start < TIMEOUT_S
