@@ -30,12 +30,15 @@ from typing import Any, Iterable, Literal
 import jax
 
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, expect, expect_kind
+from purax.core.population import Population
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.hooks.builtin import standard
 from purax.hooks.loop import Loop, cadences, due, gcd, name_of
+from purax.io.checkpoint import layout
 from purax.io.checkpoint.run import Restored
+from purax.parallel.plan import Plan
 from purax.plan import SingleDevicePlan
 
 
@@ -74,7 +77,8 @@ class _Source:
   """The batches of steps ``start, start + 1, ...`` and the data position after each."""
 
   def __init__(self, data, start: int, steps: int | None, data_state, iterator_resume: str):
-    expect(iterator_resume in ('error', 'warn', 'skip'), 'iterator_resume',
+    expect(isinstance(iterator_resume, str) and iterator_resume in ('error', 'warn', 'skip'),
+           'iterator_resume',
            "'error', 'warn' or 'skip'", repr(iterator_resume), ConfigError)
     self.positions = collections.deque()
     if is_random_access(data):
@@ -184,13 +188,24 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
     ``(state, history)``: the final state and every record written.
 
   Raises:
-    ConfigError: an option out of range, a cadence that is not a multiple of
+    ConfigError: an argument of the wrong kind (named), a state of another
+      model than the task's (naming the first parameter path that differs:
+      checked against the task's abstract init of the first batch), an
+      option out of range, a cadence that is not a multiple of
       ``steps_per_call``, deleted (donated) state arrays, or an iterable
       that cannot be repositioned under ``iterator_resume='error'``.
     DataError, ContractError: a malformed batch or loss (at the first trace).
     NonFiniteError: from :class:`purax.hooks.NonFiniteStreak`.
   """
+  expect_kind(task, 'task', Task, 'a purax.Task')
   restored = state if isinstance(state, Restored) else Restored(state, None, 0, None, {})
+  expect_kind(restored.state, 'state', (TrainState, Population),
+              'a TrainState (task.init), a Population or a Restored (purax.restore_or_init)')
+  expect(plan is None or isinstance(plan, Plan), 'plan', 'None or a purax.plan.Plan',
+         type(plan).__name__, ConfigError)
+  expect(hooks is None or (hasattr(hooks, '__iter__') and not isinstance(hooks, (str, dict))),
+         'hooks', 'None or a list of hooks (purax.hooks.standard(...))', type(hooks).__name__,
+         ConfigError)
   hooks = sorted(standard() if hooks is None else hooks, key=lambda h: getattr(h, 'order', 0))
   _check(restored.state, train_data, steps, steps_per_call, hooks)
   plan = SingleDevicePlan(task) if plan is None else plan
@@ -200,6 +215,8 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
          f'in [0, {source.num_steps}]', start, ConfigError)
   host_batches = plan.checked(source.batches)
   first = next(host_batches, None)
+  if first is not None:
+    _check_model(task, restored.state, first)
   loop = Loop(task, plan, plan.place(restored.state), restored.train_metrics, start,
               source.num_steps, steps_per_call, gcd(cadences(hooks)), hooks,
               {'next_step': start, **({'iterator': restored.data_state}
@@ -254,8 +271,12 @@ def _check(state, train_data, steps, steps_per_call, hooks) -> None:
          'batches (a random-access dataset or an iterable of batches), not one batch',
          f'a dict with keys {sorted(train_data)}' if isinstance(train_data, dict) else '',
          ConfigError)
+  expect(is_random_access(train_data) or (hasattr(train_data, '__iter__') and not isinstance(
+      train_data, (str, bytes))), 'train_data', 'a random-access dataset or an iterable of '
+         'batches', type(train_data).__name__, ConfigError)
   k = steps_per_call
-  expect(k == 'auto' or (isinstance(k, int) and k >= 1), 'steps_per_call',
+  expect(k == 'auto' if isinstance(k, str) else (isinstance(k, int) and k >= 1),
+         'steps_per_call',
          "an integer >= 1 or 'auto'", k, ConfigError)
   cadences(hooks)                          # every: None or an integer >= 0
   for hook in hooks:
@@ -267,3 +288,15 @@ def _check(state, train_data, steps, steps_per_call, hooks) -> None:
            getattr(hook, 'option', f'{name_of(hook)}.every'),
            f'a multiple of steps_per_call={k} (calls end at multiples of it)', every,
            ConfigError)
+
+
+def _check_model(task, state, batch) -> None:
+  """The state's params are the task's model's (paths, shapes, dtypes), checked
+  against the abstract init of the first batch (cached: free): a state of
+  another model is a named ConfigError, not a failure deep in the model."""
+  if isinstance(state, Population):   # its batches may carry a members axis: the plan checks
+    return
+  given = layout.signature(state.params)
+  layout.check_signature(given, layout.signature(task.abstract_state(batch).params),
+                         'fit: state.params', holder='the state', cls=ConfigError,
+                         why="a state of another model than the task's")

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from typing import Annotated, Literal, Sequence, Union
 
 import tyro
@@ -127,8 +128,20 @@ def main(argv: Sequence[str] | None = None) -> int:
   written), during ``eval``/``export``/``generate``, or a second time.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
-  with signals.exit_on_signals():
+  with signals.exit_on_signals(), warnings.catch_warnings():
+    warnings.showwarning = _one_line_for_purax(warnings.showwarning)
     return _main(argv)
+
+
+def _one_line_for_purax(show):
+  """``warnings.showwarning`` that shows purax's own warnings (``purax: ...``,
+  which name what and where) as one line, others with ``show``."""
+  def show_warning(message, category, filename, lineno, file=None, line=None):
+    if str(message).startswith('purax:'):
+      print(message, file=sys.stderr if file is None else file)
+    else:
+      show(message, category, filename, lineno, file, line)
+  return show_warning
 
 
 def parse(argv: Sequence[str]):

@@ -159,11 +159,18 @@ class RunConfig:
       expect(stop <= self.steps, 'profile', f'a range of steps within --steps={self.steps}',
              repr(self.profile), ConfigError)
     if self.wandb_project is not None:
+      bad = sorted(set(self.wandb_project) & set(WANDB_FORBIDDEN))
+      expect(0 < len(self.wandb_project) <= 128 and not bad, 'wandb_project',
+             f'a W&B project name (1 to 128 characters, none of {" ".join(WANDB_FORBIDDEN)})',
+             repr(self.wandb_project), ConfigError)
       check_wandb('wandb_project')
     return self
 
 
 SECTIONS = ('model', 'data', 'optimizer', 'run')
+
+#: Characters a W&B project name may not hold (wandb refuses them at ``wandb.init``).
+WANDB_FORBIDDEN = '/\\#?%:'
 
 
 def resumable_changes() -> frozenset[str]:
@@ -303,7 +310,7 @@ class TrainConfig(Sections):
     return json.dumps(self.as_dict(), indent=2, sort_keys=True)
 
   @classmethod
-  def from_json(cls, text: str) -> 'TrainConfig':
+  def from_json(cls, text: str | bytes, source: str = 'config.json') -> 'TrainConfig':
     """The config a run saved, checked (format, types, required fields).
 
     Reads format 2 (sections) and format 1 (purax 0.1's flat object). A
@@ -315,9 +322,12 @@ class TrainConfig(Sections):
         unknown or missing field, or a field of the wrong type (naming it).
     """
     try:
-      data = json.loads(text)
-    except ValueError as e:   # garbage bytes, truncation, invalid UTF-8
-      raise ConfigError(f'config.json: expected a JSON object, got unreadable text ({e})'
+      data = json.loads(text.decode('utf-8') if isinstance(text, bytes) else text)
+    except UnicodeDecodeError as e:
+      raise ConfigError(f'{source}: expected UTF-8 JSON text, got bytes that are not UTF-8 '
+                        f'({e})') from None
+    except ValueError as e:   # garbage bytes, truncation
+      raise ConfigError(f'{source}: expected a JSON object, got unreadable text ({e})'
                         ) from None
     expect(isinstance(data, dict), 'config.json', 'a JSON object', type(data).__name__,
            ConfigError)

@@ -121,8 +121,8 @@ def plot_run(workdir: str, out: str | None = None) -> str:
   expect(bool(records), 'metrics.jsonl', 'at least one record', 'none', ConfigError)
   config = {}
   if os.path.isfile(os.path.join(workdir, 'config.json')):
-    with open_file(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
-      text = f.read()
+    with open_file(os.path.join(workdir, 'config.json'), 'rb') as f:
+      text = f.read()    # bytes: from_json names a file that is not UTF-8
     try:
       config = TrainConfig.from_json(text).flat()
     except ConfigError:

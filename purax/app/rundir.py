@@ -87,8 +87,8 @@ def read_config(workdir: str) -> TrainConfig:
   expect(os.path.isfile(path), 'workdir', 'a run directory with config.json',
          repr(workdir), ConfigError)
   check_no_links_out(workdir)
-  with open_file(path) as f:
-    return TrainConfig.from_json(f.read())
+  with open_file(path, 'rb') as f:
+    return TrainConfig.from_json(f.read(), path)
 
 
 def holds_run(workdir: str) -> bool:

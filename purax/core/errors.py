@@ -7,6 +7,8 @@ Every message names the field, the expected value and the actual value, e.g.
 
 from __future__ import annotations
 
+import reprlib
+
 
 class PuraxError(ValueError):
   """Base class of purax's errors."""
@@ -33,3 +35,14 @@ def expect(condition: bool, field: str, expected: str, actual, cls=DataError) ->
   """Raises ``cls(f"{field}: expected {expected}, got {actual}")`` unless ``condition``."""
   if not condition:
     raise cls(f'{field}: expected {expected}, got {actual}')
+
+
+def expect_kind(value, field: str, kinds, expected: str, cls=ConfigError) -> None:
+  """Raises ``cls(f"{field}: expected {expected}, got {type} {value}")`` unless
+  ``value`` is an instance of ``kinds`` (a type or a tuple of types): the
+  up-front kind check of a public entry point's argument. A bool counts as a
+  number only where ``kinds`` names ``bool``."""
+  named = kinds if isinstance(kinds, tuple) else (kinds,)
+  if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in named):
+    raise cls(f'{field}: expected {expected}, got {type(value).__name__} '
+              f'{reprlib.repr(value)}')

@@ -98,6 +98,11 @@ def names(state) -> tuple[str, ...]:
   return tuple(sorted(opt)) + tuple(sorted({*(getattr(state, 'hparams', None) or {})} - opt))
 
 
+def _check_state(state) -> None:
+  expect(hasattr(state, 'opt_state'), 'state', 'a purax.TrainState (with opt_state and '
+         'hparams)', type(state).__name__, ConfigError)
+
+
 def get(state, tx=None) -> dict[str, jax.Array]:
   """Every hyperparameter of a state, the current learning rate included.
 
@@ -114,6 +119,7 @@ def get(state, tx=None) -> dict[str, jax.Array]:
     ``tx`` that has ``learning_rate(opt_state)``, ``'learning_rate'``: the rate
     the next update applies.
   """
+  _check_state(state)
   found = {}
   for node in reversed(_injected(state.opt_state)):
     found.update(node.hyperparams)
@@ -146,7 +152,12 @@ def check(name: str, value) -> None:
   if isinstance(value, jax.core.Tracer):
     return
   rule = BOUNDS.get(name, FINITE)
-  for index, v in np.ndenumerate(np.asarray(value, np.float64)):
+  try:
+    value = np.asarray(value, np.float64)
+  except (TypeError, ValueError):
+    raise ConfigError(f'hyperparameter {name}: expected a number or an array of numbers, '
+                      f'got {type(value).__name__} {value!r:.60}') from None
+  for index, v in np.ndenumerate(value):
     rule.check(v, f'hyperparameter {name}' + (f'{list(index)}' if index else ''))
 
 
@@ -182,6 +193,9 @@ def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: di
       the member of a stacked value; values traced under ``jit`` / ``vmap``
       are not checked, and the step's guard skips an update they would spoil).
   """
+  _check_state(state)
+  expect(values is None or isinstance(values, Mapping), 'values', 'None or a mapping name -> '
+         'value', type(values).__name__, ConfigError)
   values = {**(values or {}), **kwargs}
   known = names(state)
   for name in values:

@@ -8,13 +8,14 @@ population of them) never recompiles, and bfloat16 params never round
 
 import functools
 import math
+import numbers
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, expect, expect_kind
 
 
 def warmup_cosine(peak_learning_rate, *, warmup_steps: int, total_steps: int):
@@ -156,8 +157,11 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   for name, value in (('learning_rate', learning_rate), ('weight_decay', weight_decay),
                       ('b1', b1), ('b2', b2), ('eps', eps), ('clip_norm', clip_norm),
                       ('eps_root', eps_root)):
+    expect_kind(value, name, numbers.Real, 'a finite number')
     expect(math.isfinite(value), name, 'a finite number (a non-finite hyperparameter would '
            'turn every parameter into NaN)', value, ConfigError)
+  for name, value in (('total_steps', total_steps), ('warmup_steps', warmup_steps)):
+    expect_kind(value, name, numbers.Integral, 'an integer')
   expect(learning_rate >= 0, 'learning_rate', '>= 0', learning_rate, ConfigError)
   expect(total_steps >= 1, 'total_steps', '>= 1', total_steps, ConfigError)
   expect(0 <= warmup_steps, 'warmup_steps', '>= 0', warmup_steps, ConfigError)

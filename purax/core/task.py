@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import reprlib
 from typing import Any, Callable, Mapping
 
 import jax
@@ -44,7 +45,7 @@ import optax
 from purax.core import loss_scale as loss_scale_lib
 from purax.core import objectives
 from purax.core import update
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.model import Model, as_model, select_inputs, takes_hparams
 from purax.core.state import TrainState
 
@@ -64,6 +65,35 @@ def as_typed_key(key: jax.Array) -> jax.Array:
          'a typed PRNG key (jax.random.key(seed)) or a raw uint32 [2] key',
          f'{dtype}{list(jnp.shape(key))}' if dtype is not None else repr(key), ConfigError)
   return jax.random.wrap_key_data(key)
+
+
+def _check_state(state) -> None:
+  expect_kind(state, 'state', TrainState, 'a purax.TrainState (task.init(key, batch))')
+
+
+def _check_axis_name(axis_name) -> None:
+  """None, or a name (or tuple of names) bound by an enclosing pmap / shard_map."""
+  if axis_name is None:
+    return
+  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  expect(all(isinstance(n, str) for n in names) and names, 'axis_name',
+         'None, or the name (or tuple of names) of a pmap / shard_map axis',
+         reprlib.repr(axis_name), ConfigError)
+  try:
+    jax.lax.axis_size(axis_name)
+  except NameError:
+    raise ConfigError(f'axis_name: expected the name of an axis of an enclosing pmap / '
+                      f'shard_map, got {axis_name!r}, which none binds') from None
+
+
+def _check_leaves(batch) -> None:
+  """Every leaf of ``batch`` is an array or a number (what jit can take)."""
+  for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:
+    kind = getattr(getattr(x, 'dtype', None), 'kind', '')
+    expect(isinstance(x, (np.ndarray, np.generic, jax.Array, jax.ShapeDtypeStruct,
+                          numbers.Number)) and kind not in ('O', 'S', 'U'),
+           f'batch{jax.tree_util.keystr(path)}', 'an array of numbers',
+           f'{type(x).__name__} {reprlib.repr(x)}', DataError)
 
 
 # The abstract evaluations the host loop needs before every run (the state's
@@ -98,7 +128,8 @@ class Task:
       training; ``None``: no loss scaling. The state is ``state.loss_scale``.
 
   Raises (at construction):
-    ConfigError: a value out of range; a loss that couples examples with
+    ConfigError: a value of the wrong kind (``tx`` not an optax transformation,
+      ``hparams`` not a mapping) or out of range; a loss that couples examples with
       ``microbatches > 1``; a model that fits no adapter.
   """
 
@@ -112,8 +143,15 @@ class Task:
   pure_model: Model = dataclasses.field(init=False, compare=False, hash=False, repr=False)
 
   def __post_init__(self):
-    expect(isinstance(self.microbatches, int) and self.microbatches >= 1, 'microbatches',
-           'an integer >= 1', self.microbatches, ConfigError)
+    expect(all(callable(getattr(self.tx, f, None)) for f in ('init', 'update')), 'tx',
+           'an optax transformation (with init and update)', type(self.tx).__name__,
+           ConfigError)
+    expect_kind(self.microbatches, 'microbatches', int, 'an integer >= 1')
+    expect(self.microbatches >= 1, 'microbatches', 'an integer >= 1', self.microbatches,
+           ConfigError)
+    expect_kind(self.skip_nonfinite, 'skip_nonfinite', (bool, np.bool_), 'a bool')
+    if self.loss_scale is not None:
+      expect_kind(self.loss_scale, 'loss_scale', numbers.Real, 'a number >= 1 or None')
     expect(self.loss_scale is None or self.loss_scale >= 1, 'loss_scale',
            '>= 1 (an initial scale, a power of two) or None', self.loss_scale, ConfigError)
     expect(callable(self.loss), 'loss', 'a function (outputs, batch, hparams) -> (values, '
@@ -122,7 +160,11 @@ class Task:
            f'1 for a loss that couples examples ({getattr(self.loss, "__name__", self.loss)}: '
            'each microbatch would see other negatives than the whole batch)',
            self.microbatches, ConfigError)
-    hparams = dict(self.hparams)
+    try:
+      hparams = dict(self.hparams)
+    except (TypeError, ValueError):
+      raise ConfigError(f'hparams: expected a mapping name -> float, got {self.hparams!r}'
+                        ) from None
     for name, value in hparams.items():
       expect(isinstance(value, numbers.Real) and math.isfinite(value), f'hparams[{name!r}]',
              'a finite Python number', value, ConfigError)
@@ -167,6 +209,7 @@ class Task:
     """The state's shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) for
     ``batch``'s: an abstract trace of :meth:`init`, cached per (task, shapes),
     nothing allocated or transferred."""
+    _check_leaves(batch)
     return _abstract_init.eval_shape(self, batch)
 
   # -- the pure functions --
@@ -256,8 +299,15 @@ class Task:
         metric zero (see :func:`purax.core.update.step`).
 
     Raises:
-      ConfigError: ``axis_name`` with a loss that couples examples.
+      ConfigError: ``state`` not a :class:`TrainState`; ``axis_name`` not an
+      axis bound by an enclosing ``pmap`` / ``shard_map``, or with a loss that
+      couples examples; ``frozen`` not a bool ``[]``.
     """
+    _check_state(state)
+    _check_axis_name(axis_name)
+    expect(frozen is None or (isinstance(frozen, (bool, np.bool_, np.ndarray, jax.Array))
+                              and jnp.shape(frozen) == () and jnp.result_type(frozen) == bool),
+           'frozen', 'None or a bool []', reprlib.repr(frozen), ConfigError)
     return update.step(self._train_loss, self.tx, state, batch, settings=self.settings,
                        axis_name=axis_name, frozen=frozen)
 
@@ -270,6 +320,8 @@ class Task:
     Raises:
       ConfigError: ``axis_name`` with a loss that couples examples.
     """
+    _check_state(state)
+    _check_axis_name(axis_name)
     return update.gradients(self._train_loss, state, batch, settings=self.settings,
                             axis_name=axis_name)
 
@@ -287,6 +339,7 @@ class Task:
     Examples with ``weight`` 0 (padding) do not count, so summing the metrics
     of padded batches counts every real example exactly once.
     """
+    _check_state(state)
     _, aux = self.compute_loss(state.params, state.model_state, batch, None,
                                hparams=state.hparams, train=False)
     return aux['metrics']
@@ -297,6 +350,7 @@ class Task:
     ``batch`` is a batch; for a model that reads one key (``inputs='x'``, the
     default) the bare inputs array is accepted too.
     """
+    _check_state(state)
     inputs = getattr(self.pure_model, 'inputs', None)
     if isinstance(inputs, str) and not isinstance(batch, Mapping):
       batch = {inputs: batch}

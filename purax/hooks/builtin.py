@@ -5,6 +5,7 @@ them from the familiar options."""
 from __future__ import annotations
 
 import math
+import reprlib
 import time
 from typing import Any, Callable, Iterable
 
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ConfigError, NonFiniteError, expect
+from purax.core.errors import ConfigError, NonFiniteError, expect, expect_kind
 from purax.hooks.loop import due
 from purax.io import profile as profile_lib
 from purax.io import progress as progress_lib
@@ -80,6 +81,9 @@ class Evaluate:
     expect(not isinstance(data, dict), 'eval_data', 'evaluation batches (a list of batch '
            'dicts, a grain dataset), not one batch',
            f'a dict with keys {sorted(data)}' if isinstance(data, dict) else '', ConfigError)
+    expect(hasattr(data, '__iter__') and not isinstance(data, (str, bytes)), 'eval_data',
+           'evaluation batches (a list of batch dicts, a grain dataset)',
+           f'{type(data).__name__} {data!r:.60}', ConfigError)
     expect(every == 0 or iter(data) is not data, 'eval_data', 'a collection iterated '
            'afresh at every evaluation (a list, a grain dataset)',
            f'a one-shot {type(data).__name__}', ConfigError)
@@ -306,6 +310,13 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
   Raises:
     ConfigError: an option out of range (named).
   """
+  for name, value in (('progress', progress), ('profile_memory', profile_memory)):
+    expect_kind(value, name, (bool, np.bool_), 'a bool')
+  if profile is not None:
+    expect(isinstance(profile, (tuple, list)) and len(profile) == 2
+           and all(isinstance(s, int) for s in profile), 'profile',
+           '(start, stop): two steps', reprlib.repr(profile), ConfigError)
+    expect_kind(profile_dir, 'profile_dir', str, 'a directory for the trace')
   # No bar asked for: no hook that would run after every call to draw nothing.
   hooks: list[Any] = [Log(log_every, writer)] + ([Progress()] if progress else [])
   if eval_data is not None:

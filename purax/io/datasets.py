@@ -23,6 +23,7 @@ Nothing here downloads.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import zipfile
 import zlib
@@ -134,7 +135,8 @@ def from_npz(path: str, num_classes: int | None = None) -> ArrayDataset:
   """
   expect(os.path.isfile(path), 'dataset', 'an existing .npz file', repr(path))
   try:
-    archive = np.load(path, allow_pickle=False)
+    # mmap: a single .npy (refused below) is mapped, never allocated from its header
+    archive = np.load(path, allow_pickle=False, mmap_mode='r')
   except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:   # not a numpy file
     raise DataError(f'dataset: expected an .npz archive (numpy.savez), got {path!r} '
                     f'({type(e).__name__}: {e})') from None
@@ -163,8 +165,22 @@ def from_npz(path: str, num_classes: int | None = None) -> ArrayDataset:
 
 
 def _read(archive, key: str, path: str) -> np.ndarray:
-  """One array of an .npz archive; unreadable members are a DataError naming the key."""
+  """One array of an .npz archive; unreadable members are a DataError naming the
+  key, and a header whose shape needs more bytes than the member holds is
+  refused before anything is allocated."""
   try:
+    name = key if key in archive.zip.namelist() else f'{key}.npy'
+    with archive.zip.open(name) as member:
+      version = np.lib.format.read_magic(member)
+      if version in ((1, 0), (2, 0)):
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read(member)
+        needed = math.prod(shape) * dtype.itemsize
+        held = archive.zip.getinfo(name).file_size - member.tell()
+        expect(needed <= held, f'{path}: key {key!r}',
+               f'{needed} bytes of data for its header ({dtype}{list(shape)})',
+               f'{held} (a truncated member or a forged header)')
     return archive[key]
   except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
     # object arrays (refused: no pickles), truncated or corrupt members

@@ -5,9 +5,11 @@ The corrupt-checkpoint kinds are one parameterized test in
 tests/io/test_checkpoint.py; here the run that meets one finishes.
 """
 
+import errno
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,3 +155,97 @@ def test_a_signal_at_each_phase_is_answered_as_documented(tmp_path, phase):
     assert json.load(open(workdir / 'final_metrics.json'))['step'] == 12
   else:
     assert out['final'] == {'stopped_by': name, 'step': committed}
+
+
+# What orbax printed around a failure before purax reported it once (issue 28.8).
+NOISE = ('Traceback', 'Event loop is closed', 'Exception ignored', 'ERROR:absl', 'Warning:')
+
+
+def _noise(stderr):
+  return [line for line in stderr.splitlines() if any(n in line for n in NOISE)]
+
+
+def test_resuming_past_unreadable_checkpoints_prints_one_line_and_no_orbax_noise(tmp_path):
+  """Issue 28.8: the kinds of damage whose failed read left orbax's tasks
+  behind (a traceback per array, 'Event loop is closed', coroutines that die
+  at a later collection): one warning line naming the step, nothing else."""
+  first = str(tmp_path / 'first')
+  done = purax('train', *ARGS, '--steps', '20', '--workdir', first)
+  assert done.returncode == 0, done.stderr
+  for kind in ('empty manifest.ocdbt', 'deleted data file'):
+    workdir = str(tmp_path / kind.replace(' ', '_'))
+    shutil.copytree(first, workdir)
+    CORRUPTIONS[kind](os.path.join(workdir, 'checkpoints', '20'))
+    resumed = purax('train', '--workdir', workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not _noise(resumed.stderr), (kind, resumed.stderr[-3000:])
+    warned = [l for l in resumed.stderr.splitlines() if 'skipping' in l or 'checkpoint 20' in l]
+    assert len(warned) == 1 and warned[0].startswith(
+        'purax: skipping unreadable checkpoint 20 in '), (kind, resumed.stderr[-3000:])
+    assert 'from step 10' in resumed.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 16 MiB tmpfs, so that a save really runs out of space (needs root)."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  done = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=16m', 'tmpfs', str(mount)],
+                        capture_output=True)
+  if done.returncode != 0:
+    pytest.skip(f'cannot mount a tmpfs here: {done.stderr.decode().strip()}')
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=False)
+
+
+def test_a_full_disk_names_the_step_whose_save_failed_in_one_line_and_resumes_after(
+    small_disk):
+  """Issue 28.8: the disk fills before step 15's (background) save, noticed
+  when step 20 saves: one purax error naming step 15 and the cause, no
+  traceback; with space again the next start removes the failed save's
+  *.orbax-checkpoint-tmp and the run finishes from step 10."""
+  workdir = str(small_disk / 'run')
+  args = ARGS[:ARGS.index('--checkpoint-every')] + ['--checkpoint-every', '5'] + ARGS[
+      ARGS.index('--checkpoint-every') + 2:]
+  done = purax('train', *args, '--steps', '10', '--workdir', workdir)
+  assert done.returncode == 0, done.stderr
+  filler = os.open(small_disk / 'filler', os.O_WRONLY | os.O_CREAT)
+  try:
+    while True:
+      os.write(filler, b'0' * 65536)
+  except OSError as e:
+    assert e.errno == errno.ENOSPC
+  os.ftruncate(filler, os.fstat(filler).st_size - 256 * 1024)   # room for the logs only
+  os.close(filler)
+  failed = purax('train', '--workdir', workdir, '--steps', '40')
+  assert failed.returncode == 2, failed.stderr
+  assert not _noise(failed.stderr), failed.stderr[-3000:]
+  (error,) = [l for l in failed.stderr.splitlines() if 'error' in l.lower()]
+  assert error.startswith('purax: error: saving checkpoint 15 in '), error
+  assert "No space left on device [os_error_code='28']" in error and 'spec' not in error, error
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  assert glob.glob(os.path.join(checkpoints, '15.orbax-checkpoint-tmp*'))   # what it left
+  os.remove(small_disk / 'filler')
+  resumed = purax('train', '--workdir', workdir, '--steps', '40')
+  assert resumed.returncode == 0, resumed.stderr
+  assert 'from step 10' in resumed.stderr and not _noise(resumed.stderr)
+  assert not glob.glob(os.path.join(checkpoints, '*.orbax-checkpoint-tmp*'))
+  assert json.load(open(os.path.join(workdir, 'final_metrics.json')))['step'] == 40
+
+
+def test_the_next_start_removes_what_a_killed_save_left(tmp_path):
+  """Issue 28.8: a save killed mid-write leaves N.orbax-checkpoint-tmp; the next
+  start removes it (orbax's cleanup_tmp_directories) and resumes."""
+  workdir = str(tmp_path / 'run')
+  done = purax('train', *ARGS, '--workdir', workdir, recorded_stop=20)
+  assert done.returncode == 0, done.stderr
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  killed = os.path.join(checkpoints, '25.orbax-checkpoint-tmp')   # as a killed save leaves it
+  shutil.copytree(os.path.join(checkpoints, '20'), killed)
+  os.rename(os.path.join(killed, 'state'), os.path.join(killed, 'state.orbax-checkpoint-tmp'))
+  os.remove(os.path.join(killed, 'commit_success.txt'))
+  resumed = purax('train', '--workdir', workdir)
+  assert resumed.returncode == 0, resumed.stderr
+  assert 'from step 20' in resumed.stderr and not _noise(resumed.stderr)
+  assert not glob.glob(os.path.join(checkpoints, '*.orbax-checkpoint-tmp*'))
+  assert json.load(open(os.path.join(workdir, 'final_metrics.json')))['step'] == 40

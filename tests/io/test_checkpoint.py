@@ -5,6 +5,7 @@ import contextlib
 import errno
 import gc
 import glob
+import logging
 import os
 import shutil
 import subprocess
@@ -211,6 +212,38 @@ def test_a_save_that_runs_out_of_space_raises_and_leaves_earlier_checkpoints_int
   restored, _, step = Checkpointer(str(small_disk / 'ckpt')).restore(
       jax.eval_shape(lambda: {'state': state}))
   assert step == 1 and tree_equal(keyless(restored), keyless({'state': state}))
+
+
+def test_a_background_save_that_fails_is_named_by_its_step_and_orbax_logs_no_error(
+    small_disk, trained, caplog):
+  """Issue 28.8: step 2's asynchronous save fails and is noticed at step 3's
+  save: the error names step 2, not 3; orbax's own ERROR records (tracebacks
+  on stderr) go to purax.checkpoint at DEBUG; a failed write leaves no orbax
+  task to die in a closed event loop (no unraisable report at collection)."""
+  _, _, state, _ = trained
+  caplog.set_level('DEBUG', logger='purax.checkpoint')
+  ckpt = Checkpointer(str(small_disk / 'ckpt'))
+  ckpt.save(1, {'state': state})
+  ckpt.wait()
+  fill(small_disk)
+  unraisable = []
+  hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+  try:
+    ckpt.save(2, {'state': state})   # started; it fails in the background
+    with pytest.raises(CheckpointError, match=r'^saving checkpoint 2 in .*ckpt failed: .*No '
+                                              r'space left on device'):
+      ckpt.save(3, {'state': state})
+    with contextlib.suppress(CheckpointError):
+      ckpt.close()
+    del ckpt
+    gc.collect()
+  finally:
+    sys.unraisablehook = hook
+  assert not unraisable, [u.exc_value for u in unraisable]
+  assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+  assert [r for r in caplog.records if r.name == 'purax.checkpoint' and r.exc_info]
+  os.remove(small_disk / 'filler')
+  assert Checkpointer(str(small_disk / 'ckpt')).steps() == [1]
 
 
 def test_no_checkpoint_and_unwritable_directory(tmp_path, trained):

@@ -4,7 +4,9 @@ checkpoint is restored onto."""
 
 from __future__ import annotations
 
-from typing import Any
+import numbers
+import reprlib
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -131,26 +133,58 @@ def storable_abstract(tree: PyTree) -> PyTree:
   return jax.tree.map(convert, tree)
 
 
-def check_signature(saved: list[list], target: list[list], where: str) -> None:
-  """Raises CheckpointMismatchError naming the first path that differs."""
+def check_signature(saved: list[list], target: list[list], where: str, *,
+                    holder: str = 'the checkpoint',
+                    why: str = 'the model or optimizer changed since it was saved',
+                    cls: type = CheckpointMismatchError) -> None:
+  """Raises ``cls`` naming the first path that differs between the signatures
+  (:func:`signature`) of what ``holder`` holds (``saved``) and of the target."""
   saved_paths = {p for p, _, _ in saved}
   target_paths = {p for p, _, _ in target}
   for path, shape, dtype in target:
     if path not in saved_paths:
-      raise CheckpointMismatchError(
-          f'{where}: {path}: expected in the checkpoint (the model or optimizer changed '
-          f'since it was saved), got no such entry')
+      raise cls(f'{where}: {path}: expected in {holder} ({why}), got no such entry')
   for path, _, _ in saved:
     if path not in target_paths:
-      raise CheckpointMismatchError(
-          f'{where}: {path}: expected no such entry (the model or optimizer changed '
-          f'since the checkpoint was saved), got one in the checkpoint')
+      raise cls(f'{where}: {path}: expected no such entry ({why}), got one in {holder}')
   by_path = {p: (s, d) for p, s, d in saved}
   for path, shape, dtype in target:
     saved_shape, saved_dtype = by_path[path]
     if list(saved_shape) != list(shape) or saved_dtype != dtype:
-      raise CheckpointMismatchError(
+      raise cls(
           f'{where}: {path}: expected {dtype}{list(shape)} (the current model), '
-          f'got {saved_dtype}{list(saved_shape)} in the checkpoint (never cast)')
+          f'got {saved_dtype}{list(saved_shape)} in {holder} (never cast)')
 
 
+
+
+def check_savable(step, tree: PyTree, metrics, extra) -> None:
+  """:meth:`Checkpointer.save`'s argument checks, before anything is written:
+  an integer step, array leaves, a mapping of numbers and a mapping.
+
+  Raises:
+    CheckpointError: naming the argument (and the leaf or metric).
+  """
+  if not (isinstance(step, numbers.Integral) and not isinstance(step, bool)) and not (
+      isinstance(step, (np.ndarray, np.generic, jax.Array)) and np.shape(step) == ()
+      and jnp.issubdtype(step.dtype, jnp.integer)):
+    raise CheckpointError(f'step: expected an integer, got {type(step).__name__} '
+                          f'{reprlib.repr(step)}')
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  if not leaves:
+    raise CheckpointError(f'tree: expected a pytree of arrays, got one with no leaves '
+                          f'({reprlib.repr(tree)})')
+  for path, x in leaves:
+    if not isinstance(x, (np.ndarray, np.generic, jax.Array)) or (
+        not is_typed_key(x) and x.dtype.kind in 'OSU'):
+      raise CheckpointError(f'tree{jax.tree_util.keystr(path)}: expected an array, got '
+                            f'{type(x).__name__} {reprlib.repr(x)}')
+  for name, value in (('metrics', metrics), ('extra', extra)):
+    if value is not None and not isinstance(value, Mapping):
+      raise CheckpointError(f'{name}: expected None or a mapping, got {type(value).__name__} '
+                            f'{reprlib.repr(value)}')
+  for key, value in (metrics or {}).items():
+    if not isinstance(value, (numbers.Real, np.ndarray, np.generic, jax.Array)) or np.size(
+        value) != 1:
+      raise CheckpointError(f'metrics[{key!r}]: expected a number, got '
+                            f'{type(value).__name__} {reprlib.repr(value)}')

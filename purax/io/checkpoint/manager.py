@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from typing import Any, Mapping
 
@@ -13,11 +14,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as orbax_policies
 
-from purax.io.checkpoint import integrity, layout
+from purax.core.errors import expect_kind
+from purax.io.checkpoint import integrity, layout, quiet
 from purax.io.checkpoint.errors import CheckpointError, Unreadable
 from purax.io.checkpoint.policies import DEFAULT_INTERVAL_S, BestOfRecorded, IntervalSinceStart
 
 PyTree = Any
+
+quiet.install()   # a failed read or write leaves no task behind in a closed event loop
+_TENSORSTORE_SPEC = re.compile(r" ?\[tensorstore_spec='.*?'\]", re.DOTALL)
 
 
 class Checkpointer:
@@ -61,6 +66,18 @@ class Checkpointer:
                best_metric: str = 'eval/accuracy', best_mode: str = 'max',
                metadata: Mapping[str, Any] | None = None, async_save: bool = True,
                interval_s: float | None = DEFAULT_INTERVAL_S, verify: bool = True):
+    expect_kind(directory, 'directory', (str, os.PathLike), 'a path', CheckpointError)
+    for name, value in (('keep_last', keep_last), ('keep_best', keep_best)):
+      expect_kind(value, name, (int, np.integer), 'an integer', CheckpointError)
+    for name, value in (('async_save', async_save), ('verify', verify)):
+      expect_kind(value, name, bool, 'True or False', CheckpointError)
+    expect_kind(best_metric, 'best_metric', str, "a metric name, e.g. 'eval/accuracy'",
+                CheckpointError)
+    expect_kind(best_mode, 'best_mode', str, "'max' or 'min'", CheckpointError)
+    expect_kind(metadata, 'metadata', (Mapping, type(None)), 'a mapping or None',
+                CheckpointError)
+    expect_kind(interval_s, 'interval_s', (int, float, type(None)), 'None or seconds >= 0',
+                CheckpointError)
     if keep_last < 1:
       raise CheckpointError(f'keep_last: expected >= 1, got {keep_last}')
     if best_mode not in ('max', 'min'):
@@ -74,6 +91,7 @@ class Checkpointer:
     self.verify = bool(verify)
     self.best_metric = best_metric
     self._scores: dict[int, float] = {}
+    self._writing: int | None = None   # the step of the save started last, until waited for
     preserve = [orbax_policies.LatestN(n=keep_last)]
     if keep_best:
       preserve.append(BestOfRecorded(keep_best, self._scores, best_mode))
@@ -87,6 +105,7 @@ class Checkpointer:
     except OSError as e:
       raise CheckpointError(f'checkpoint directory {self.directory}: expected writable, '
                             f'got {type(e).__name__}: {e}') from e
+    quiet.divert_errors()   # orbax's error logs off stderr: this object raises the errors
     if keep_best:
       for s in self._manager.all_steps():
         with contextlib.suppress(Unreadable):   # an unreadable one does not compete
@@ -120,6 +139,7 @@ class Checkpointer:
       CheckpointError: this save, or an earlier asynchronous one, failed (no
         space, no permission, ...); earlier committed checkpoints are intact.
     """
+    layout.check_savable(step, tree, metrics, extra)
     step = int(step)
     metrics = {k: float(v) for k, v in (metrics or {}).items()}
     stored = layout.small_leaves_on_host(layout.storable(tree))
@@ -128,9 +148,11 @@ class Checkpointer:
                'metrics': {k: v if np.isfinite(v) else str(v) for k, v in metrics.items()},
                **self.metadata, **(extra or {})}
     payload['sha256'] = integrity.json_digest(payload)
+    self.wait()   # an earlier background save's failure, named by that save's step
     if self.best_metric in metrics:
       self._scores[step] = metrics[self.best_metric]
-    with self._failures(f'saving checkpoint {step}'):  # earlier background failures too
+    self._writing = step
+    with self._failures(f'saving checkpoint {step}'):
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(stored), extra=ocp.args.JsonSave(payload)),
           metrics=metrics or None, force=True)
@@ -139,9 +161,10 @@ class Checkpointer:
     """Blocks until every started save is committed.
 
     Raises:
-      CheckpointError: a background save failed.
+      CheckpointError: a background save failed, naming its step.
     """
-    with self._failures('checkpoint save'):
+    step, self._writing = self._writing, None
+    with self._failures('checkpoint save' if step is None else f'saving checkpoint {step}'):
       self._manager.wait_until_finished()
 
   def close(self) -> None:
@@ -162,8 +185,9 @@ class Checkpointer:
     try:
       yield
     except Exception as e:   # any orbax/tensorstore failure: re-raised, named
+      cause = _TENSORSTORE_SPEC.sub('', str(e))   # the cause, without the store's spec
       raise CheckpointError(f'{what} in {self.directory} failed: '
-                            f'{type(e).__name__}: {e}') from e
+                            f'{type(e).__name__}: {cause}') from e
 
   def __enter__(self):
     return self

@@ -20,9 +20,11 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, expect, expect_kind
 from purax.core.state import TrainState
+from purax.core.task import Task, as_typed_key
 from purax.io.checkpoint.errors import CheckpointError
 from purax.io.checkpoint.manager import Checkpointer
 from purax.parallel.plan import Plan
@@ -47,7 +49,7 @@ def checkpoint_extra(position: dict, hook_states: dict | None = None) -> dict:
 def abstract_checkpoint(task, batch, hooks=()) -> dict:
   """The abstract ``{'state', 'train_metrics'}`` tree that ``fit`` checkpoints,
   with ``'hooks': {name: ...}`` when a hook has array state (``init_arrays``)."""
-  state = jax.eval_shape(task.init, jax.random.key(0), batch)
+  state = task.abstract_state(batch)
   acc = jax.eval_shape(lambda s, b: task.step(s, b)[1], state, batch)
   tree = {'state': state, 'train_metrics': acc}
   arrays = {getattr(h, 'name', type(h).__name__): jax.eval_shape(h.init_arrays, state)
@@ -142,6 +144,17 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
       checkpoint's structure, shapes or dtypes differ from the task's state.
       ConfigError: a checkpoint whose data position disagrees with its state.
   """
+  expect(isinstance(directory, (str, os.PathLike, Checkpointer)), 'directory',
+         'a checkpoint or run directory, or a Checkpointer', type(directory).__name__,
+         ConfigError)
+  expect_kind(task, 'task', Task, 'a purax.Task')
+  as_typed_key(key)
+  expect(plan is None or isinstance(plan, Plan), 'plan', 'None or a purax.plan.Plan',
+         type(plan).__name__, ConfigError)
+  expect(hasattr(hooks, '__iter__') and not isinstance(hooks, (str, dict)), 'hooks',
+         'a list of hooks', type(hooks).__name__, ConfigError)
+  for name, value in (('move_aside', move_aside), ('must_exist', must_exist)):
+    expect_kind(value, name, (bool, np.bool_), 'a bool')
   plan = Plan(task) if plan is None else plan
   abstract = plan.abstract_checkpoint(abstract_checkpoint(task, batch, hooks))
   checkpointer = directory

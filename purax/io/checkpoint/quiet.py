@@ -1,0 +1,85 @@
+"""Keeps orbax's own reports of a failure off stderr, where purax reports it once.
+
+A failed checkpoint read or write is re-raised by :class:`Checkpointer` as one
+:class:`CheckpointError` naming the step and the cause (or, for an unreadable
+checkpoint that restore skips, one warning). Around it orbax made noise of its
+own (issue 28.8):
+
+* Its ``run_sync`` runs a coroutine in a fresh event loop and closes the loop
+  as soon as the coroutine raises, leaving the coroutine's sibling tasks (the
+  other arrays' reads or writes) pending: TensorStore then calls back into the
+  closed loop (``RuntimeError: Event loop is closed`` tracebacks, one per
+  array) and the abandoned coroutines die at a later garbage collection
+  ("Exception ignored in: <coroutine ...>"). :func:`install` makes the loop
+  cancel and await those tasks before it closes, as ``asyncio.run`` does.
+* Its threads log each background failure at ERROR with a traceback (four for
+  one full disk), some of them after the error was raised and the
+  Checkpointer closed. From the first Checkpointer on (:func:`divert_errors`),
+  orbax's ERROR records go to the ``purax.checkpoint`` logger at DEBUG instead
+  (with their tracebacks: ``logging.getLogger('purax.checkpoint').setLevel(
+  'DEBUG')`` shows them): each is a failure that orbax raises, and purax
+  re-raises named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+
+import orbax.checkpoint
+
+DETAILS = logging.getLogger('purax.checkpoint')
+_ORBAX_DIR = os.path.dirname(os.path.abspath(orbax.checkpoint.__file__)) + os.sep
+_lock = threading.Lock()
+
+
+def _run_sync_via_new_loop(coro):
+  """orbax's ``asyncio_utils._run_sync_via_new_loop`` that, when ``coro`` ends,
+  cancels the loop's remaining tasks and awaits them before closing the loop
+  (their errors, the consequences of the one raised, are dropped)."""
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coro)
+  finally:
+    try:
+      pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+      for task in pending:
+        task.cancel()
+      if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+      loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+      asyncio.set_event_loop(None)
+      loop.close()
+
+
+def install() -> None:
+  """Replaces orbax's loop runner by :func:`_run_sync_via_new_loop` (idempotent;
+  nothing when this orbax has no such function)."""
+  from orbax.checkpoint._src import asyncio_utils
+  if callable(getattr(asyncio_utils, '_run_sync_via_new_loop', None)):
+    asyncio_utils._run_sync_via_new_loop = _run_sync_via_new_loop
+
+
+class _OrbaxErrors(logging.Filter):
+  """Moves orbax's ERROR records to :data:`DETAILS` at DEBUG."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.ERROR or not record.pathname.startswith(_ORBAX_DIR):
+      return True
+    DETAILS.debug('orbax: %s', record.getMessage(), exc_info=record.exc_info)
+    return False
+
+
+_FILTER = _OrbaxErrors()
+
+
+def divert_errors() -> None:
+  """Moves orbax's ERROR records to :data:`DETAILS` (idempotent)."""
+  logger = logging.getLogger('absl')
+  with _lock:
+    if _FILTER not in logger.filters:
+      logger.addFilter(_FILTER)
