@@ -5,8 +5,22 @@ import glob
 import json
 import os
 import shutil
+import subprocess
 
 import numpy as np
+
+
+def tmpfs(mount, size: str):
+  """Mounts a ``size`` tmpfs at ``mount`` (a new directory) so that a save
+  really runs out of space; yields it, then unmounts. Skips without root."""
+  import pytest
+  mount.mkdir()
+  done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(mount)],
+                        capture_output=True)
+  if done.returncode != 0:
+    pytest.skip(f'cannot mount a tmpfs here: {done.stderr.decode().strip()}')
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=False)
 
 
 def _largest_data_file(step_dir):

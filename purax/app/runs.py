@@ -36,6 +36,7 @@ from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
 from purax.io import datasets, export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_init
+from purax.io import signals
 from purax.io.signals import StopOnSignal
 from purax.loop import evaluate, fit
 from purax.nn.generate import generate
@@ -47,7 +48,7 @@ class StoppedBeforeStart(Exception):
   was written; ``status`` is the documented exit status (128 + signal number)."""
 
   def __init__(self, signame: str, phase: str):
-    self.signame, self.status = signame, 128 + int(signal.Signals[signame])
+    self.signame, self.status = signame, signals.status(signal.Signals[signame])
     super().__init__(f'stopped by {signame} during start-up ({phase}); nothing written')
 
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.helpers_checkpoint import CORRUPTIONS
+from tests.helpers_checkpoint import CORRUPTIONS, tmpfs
 from tests.helpers import assert_bitwise
 from tests.helpers_runs import ARGS, ENV, ROOT, final_tree, logged, purax
 
@@ -188,14 +188,7 @@ def test_resuming_past_unreadable_checkpoints_prints_one_line_and_no_orbax_noise
 @pytest.fixture
 def small_disk(tmp_path):
   """A 16 MiB tmpfs, so that a save really runs out of space (needs root)."""
-  mount = tmp_path / 'disk'
-  mount.mkdir()
-  done = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=16m', 'tmpfs', str(mount)],
-                        capture_output=True)
-  if done.returncode != 0:
-    pytest.skip(f'cannot mount a tmpfs here: {done.stderr.decode().strip()}')
-  yield mount
-  subprocess.run(['umount', '-l', str(mount)], check=False)
+  yield from tmpfs(tmp_path / 'disk', '16m')
 
 
 def test_a_full_disk_names_the_step_whose_save_failed_in_one_line_and_resumes_after(

@@ -23,7 +23,7 @@ from purax.io.checkpoint import integrity, manager
 from purax.io.checkpoint import (Checkpointer, CheckpointError, CheckpointMismatchError,
                                  fingerprints)
 from tests.helpers import compilations, tiny_batch, tiny_task, tree_equal
-from tests.helpers_checkpoint import CORRUPTIONS, HARMLESS
+from tests.helpers_checkpoint import CORRUPTIONS, HARMLESS, tmpfs
 
 
 def keyless(tree):
@@ -168,14 +168,7 @@ def test_a_named_unreadable_step_is_an_error_and_without_move_aside_nothing_move
 @pytest.fixture
 def small_disk(tmp_path):
   """A 512 KiB tmpfs, so that a save really runs out of space (needs root)."""
-  mount = tmp_path / 'disk'
-  mount.mkdir()
-  done = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=512k', 'tmpfs', str(mount)],
-                        capture_output=True)
-  if done.returncode != 0:
-    pytest.skip(f'cannot mount a tmpfs here: {done.stderr.decode().strip()}')
-  yield mount
-  subprocess.run(['umount', '-l', str(mount)], check=False)
+  yield from tmpfs(tmp_path / 'disk', '512k')
 
 
 def fill(directory):
