@@ -128,6 +128,13 @@ class CompileLog:
 COMPILED = CompileLog()
 
 
+def k_pays(check: Timed, k: int, step_s: float) -> bool:
+  """Whether a timed (synced) call of ``k`` steps ran at most as long per step
+  as the probe's single steps (``step_s`` seconds each): else the rest of the
+  run goes back to one step per call."""
+  return check.seconds / k <= step_s
+
+
 def timed_first(plan, calls: Iterator) -> Iterator:
   """``calls`` with the first one timed (no sync): its compile time is logged."""
   first = next(calls, None)
@@ -172,7 +179,7 @@ def auto_batches(plan, host_batches: Iterator, loop) -> Iterator:
     if len(checks) < 2 and taken > 1:
       checks.append(Timed(batch, sync=True))
       yield checks[-1], taken
-      if len(checks) == 2 and checks[1].seconds / k > step_s:
+      if len(checks) == 2 and not k_pays(checks[1], k, step_s):
         plan.chosen_steps_per_call = 1   # slower than single steps: the rest runs singly
         yield from ((b, 1) for b in plan.singles(calls))
         return

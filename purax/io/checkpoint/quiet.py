@@ -11,7 +11,9 @@ own (issue 28.8):
   closed loop (``RuntimeError: Event loop is closed`` tracebacks, one per
   array) and the abandoned coroutines die at a later garbage collection
   ("Exception ignored in: <coroutine ...>"). :func:`install` makes the loop
-  cancel and await those tasks before it closes, as ``asyncio.run`` does.
+  await those tasks before it closes (cancelling only what outlasts
+  :data:`DRAIN_S`): a cancelled task's TensorStore operation still ends, and
+  calls back, later.
 * Its threads log each background failure at ERROR with a traceback (four for
   one full disk), some of them after the error was raised and the
   Checkpointer closed. From the first Checkpointer on (:func:`divert_errors`),
@@ -34,6 +36,10 @@ DETAILS = logging.getLogger('purax.checkpoint')
 _ORBAX_DIR = os.path.dirname(os.path.abspath(orbax.checkpoint.__file__)) + os.sep
 _lock = threading.Lock()
 
+#: Seconds a failed read or write's sibling tasks get to end before they are
+#: cancelled and the loop closes.
+DRAIN_S = 60.0
+
 
 def _run_sync_via_new_loop(coro):
   """orbax's ``asyncio_utils._run_sync_via_new_loop`` that, when ``coro`` ends,
@@ -45,10 +51,15 @@ def _run_sync_via_new_loop(coro):
     return loop.run_until_complete(coro)
   finally:
     try:
+      # The siblings' TensorStore reads and writes run on in TensorStore's
+      # threads whatever becomes of their tasks, and call back into this loop
+      # when they end: let them end (a failed save's writes fail fast) before
+      # the loop closes; only what outlasts DRAIN_S is cancelled.
       pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-      for task in pending:
-        task.cancel()
       if pending:
+        _, late = loop.run_until_complete(asyncio.wait(pending, timeout=DRAIN_S))
+        for task in late:
+          task.cancel()
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
       loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
