@@ -10,13 +10,16 @@
 
 import os
 
-# XLA:CPU's LLVM backend at -O0 unless PURAX_TEST_XLA_OPT=default: compiling
-# is most of the suite's time, and -O0 takes a fifth off it (897 -> 729 s on 2
-# cores). HLO passes (fusion, layout, buffer assignment, the scheduler) are
+# XLA:CPU compiles fast unless PURAX_TEST_XLA_OPT=default: compiling is most
+# of the suite's time. Its LLVM backend at -O0 takes a fifth off it (897 ->
+# 729 s on 2 cores), and the elemental IR emitter in place of the MLIR fusion
+# emitters compiles a small step 2-3.5x faster (a tiny CNN's train step: 1.6
+# -> 0.45 CPU-s; its run is slower, which a test's few steps do not feel).
+# HLO passes (fusion decisions, layout, buffer assignment, the scheduler) are
 # untouched, so the counts the tests assert are XLA's defaults; each numerics
 # claim compares programs compiled alike (child processes included).
 FAST = ('' if os.environ.get('PURAX_TEST_XLA_OPT') == 'default'
-        else ' --xla_backend_optimization_level=0')
+        else ' --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false')
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + FAST +
                            ' --xla_force_host_platform_device_count=8').strip()
 # The child processes (resume, hooks, distributed, examples) set their own

@@ -255,6 +255,7 @@ def watch_peers(timeout_s: float) -> None:
                    args=(client, jax.process_index(), jax.process_count(), timeout_s,
                          period_s)).start()
   _hook_abort()
+  _hook_terminate()
 
 
 def await_verdict() -> None:
@@ -287,6 +288,34 @@ def _hook_abort() -> None:
   libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
   libc.signal(signal.SIGABRT, ctypes.cast(handler, ctypes.c_void_p))
   _watch['abort_handler'] = handler   # kept alive
+
+
+_TERMINATE_HANDLER = ctypes.CFUNCTYPE(None)
+
+
+def _hook_terminate() -> None:
+  """``std::terminate`` (gloo throwing on a connection a dead peer broke
+  mid-message) waits for the watchdog's verdict before the C++ runtime's own
+  handler prints ``terminate called after throwing ...`` and aborts: a lost
+  peer exits with the purax message alone; any other failure is printed and
+  aborts as before. Nothing where the C++ runtime is not libstdc++."""
+  try:
+    set_terminate = ctypes.CDLL('libstdc++.so.6')._ZSt13set_terminatePFvvE
+  except (OSError, AttributeError):
+    return
+  set_terminate.restype = ctypes.c_void_p
+  set_terminate.argtypes = (ctypes.c_void_p,)
+  previous = []
+
+  def on_terminate():
+    await_verdict()   # ends the process when a peer was lost
+    if previous[0]:
+      _TERMINATE_HANDLER(previous[0])()   # prints what was thrown, aborts
+    os.abort()
+
+  handler = _TERMINATE_HANDLER(on_terminate)
+  previous.append(set_terminate(ctypes.cast(handler, ctypes.c_void_p)))
+  _watch['terminate_handler'] = handler   # kept alive
 
 
 def agree(name: str, value: str, *, timeout_s: int = 30) -> list[str]:
