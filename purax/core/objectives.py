@@ -307,5 +307,6 @@ def language_model(logits, batch, hparams):
                           'tokens': metrics_lib.Sum.of(token_weight)}
 
 
+#: The provided objectives by name (what a data set names as its loss).
 BUILTIN = {'classification': classification, 'regression': regression,
            'language_model': language_model}

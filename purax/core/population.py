@@ -180,12 +180,12 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
 Strategy = Union[Literal['auto', 'vmap', 'chunked', 'sequential'], int]
 STRATEGIES = ('auto', 'vmap', 'chunked', 'sequential')
 
-# Members per chunk of 'chunked' without a size.
+#: Members per chunk of ``'chunked'`` without a size.
 CHUNK = 8
 
-# The 'auto' rule: members per chunk on CPU (AUTO_CPU_CHUNK); elsewhere all
-# members vmapped (one program fills a GPU/TPU). The CPU's rule was measured
-# (``benchmarks/README.md``, "Population strategies on the CPU").
+#: The ``'auto'`` rule: members per chunk on CPU; elsewhere all members
+#: vmapped (one program fills a GPU/TPU). The CPU's rule was measured
+#: (``benchmarks/README.md``, "Population strategies on the CPU").
 AUTO_CPU_CHUNK = 1
 
 
@@ -426,13 +426,13 @@ eval_step = loops.Jit(_eval_step, _unrolled, static_argnums=0, static_argnames='
 
 
 def zero_train_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
-  """Zeroed ``[members]`` metrics accumulator of :func:`train_step` (no compute)."""
+  """Zeroed ``[members]`` metrics accumulator of ``train_step`` (no compute)."""
   return metrics_lib.zeros_of(lambda p, b, i: step(task, p, b, i, strategy='vmap')[1], pop,
                               batch, batch_index)
 
 
 def zero_eval_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
-  """Zeroed ``[members]`` metrics accumulator of :func:`eval_step` (no compute)."""
+  """Zeroed ``[members]`` metrics accumulator of ``eval_step`` (no compute)."""
   return metrics_lib.zeros_of(lambda p, b, i: evaluate(task, p, b, i, strategy='vmap'), pop,
                               batch, batch_index)
 

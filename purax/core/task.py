@@ -229,7 +229,7 @@ class Task:
 
     Raises:
       ConfigError: ``key`` is not a key. DataError: the batch lacks what the
-      model reads.
+        model reads.
     """
     init_key, rng = jax.random.split(as_typed_key(key))
     params, model_state = self.pure_model.init(init_key, batch)
@@ -300,8 +300,8 @@ class Task:
 
     Raises:
       ConfigError: ``state`` not a :class:`TrainState`; ``axis_name`` not an
-      axis bound by an enclosing ``pmap`` / ``shard_map``, or with a loss that
-      couples examples; ``frozen`` not a bool ``[]``.
+        axis bound by an enclosing ``pmap`` / ``shard_map``, or with a loss that
+        couples examples; ``frozen`` not a bool ``[]``.
     """
     _check_state(state)
     _check_axis_name(axis_name)

@@ -28,7 +28,7 @@ class WandbWriter:
     project: the W&B project.
     directory: where wandb writes (``directory/wandb/...``); created if missing.
     name: the run's display name.
-    config: hyperparameters recorded with the run (more via :meth:`write_hparams`).
+    config: hyperparameters recorded with the run (more via ``write_hparams``).
     mode: ``'offline'``, ``'online'`` or ``'disabled'``; default ``WANDB_MODE``
       from the environment, else ``'offline'`` (no account, no network).
     **init_kwargs: passed to ``wandb.init``.

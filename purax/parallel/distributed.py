@@ -7,7 +7,7 @@ touched; afterwards ``jax.devices()`` lists the devices of all processes, so
 its rows of every global batch (:func:`process_rows`, :func:`process_local`)
 and :func:`global_batch` assembles the global ``jax.Array`` with
 ``jax.make_array_from_process_local_data``; the state is created sharded by
-:meth:`purax.parallel.ShardedPlan.init` (the same computation on every process).
+:meth:`purax.parallel.ShardedPlan.init_state` (the same computation on every process).
 Only process 0 writes logs (:func:`is_main_process`).
 
 Example (two processes, run once per process with ``--process-id 0`` / ``1``)::

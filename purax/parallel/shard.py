@@ -112,7 +112,7 @@ def tree_shardings(tree: PyTree, mesh: Mesh, rules: Rules, *,
 
 def state_shardings(state: TrainState, mesh: Mesh, rules: Rules, *,
                     logical: TrainState | None = None) -> TrainState:
-  """The :class:`NamedSharding` of every array of a state.
+  """The :class:`jax.sharding.NamedSharding` of every array of a state.
 
   ``params`` and ``opt_state`` (:data:`PARTITIONED`) follow the rules; every
   other field — ``step``, ``rng``, ``hparams``, ``model_state`` (batch
@@ -181,7 +181,7 @@ def _is_batch(tree) -> bool:
 def shardings(tree: PyTree, mesh: Mesh, rules: Rules, *,
               logical: PyTree | None = None) -> PyTree:
   """:func:`state_shardings`, :func:`batch_shardings` (a dict with ``'x'``) or
-  :func:`tree_shardings`, by the kind of ``tree``."""
+  ``tree_shardings``, by the kind of ``tree``."""
   if isinstance(tree, TrainState):
     return state_shardings(tree, mesh, rules, logical=logical)
   if _is_batch(tree):
@@ -193,7 +193,7 @@ def shard(tree: PyTree, mesh: Mesh, rules: Rules, *, logical: PyTree | None = No
   """Places a TrainState, a batch or a parameter tree on ``mesh`` by ``rules``.
 
   Single-process placement (``jax.device_put``). With several processes, build
-  states with :meth:`purax.parallel.ShardedPlan.init` and batches with
+  states with :meth:`purax.parallel.ShardedPlan.init_state` and batches with
   :func:`purax.parallel.distributed.global_batch`, which never need the whole
   array on one host.
 

@@ -71,7 +71,7 @@ class ShardedPlan(Plan):
 
   def shard_state(self, state: TrainState) -> TrainState:
     """Places an existing state (e.g. a restored one) on the mesh, in new
-    buffers: donating the result to :attr:`step` leaves ``state`` usable."""
+    buffers: donating the result to ``step`` leaves ``state`` usable."""
     return jax.device_put(state, self.state_sharding, may_alias=False)
 
   def shard_batch(self, batch: Mapping[str, Any]) -> dict:
