@@ -22,6 +22,7 @@ success).
 from __future__ import annotations
 
 import doctest
+import html
 import importlib
 import inspect
 import io
@@ -74,27 +75,67 @@ def _summary(target: str) -> str:
   return first
 
 
-def module_page(name: str) -> str:
-  """The reST source of ``name``'s API page."""
+def page_of(name: str) -> str:
+  """The API page that documents module ``name``: each package and each
+  top-level module has one (``purax.core``, ``purax.loop``); a package's
+  modules are sections of its page."""
   module = importlib.import_module(name)
-  lines = [name, '=' * len(name), '', f'.. automodule:: {name}', '']
-  subs = [m.name for m in pkgutil.iter_modules(getattr(module, '__path__', []), name + '.')
-          if not m.name.rsplit('.', 1)[1].startswith('_') and m.name not in SKIP]
+  if hasattr(module, '__path__') or name.count('.') <= 1:
+    return name
+  return name.rsplit('.', 1)[0]
+
+
+def _heading(text: str, char: str) -> list[str]:
+  return [text, char * len(text), '']
+
+
+def _names_table(name: str) -> list[str]:
+  module = importlib.import_module(name)
   names = reexports(name)
-  if names:
-    lines += ['.. rubric:: Names', '',
-              f'Defined in its submodules, importable as ``{name}.NAME``:', '',
-              '.. list-table::', '   :widths: 30 70', '']
-    for attr, target in names:
-      role = 'class' if inspect.isclass(getattr(module, attr)) else 'func'
-      summary = _summary(target)
-      lines += [f'   * - :py:{role}:`{attr} <{target}>`', f'     - {summary}']
-    lines.append('')
-  if subs:
-    lines += ['.. rubric:: Modules', '', '.. toctree::', '   :maxdepth: 1', '']
-    lines += [f'   {s}' for s in subs]
-    lines.append('')
+  if not names:
+    return []
+  lines = ['.. rubric:: Names', '', f'Defined in its modules, importable as ``{name}.NAME``:', '',
+           '.. list-table::', '   :widths: 30 70', '']
+  for attr, target in names:
+    role = 'class' if inspect.isclass(getattr(module, attr)) else 'func'
+    lines += [f'   * - :py:{role}:`{attr} <{target}>`', f'     - {_summary(target)}']
+  return lines + ['']
+
+
+def api_page(page: str, members: list[str]) -> str:
+  """The reST source of one API page: ``page``'s docstring and names, then
+  each module of ``members`` (``page``'s own modules) as a section."""
+  lines = _heading(page, '=') + [f'.. automodule:: {page}', ''] + _names_table(page)
+  for name in members:
+    if name != page:
+      lines += _heading(name, '-') + [f'.. automodule:: {name}', '']
   return '\n'.join(lines)
+
+
+def pages() -> dict[str, list[str]]:
+  """API page -> the modules it documents, in name order."""
+  out: dict[str, list[str]] = {}
+  for name in modules():
+    out.setdefault(page_of(name), []).append(name)
+  return out
+
+
+#: The API pages in reading order (the rest follow by name).
+ORDER = ('purax', 'purax.core', 'purax.nn', 'purax.loop', 'purax.hooks', 'purax.plan',
+         'purax.parallel', 'purax.io', 'purax.io.checkpoint', 'purax.testing', 'purax.app')
+
+
+def api_index(names: list[str]) -> str:
+  """The API reference's front page: what the examples assume, then the pages."""
+  ordered = [n for n in ORDER if n in names] + sorted(set(names) - set(ORDER))
+  lines = _heading('API reference', '=') + [
+      'One page per package (its modules are sections), generated from the',
+      'docstrings. The examples run in the test suite',
+      '(``tests/test_docs.py``) after this prelude, which defines the names they',
+      'use without defining them (``batch``, ``batches``, ``test``):', '',
+      '.. literalinclude:: ../prelude.py', '   :language: python', '',
+      '.. toctree::', '   :maxdepth: 1', ''] + [f'   {n}' for n in ordered]
+  return '\n'.join(lines) + '\n'
 
 
 def stage(staging: str) -> None:
@@ -110,9 +151,11 @@ def stage(staging: str) -> None:
       shutil.copy(src, os.path.join(staging, entry))
   api = os.path.join(staging, 'api')
   os.makedirs(api)
-  for name in modules():
-    with open(os.path.join(api, f'{name}.rst'), 'w', encoding='utf-8') as f:
-      f.write(module_page(name))
+  for page, members in pages().items():
+    with open(os.path.join(api, f'{page}.rst'), 'w', encoding='utf-8') as f:
+      f.write(api_page(page, members))
+  with open(os.path.join(api, 'index.rst'), 'w', encoding='utf-8') as f:
+    f.write(api_index(list(pages())))
 
 
 def docstring_examples() -> dict[str, list[str]]:
@@ -132,32 +175,32 @@ def _norm(text: str) -> str:
   return re.sub(r'\s+', ' ', text.replace('>>> ', '').replace('... ', '')).strip()
 
 
+def _texts(html_text: str, tag: str) -> list[str]:
+  """The text of every ``<tag ...>...</tag>`` element of ``html_text`` (not nested)."""
+  return [html.unescape(re.sub(r'<[^>]+>', '', m)) for m in
+          re.findall(rf'<{tag}(?:\s[^>]*)?>(.*?)</{tag}>', html_text, re.S)]
+
+
 def check_html(out: str) -> list[str]:
   """What did not render as code in the built site ``out``."""
-  from bs4 import BeautifulSoup
   problems = []
+  pages: dict[str, str] = {}
   for dirpath, _, files in os.walk(out):
     for file in files:
-      if not file.endswith('.html') or '_modules' in dirpath or file in ('genindex.html', 'search.html'):
-        continue
-      path = os.path.join(dirpath, file)
-      with open(path, encoding='utf-8') as f:
-        soup = BeautifulSoup(f.read(), 'html.parser')
-      main = soup.find('article') or soup
-      for p in main.find_all('p'):
-        text = p.get_text()
-        if '>>>' in text or '```' in text or re.search(r'::\s*$', text):
-          rel = os.path.relpath(path, out)
-          problems.append(f'{rel}: code rendered as prose: {text[:120]!r}')
-  api = os.path.join(out, 'api')
+      if file.endswith('.html') and not dirpath.startswith(os.path.join(out, '_')):
+        with open(os.path.join(dirpath, file), encoding='utf-8') as f:
+          pages[os.path.relpath(os.path.join(dirpath, file), out)] = f.read()
+  for rel, text in sorted(pages.items()):
+    body = text.split('<article', 1)[-1]
+    for para in _texts(body, 'p'):
+      if '>>>' in para or '```' in para or re.search(r'::\s*$', para):
+        problems.append(f'{rel}: code rendered as prose: {para[:120]!r}')
   for name, examples in docstring_examples().items():
-    page = os.path.join(api, f'{name}.html')
-    with open(page, encoding='utf-8') as f:
-      soup = BeautifulSoup(f.read(), 'html.parser')
-    blocks = ' \n '.join(_norm(pre.get_text()) for pre in soup.find_all('pre'))
+    rel = os.path.join('api', f'{page_of(name)}.html')
+    blocks = ' \n '.join(_norm(pre) for pre in _texts(pages.get(rel, ''), 'pre'))
     for source in examples:
       if _norm(source) not in blocks:
-        problems.append(f'api/{name}.html: docstring example not in a code block: '
+        problems.append(f'{rel} ({name}): docstring example not in a code block: '
                         f'{source.strip()[:100]!r}')
   return problems
 

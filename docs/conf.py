@@ -21,7 +21,6 @@ extensions = [
     'myst_parser',
     'sphinx.ext.autodoc',
     'sphinx.ext.napoleon',
-    'sphinx.ext.viewcode',
 ]
 
 source_suffix = {'.rst': 'restructuredtext', '.md': 'markdown'}
@@ -75,6 +74,10 @@ html_theme_options = {
     'show_toc_level': 2,
     'navigation_with_keys': False,
     'home_page_in_toc': True,
+    # The sidebar shows the current page's branch only: rendering the whole
+    # tree on every page is most of a build's time (pydata-sphinx-theme).
+    'collapse_navigation': True,
+    'show_navbar_depth': 1,
 }
 html_static_path = []
 html_show_sourcelink = False
