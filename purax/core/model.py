@@ -1,6 +1,6 @@
 """The model interface: a model is two pure functions over explicit pytrees.
 
-::
+.. code-block:: text
 
   init(key, batch) -> (params, model_state)
   apply(params, model_state, batch, *, train, rng, hparams) -> (outputs, model_state)

@@ -34,13 +34,17 @@ strategy makes the same decisions and computes the same values up to XLA's
 shape-dependent summation order (bitwise when the program shape is the same:
 ``'sequential'`` member ``i`` is the standalone run ``i``).
 
-Example::
-
-  keys = jax.vmap(jax.random.key)(jnp.arange(4))
-  hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
-  pop = population.init(task, keys, hparams, batch)
-  pop, metrics = population.train_step(task, pop, zeros, batch)
-  metrics_lib.compute(metrics)['loss']          # numpy [4]
+Example:
+  >>> from purax.core import population
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
+  >>> hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
+  >>> pop = population.init(task, keys, hparams, batch)
+  >>> zeros = population.zero_train_metrics(task, pop, batch)
+  >>> pop, metrics = population.train_step(task, pop, zeros, batch)
+  >>> purax.metrics.compute(metrics)['loss'].shape     # one loss per member
+  (4,)
 """
 
 from __future__ import annotations

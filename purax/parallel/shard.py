@@ -5,13 +5,14 @@ The shardings are computed from shapes only (concrete arrays or
 the ``in_shardings`` / ``out_shardings`` of the jitted step and the placement
 of the arrays themselves.
 
-Example::
-
-  mesh = parallel.make_mesh(data=4, fsdp=2)
-  rules = parallel.fsdp(min_size=1024)
-  state = parallel.shard(state, mesh, rules)
-  batch = parallel.shard(batch, mesh, rules)
-  state, metrics = jax.jit(task.step)(state, batch)   # runs FSDP
+Example (8 devices):
+  >>> mesh = parallel.make_mesh(data=4, fsdp=2)
+  >>> rules = parallel.fsdp(min_size=1024)
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> state = parallel.shard(task.init(jax.random.key(0), batch), mesh, rules)
+  >>> on_mesh = parallel.shard(batch, mesh, rules)
+  >>> state, metrics = jax.jit(task.step)(state, on_mesh)   # runs FSDP
 
 Tensor parallel needs the logical axis names of the parameters, which flax
 keeps in ``nn.LogicallyPartitioned`` boxes that :meth:`purax.Task.init`
