@@ -15,9 +15,9 @@ Example:
   >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
   >>> hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
   >>> pop = population.init(task, keys, hparams, batch)
-  >>> zeros = population.zero_eval_metrics(task, pop, batch)
-  >>> eval_metrics = population.eval_step(task, pop, zeros, batch)
-  >>> scores = population.score(eval_metrics, 'loss')           # [members], lower is better
+  >>> zeros = population.zero_train_metrics(task, pop, batch)
+  >>> pop, metrics = population.train_step(task, pop, zeros, batch)
+  >>> scores = population.score(metrics, 'loss')                # [members], lower is better
   >>> pop, info = pbt.exploit_explore(pop, scores, key=jax.random.key(1))
 """
 

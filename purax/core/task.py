@@ -13,8 +13,8 @@ read ``'y'`` and an optional ``'weight'`` (0 = padding; see
 :mod:`purax.core.objectives`).
 
 Example:
-  >>> task = purax.Task(model=purax.nn.CNN(num_classes=10),
-  ...                   tx=purax.adamw(learning_rate=2e-3, total_steps=300, warmup_steps=30))
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
   >>> state = task.init(jax.random.key(0), batch)      # batch: {'x': [64, 8, 8, 1], 'y': [64]}
   >>> step = jax.jit(task.step, donate_argnums=0)
   >>> state, metrics = step(state, batch)

@@ -85,12 +85,10 @@ def generate(model, params, prompt, *, key: jax.Array, max_new_tokens: int,
     DataError: ``prompt`` empty or not integer ``[batch, prompt_len]``.
 
   Example:
-    >>> model = purax.nn.DecoderLM(vocab_size=256, d_model=32, num_layers=1, num_heads=2)
-    >>> tokens = jnp.zeros((2, 16), jnp.int32)
-    >>> task = purax.Task(model=model, tx=optax.adam(1e-3),
-    ...                   loss=purax.objectives.language_model)
-    >>> state = task.init(jax.random.key(0), {'x': tokens, 'y': tokens})
-    >>> new = purax.nn.generate(model, state.params, jnp.array([list(b'def ')]),
+    >>> model = purax.nn.DecoderLM(vocab_size=256, d_model=32, num_layers=1, num_heads=2,
+    ...                            max_len=32)
+    >>> params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
+    >>> new = purax.nn.generate(model, params, jnp.array([list(b'def ')]),
     ...                         key=jax.random.key(0), max_new_tokens=8, temperature=0.8)
     >>> new.shape, new.dtype                          # the 8 new tokens of each prompt
     ((1, 8), dtype('int32'))
