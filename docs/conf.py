@@ -7,6 +7,7 @@ unresolved cross-reference one.
 """
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -184,7 +185,31 @@ def _split_shared_entries(app, what, name, obj, options, lines):
   lines[:] = out
 
 
+def _skip_borrowed_functions(app, what, name, obj, skip, options):
+  """A dataclass field whose default is a function (``Task.loss`` =
+  ``objectives.classification``) is not a method of the class: not listed."""
+  if what == 'class' and inspect.isfunction(obj) and obj.__name__ != name:
+    return True
+  return None
+
+
+def _no_object_base(app, name, obj, options, bases):
+  """``Bases: object`` says nothing."""
+  bases[:] = [b for b in bases if b is not object]
+
+
+def _attributes_label():
+  """Napoleon's ``Attributes:`` (as ``:ivar:`` fields) under that name, not 'Variables'."""
+  from sphinx.domains.python import PyObject
+  for field in PyObject.doc_field_types:
+    if field.name == 'variable':
+      field.label = 'Attributes'
+
+
 def setup(app):
   _plain_attribute_docstrings()
+  _attributes_label()
+  app.connect('autodoc-skip-member', _skip_borrowed_functions)
+  app.connect('autodoc-process-bases', _no_object_base)
   app.connect('autodoc-process-docstring', _split_shared_entries, priority=400)
   app.connect('missing-reference', _resolve_reexport)

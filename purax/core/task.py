@@ -133,10 +133,11 @@ class Task:
     loss_scale: initial dynamic loss scale (e.g. ``2**15``) for float16
       training; ``None``: no loss scaling. The state is ``state.loss_scale``.
 
-  Raises (at construction):
-    ConfigError: a value of the wrong kind (``tx`` not an optax transformation,
-      ``hparams`` not a mapping) or out of range; a loss that couples examples with
-      ``microbatches > 1``; a model that fits no adapter.
+  Raises:
+    ConfigError: at construction, a value of the wrong kind (``tx`` not an
+      optax transformation, ``hparams`` not a mapping) or out of range; a loss
+      that couples examples with ``microbatches > 1``; a model that fits no
+      adapter.
   """
 
   model: Any
