@@ -35,7 +35,7 @@ myst_heading_anchors = 3
 # autodoc + napoleon: Google docstrings (Args/Returns/Raises/Example), members
 # in source order, the signature's annotations as written.
 autodoc_member_order = 'bysource'
-autodoc_default_options = {'members': True, 'show-inheritance': True}
+autodoc_default_options = {'members': True}
 autodoc_typehints = 'signature'
 autodoc_typehints_format = 'short'
 autodoc_preserve_defaults = True
@@ -193,11 +193,6 @@ def _skip_borrowed_functions(app, what, name, obj, skip, options):
   return None
 
 
-def _no_object_base(app, name, obj, options, bases):
-  """``Bases: object`` says nothing."""
-  bases[:] = [b for b in bases if b is not object]
-
-
 def _attributes_label():
   """Napoleon's ``Attributes:`` (as ``:ivar:`` fields) under that name, not 'Variables'."""
   from sphinx.domains.python import PyObject
@@ -210,6 +205,5 @@ def setup(app):
   _plain_attribute_docstrings()
   _attributes_label()
   app.connect('autodoc-skip-member', _skip_borrowed_functions)
-  app.connect('autodoc-process-bases', _no_object_base)
   app.connect('autodoc-process-docstring', _split_shared_entries, priority=400)
   app.connect('missing-reference', _resolve_reexport)
