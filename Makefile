@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine; each makes and uses .venv.
 #   make train   trains the default CNN on scikit-learn's digits (CPU, < 1 min)
 #   make test    runs the test suite (what CI runs)
-#   make docs    builds the API reference into docs/api (pdoc; fails on any warning)
+#   make docs    builds the documentation site into docs/_build/html (Sphinx; fails on any warning)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -31,4 +31,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/step_overhead.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis docs/api
+	rm -rf $(VENV) runs .pytest_cache .hypothesis docs/_build

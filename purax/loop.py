@@ -143,13 +143,16 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   checkpoints, the stop flag, the progress bar, your own), with the true
   step number; each hook's ``end`` runs once at the end, however the loop ends.
 
-  Example::
-
-    task = purax.Task(model=purax.nn.MLP(features=(64,), num_classes=10),
-                      tx=purax.adamw(learning_rate=1e-3, total_steps=100))
-    state = task.init(jax.random.key(0), batches[0])
-    state, history = purax.fit(task, state, batches, steps=100,
-                               hooks=purax.hooks.standard(log_every=10, eval_data=test))
+  Example:
+    >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+    ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+    >>> state = task.init(jax.random.key(0), batches[0])
+    >>> state, history = purax.fit(task, state, batches, steps=20,
+    ...                            hooks=purax.hooks.standard(log_every=10, eval_data=test))
+    >>> int(state.step), history[-1]['step']           # history: the logged records
+    (20, 20)
+    >>> 'train/loss' in history[0] and 'eval/accuracy' in history[-1]
+    True
 
   Args:
     task: the static model/optimizer/loss.

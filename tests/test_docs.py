@@ -1,43 +1,210 @@
-"""`make docs`: the API reference builds from the docstrings with no warning."""
+"""The documentation: `make docs` builds the site with no warning, every
+example renders as code and runs, the landing page links the core API.
 
+The site is built once per session (in this process: purax is imported
+already) by the ``site`` fixture that the HTML tests share. The docstring
+examples run as doctests and the pages' Python blocks page by page, all in
+this process after ``docs/prelude.py`` (what the pages say they assume);
+``purax`` lines of the pages' bash blocks are parsed and validated as the
+README's are.
+"""
+
+import contextlib
+import doctest
+import glob
+import importlib
+import importlib.util
+import io
 import os
-import subprocess
-import sys
+import re
+import warnings
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, 'docs')
+PAGES = sorted(glob.glob(os.path.join(DOCS, '*.md')) + glob.glob(os.path.join(DOCS, 'guides', '*.md')))
 
 
-@pytest.mark.slow
-def test_api_reference_builds_without_warnings(tmp_path):
-  out = tmp_path / 'api'
-  env = {k: v for k, v in os.environ.items() if not k.startswith('PURAX_')}
-  result = subprocess.run([sys.executable, os.path.join(ROOT, 'docs', 'build.py'), str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert (out / 'index.html').is_file()
-  page = (out / 'purax' / 'core' / 'summary.html').read_text()
-  assert 'bytes_per_device' in page and 'Returns' in page     # Google docstrings rendered
-  for module in ('loop', 'app/plot', 'app/config', 'io/profile', 'io/writers', 'parallel'):
-    assert (out / 'purax' / f'{module}.html').is_file(), module
-
-
-def test_a_warning_fails_the_build(tmp_path, monkeypatch):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location('purax_docs_build',
-                                                os.path.join(ROOT, 'docs', 'build.py'))
+def _load_build():
+  spec = importlib.util.spec_from_file_location('purax_docs_build', os.path.join(DOCS, 'build.py'))
   build = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(build)
-  import pdoc
+  return build
 
-  def warn_and_render(module, output_directory):
-    import warnings
-    warnings.warn('Error parsing type annotation X for purax.y')
-    output_directory.mkdir()
 
-  monkeypatch.setattr(pdoc, 'pdoc', warn_and_render)
-  (tmp_path / 'api').mkdir()
-  (tmp_path / 'api' / 'old.html').write_text('previous build')
-  assert build.main([str(tmp_path / 'api')]) == 1
-  assert (tmp_path / 'api' / 'old.html').read_text() == 'previous build'   # left in place
+def prelude() -> dict:
+  scope: dict = {}
+  with open(os.path.join(DOCS, 'prelude.py'), encoding='utf-8') as f:
+    exec(compile(f.read(), 'docs/prelude.py', 'exec'), scope)
+  return scope
+
+
+def blocks(path: str, language: str) -> list[str]:
+  with open(path, encoding='utf-8') as f:
+    return re.findall(rf'^```{language}\n(.*?)^```', f.read(), re.S | re.M)
+
+
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+  build = _load_build()
+  out = tmp_path_factory.mktemp('site') / 'html'
+  with warnings.catch_warnings(record=True):   # libraries' import-time warnings
+    warnings.simplefilter('always')
+    problems = build.build(str(out))
+  return build, str(out), problems
+
+
+def _html(out: str, rel: str) -> str:
+  with open(os.path.join(out, rel), encoding='utf-8') as f:
+    return f.read()
+
+
+def _pre_blocks(text: str) -> list[str]:
+  import html
+  return [re.sub(r'\s+', ' ', html.unescape(re.sub(r'<[^>]+>', '', m))).strip()
+          for m in re.findall(r'<pre[^>]*>(.*?)</pre>', text, re.S)]
+
+
+def test_site_builds_and_every_docstring_example_is_a_code_block(site):
+  build, out, problems = site
+  assert problems == []
+  examples = build.docstring_examples()
+  assert len(examples) >= 15, sorted(examples)        # modules with >>> examples
+  assert {'purax.core.task', 'purax.loop', 'purax.io.checkpoint.run', 'purax.hooks.library',
+          'purax.testing'} <= set(examples)
+  for module, sources in examples.items():
+    page = _html(out, os.path.join('api', build.page_of(module) + '.html'))
+    pre = ' | '.join(_pre_blocks(page))
+    for source in sources:
+      first = re.sub(r'\s+', ' ', source.splitlines()[0]).strip()
+      assert f'>>> {first}' in pre, (module, first)    # with its prompt, inside <pre>
+    assert 'Example::' not in page
+
+
+def test_landing_page_links_the_core_api_and_every_guide(site):
+  _, out, _ = site
+  index = _html(out, 'index.html')
+  hrefs = set(re.findall(r'href="([^"]+)"', index))
+  for target in ('purax.core.task.Task', 'purax.loop.fit', 'purax.core.state.TrainState',
+                 'purax.io.checkpoint.run.restore_or_init', 'module-purax.testing'):
+    assert any(h.endswith('#' + target) for h in hrefs), target
+  for page in glob.glob(os.path.join(DOCS, 'guides', '*.md')):
+    name = os.path.basename(page)[:-3]
+    assert f'guides/{name}.html' in hrefs, name          # picked up by the glob
+    assert os.path.isfile(os.path.join(out, 'guides', name + '.html'))
+  assert _pre_blocks(index), 'the landing page example is not a code block'
+
+
+def test_a_problem_fails_the_build_and_keeps_the_previous_site(tmp_path, monkeypatch):
+  build = _load_build()
+  import sphinx.application
+
+  class Warns:
+    def __init__(self, srcdir, confdir, outdir, doctreedir, builder, *, warning, **_):
+      self.warning, self.outdir = warning, outdir
+
+    def build(self):
+      self.warning.write('docs/guides/x.md:3: WARNING: py:func reference target not found: nope\n')
+      os.makedirs(self.outdir)
+
+  monkeypatch.setattr(sphinx.application, 'Sphinx', Warns)
+  monkeypatch.setattr(build, 'stage', lambda staging: None)
+  (tmp_path / 'html').mkdir()
+  (tmp_path / 'html' / 'old.html').write_text('previous build')
+  assert build.main([str(tmp_path / 'html')]) == 1
+  assert (tmp_path / 'html' / 'old.html').read_text() == 'previous build'
+
+
+def test_code_rendered_as_prose_is_a_problem(tmp_path, monkeypatch):
+  build = _load_build()
+  page = tmp_path / 'guides' / 'x.html'
+  page.parent.mkdir()
+  page.write_text('<article><p>Example::</p><p>&gt;&gt;&gt; task = Task()</p>'
+                  '<pre>ok = 1</pre></article>')
+  monkeypatch.setattr(build, 'docstring_examples', lambda: {})
+  problems = build.check_html(str(tmp_path))
+  assert len(problems) == 2 and all('rendered as prose' in p for p in problems), problems
+
+
+def test_every_docstring_example_runs(tmp_path, monkeypatch):
+  """Every ``>>>`` example of purax's docstrings, as a doctest after the prelude."""
+  build = _load_build()
+  monkeypatch.chdir(tmp_path)                      # what the examples write lands here
+  monkeypatch.setenv('WANDB_MODE', 'disabled')
+  scope = prelude()
+  finder = doctest.DocTestFinder(exclude_empty=True)
+  runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+  out, ran = io.StringIO(), 0
+  for name in build.modules():
+    for test in finder.find(importlib.import_module(name), name, globs=dict(scope)):
+      if test.examples:
+        with user_code():
+          runner.run(test, out=out.write)
+        ran += 1
+  assert ran >= 20
+  assert runner.failures == 0, out.getvalue()[-6000:]
+
+
+@pytest.mark.parametrize('page', [os.path.relpath(p, DOCS) for p in PAGES
+                                  if blocks(p, 'python')])
+def test_every_python_block_of_the_pages_runs(page, tmp_path, monkeypatch):
+  """A page's Python blocks, in order, in one namespace after the prelude."""
+  monkeypatch.chdir(tmp_path)
+  scope = prelude()
+  if page == os.path.join('guides', 'cli.md'):      # what the page says exists: an export
+    _export_digits_predict(tmp_path / 'runs' / 'mine' / 'export')
+  for i, block in enumerate(blocks(os.path.join(DOCS, page), 'python')):
+    with contextlib.redirect_stdout(io.StringIO()), user_code():
+      exec(compile(block, f'docs/{page} block {i + 1}', 'exec'), scope)
+  if page == 'index.md':                             # the landing page's claim
+    assert scope['history'][-1]['eval/accuracy'] > 0.9, scope['history'][-1]
+
+
+@contextlib.contextmanager
+def user_code():
+  """What a user's session has: jax's default rank promotion (this suite
+  raises on it, to keep purax's own code explicit)."""
+  import jax
+  with jax.numpy_rank_promotion('allow'):
+    yield
+
+
+def _export_digits_predict(directory):
+  """What ``purax export`` of a digits run writes (here of a fresh MLP)."""
+  import jax
+  import optax
+  import numpy as np
+  import purax
+  from purax.io.export import export_predict
+  task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10), tx=optax.sgd(0.1))
+  batch = {'x': np.zeros((2, 8, 8, 1), np.float32), 'y': np.zeros(2, np.int32)}
+  state = task.init(jax.random.key(0), batch)
+  export_predict(lambda x: task.predict(state, {'x': x}), (8, 8, 1), str(directory))
+
+
+def test_every_purax_command_of_the_pages_parses_and_validates():
+  from tests.test_readme_commands import validate_commands
+  from purax.app import cli
+  commands = []
+  for page in PAGES:
+    commands += commands_of(page)
+  assert len(commands) >= 30
+  assert validate_commands(commands, where='docs') == {
+      'train', 'eval', 'export', 'sweep', 'generate', 'plot'}
+  import shlex
+  in_docstring = [shlex.split(line, comments=True)[1:] for line in cli.__doc__.splitlines()
+                  if line.strip().startswith('purax ')]
+  assert len(in_docstring) >= 10
+  validate_commands(in_docstring, where='purax.app.cli')
+
+
+def commands_of(path: str) -> list[list[str]]:
+  import shlex
+  out = []
+  for block in blocks(path, 'bash'):
+    for line in block.replace('\\\n', ' ').splitlines():
+      words = shlex.split(line, comments=True)
+      if words[:1] == ['purax']:
+        out.append(words[1:])
+  return out

@@ -1,6 +1,8 @@
 """``purax train | eval | sweep``: the command line, typed by dataclasses through tyro.
 
-Examples::
+Examples (each line is parsed and validated by ``tests/test_docs.py``):
+
+.. code-block:: bash
 
   purax train                                   # CNN on digits
   purax train --dataset mnist1d --model cnn --steps 2000

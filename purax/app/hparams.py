@@ -75,6 +75,8 @@ class HParam:
     return self.bounds.clip()
 
 
+#: The one hyperparameter table: one :class:`HParam` row per tunable
+#: hyperparameter (its flag, state name, default, bounds and short flag).
 HPARAMS: tuple[HParam, ...] = (
     HParam('learning_rate', 'peak_learning_rate', 'optimizer', 2e-3,
            short='lr', help='peak AdamW learning rate (after warmup; cosine decay to 0)'),

@@ -50,6 +50,7 @@ class ModelSpec:
     return frozenset(f.name for f in dataclasses.fields(self.cls)) & frozenset(OPTIONS)
 
 
+#: The model table: ``--model`` name -> :class:`ModelSpec` (flax class, help).
 MODELS: dict[str, ModelSpec] = {
     'mlp': ModelSpec(MLP, 'multilayer perceptron over the flattened features'),
     'cnn': ModelSpec(CNN, 'two convolutions, max pooling and a dense head (1-D or 2-D inputs)'),

@@ -149,13 +149,10 @@ def decide_on_primary(decide) -> int:
 class RunDir:
   """The directory of one run, from the first check to the last file.
 
-  Use::
-
-    with RunDir(config) as rundir:      # checks (and locks) an existing directory
-      job = build(config)               # nothing written yet
-      rundir.create()                   # config.json; from here a failure cleans up
-      ...
-      rundir.committed()                # a checkpoint exists: keep the directory
+  Its life in ``purax train``: ``with RunDir(config) as rundir:`` checks (and
+  locks) an existing directory; the job is built with nothing written yet;
+  ``rundir.create()`` writes ``config.json``, and from there a failure cleans
+  up; ``rundir.committed()`` says a checkpoint exists: the directory is kept.
 
   Attributes:
     path: the directory.

@@ -62,7 +62,7 @@ def train(config: TrainConfig) -> dict:
 
   Raises:
     ConfigError, DataError: before anything is written (also when a resumed
-    run's config differs in a field that changes the computation);
+      run's config differs in a field that changes the computation);
     FileExistsError: ``workdir`` exists but is not a purax run directory;
     CheckpointError: a checkpoint cannot be written or read.
   """

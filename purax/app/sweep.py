@@ -231,7 +231,7 @@ def run(config: SweepConfig) -> dict:
 
   Raises:
     ConfigError, DataError: before anything is written; FileExistsError: the
-    sweep directory exists. A sweep that fails midway removes its directory.
+      sweep directory exists. A sweep that fails midway removes its directory.
   """
   config = config.validate().resolved()
   seeds, hparams = members(config)

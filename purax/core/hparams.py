@@ -181,7 +181,13 @@ def _value(name: str, value) -> jax.Array:
 def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: disable=redefined-builtin
   """``state`` with hyperparameters replaced, wherever they are.
 
-  Example: ``state = purax.set_hyperparams(state, peak_learning_rate=3e-4)``.
+  Example:
+    >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+    ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+    >>> state = task.init(jax.random.key(0), batch)
+    >>> state = purax.set_hyperparams(state, peak_learning_rate=3e-4)
+    >>> float(purax.hyperparams(state, task.tx)['peak_learning_rate'])
+    0.0003000000142492354
 
   Each value goes to every ``inject_hyperparams`` state in ``opt_state`` that
   has the name (at any depth) and to ``state.hparams`` when it has it; a

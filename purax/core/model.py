@@ -1,6 +1,6 @@
 """The model interface: a model is two pure functions over explicit pytrees.
 
-::
+.. code-block:: text
 
   init(key, batch) -> (params, model_state)
   apply(params, model_state, batch, *, train, rng, hparams) -> (outputs, model_state)
@@ -229,6 +229,14 @@ class NNX:
   @classmethod
   def from_constructor(cls, make: Callable[[nnx.Rngs], nnx.Module], *,
                        inputs: Inputs = 'x') -> 'NNX':
+    """The model of the module ``make(rngs)`` builds: ``init`` calls ``make``
+    with ``nnx.Rngs`` drawn from its key, so every key gives fresh parameters
+    and a population vmaps over seeds.
+
+    Args:
+      make: ``rngs -> nnx.Module``, e.g. ``lambda rngs: Net(rngs=rngs)``.
+      inputs: what the module reads from the batch (see :func:`select_inputs`).
+    """
     abstract = nnx.eval_shape(lambda: make(nnx.Rngs(0)))
     graphdef, _, rngs, _ = nnx.split(abstract, nnx.Param, nnx.RngState, ...)
     return cls(graphdef=graphdef, make=make, rng_template=_pure(rngs), inputs=inputs)

@@ -1,6 +1,8 @@
 """Losses as functions: the contract, and the three provided objectives.
 
-A loss is a pure function::
+A loss is a pure function:
+
+.. code-block:: text
 
   loss_fn(outputs, batch, hparams) -> (values, weight, metrics)
 
@@ -21,11 +23,18 @@ A loss is a pure function::
   ``'loss'`` (the weighted mean of ``values``) and ``'examples'`` (the number
   of examples with a non-zero weight) are added unless present.
 
-Declare hyperparameters and properties with :func:`loss_function`::
+Declare hyperparameters and properties with :func:`loss_function`:
 
-  @purax.loss_function(hparams={'temperature': 0.1}, couples_examples=True)
-  def supcon(outputs, batch, hparams):
-    ...
+  >>> @purax.loss_function(hparams={'temperature': 0.1}, couples_examples=True)
+  ... def centered(logits, batch, hparams):           # couples examples: the batch mean
+  ...   logits = logits - logits.mean(0)
+  ...   values = optax.softmax_cross_entropy_with_integer_labels(
+  ...       logits / hparams['temperature'], batch['y'])
+  ...   return values, batch.get('weight'), {}
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=optax.adam(1e-3), loss=centered)
+  >>> task.couples_examples
+  True
 
 A loss that *couples examples* (contrastive losses, in-batch negatives)
 computes something different on a part of the batch than on all of it, so
@@ -307,5 +316,6 @@ def language_model(logits, batch, hparams):
                           'tokens': metrics_lib.Sum.of(token_weight)}
 
 
+#: The provided objectives by name (what a data set names as its loss).
 BUILTIN = {'classification': classification, 'regression': regression,
            'language_model': language_model}

@@ -8,10 +8,17 @@ hyperparameters by a factor drawn from ``factors`` (explore). Everything
 happens on the device on the stacked state, seeded by an explicit key, so it
 runs inside ``jax.jit`` with no host transfer and reruns identically.
 
-Example::
-
-  scores = population.score(eval_metrics, 'loss')
-  pop, info = pbt.exploit_explore(pop, scores, key=jax.random.fold_in(key, s))
+Example:
+  >>> from purax.core import pbt, population
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
+  >>> hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
+  >>> pop = population.init(task, keys, hparams, batch)
+  >>> zeros = population.zero_train_metrics(task, pop, batch)
+  >>> pop, metrics = population.train_step(task, pop, zeros, batch)
+  >>> scores = population.score(metrics, 'loss')                # [members], lower is better
+  >>> pop, info = pbt.exploit_explore(pop, scores, key=jax.random.key(1))
 """
 
 from __future__ import annotations

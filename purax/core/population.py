@@ -34,13 +34,17 @@ strategy makes the same decisions and computes the same values up to XLA's
 shape-dependent summation order (bitwise when the program shape is the same:
 ``'sequential'`` member ``i`` is the standalone run ``i``).
 
-Example::
-
-  keys = jax.vmap(jax.random.key)(jnp.arange(4))
-  hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
-  pop = population.init(task, keys, hparams, batch)
-  pop, metrics = population.train_step(task, pop, zeros, batch)
-  metrics_lib.compute(metrics)['loss']          # numpy [4]
+Example:
+  >>> from purax.core import population
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
+  >>> hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
+  >>> pop = population.init(task, keys, hparams, batch)
+  >>> zeros = population.zero_train_metrics(task, pop, batch)
+  >>> pop, metrics = population.train_step(task, pop, zeros, batch)
+  >>> purax.metrics.compute(metrics)['loss'].shape     # one loss per member
+  (4,)
 """
 
 from __future__ import annotations
@@ -180,12 +184,12 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
 Strategy = Union[Literal['auto', 'vmap', 'chunked', 'sequential'], int]
 STRATEGIES = ('auto', 'vmap', 'chunked', 'sequential')
 
-# Members per chunk of 'chunked' without a size.
+#: Members per chunk of ``'chunked'`` without a size.
 CHUNK = 8
 
-# The 'auto' rule: members per chunk on CPU (AUTO_CPU_CHUNK); elsewhere all
-# members vmapped (one program fills a GPU/TPU). The CPU's rule was measured
-# (``benchmarks/README.md``, "Population strategies on the CPU").
+#: The ``'auto'`` rule: members per chunk on CPU; elsewhere all members
+#: vmapped (one program fills a GPU/TPU). The CPU's rule was measured
+#: (``benchmarks/README.md``, "Population strategies on the CPU").
 AUTO_CPU_CHUNK = 1
 
 
@@ -426,13 +430,13 @@ eval_step = loops.Jit(_eval_step, _unrolled, static_argnums=0, static_argnames='
 
 
 def zero_train_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
-  """Zeroed ``[members]`` metrics accumulator of :func:`train_step` (no compute)."""
+  """Zeroed ``[members]`` metrics accumulator of ``train_step`` (no compute)."""
   return metrics_lib.zeros_of(lambda p, b, i: step(task, p, b, i, strategy='vmap')[1], pop,
                               batch, batch_index)
 
 
 def zero_eval_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
-  """Zeroed ``[members]`` metrics accumulator of :func:`eval_step` (no compute)."""
+  """Zeroed ``[members]`` metrics accumulator of ``eval_step`` (no compute)."""
   return metrics_lib.zeros_of(lambda p, b, i: evaluate(task, p, b, i, strategy='vmap'), pop,
                               batch, batch_index)
 

@@ -79,7 +79,10 @@ PRESETS = {
 def get_policy(spec: str | Policy) -> Policy:
   """A policy from a preset name (``fp32``, ``bf16``, ``fp16``) or a jmp-style string.
 
-  Example: ``get_policy('params=float32,compute=bfloat16,output=float32')``.
+  Example:
+    >>> from purax.core.precision import get_policy
+    >>> get_policy('params=float32,compute=bfloat16,output=float32') == get_policy('bf16')
+    True
 
   Raises:
     ConfigError: unknown preset, field or dtype, naming it; float16 params

@@ -3,10 +3,19 @@
 Everything here reads shapes, dtypes and shardings, never values, so it works
 on an abstract state (``jax.eval_shape(task.init, key, batch)``, whose leaves
 are ``jax.ShapeDtypeStruct``, optionally with a ``sharding``) as well as on a
-real one, and costs nothing on the device::
+real one, and costs nothing on the device.
 
-  abstract = jax.eval_shape(task.init, jax.random.key(0), batch)
-  print(summary.format_summary(summary.summarize(abstract)))
+Example:
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> from purax.core import summary
+  >>> abstract = jax.eval_shape(task.init, jax.random.key(0), batch)
+  >>> print(summary.format_summary(summary.summarize(abstract)))
+  module     parameters       bytes
+  Dense_0         2,080    8.12 KiB
+  Dense_1           330    1.29 KiB
+  total           2,410
+  state per device: 28.29 KiB (step 4 B, params 9.41 KiB, opt_state 18.86 KiB, rng 8 B, hparams 4 B)
 
 :func:`compiled_cost` reads XLA's cost and memory analysis of a compiled step
 (``jax.jit(f).lower(*args).compile()``).

@@ -12,21 +12,27 @@ The batch is whatever the data yields: the model's adapter picks its inputs
 read ``'y'`` and an optional ``'weight'`` (0 = padding; see
 :mod:`purax.core.objectives`).
 
-Example::
+Example:
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> state = task.init(jax.random.key(0), batch)      # batch: {'x': [64, 8, 8, 1], 'y': [64]}
+  >>> step = jax.jit(task.step, donate_argnums=0)
+  >>> state, metrics = step(state, batch)
+  >>> purax.metrics.compute(metrics)['examples']       # the one host transfer
+  64.0
 
-  task = Task(model=purax.nn.CNN(num_classes=10),
-              tx=purax.adamw(learning_rate=1e-3, total_steps=100))
-  state = task.init(jax.random.key(0), batch)
-  step = jax.jit(task.step, donate_argnums=0)
-  state, metrics = step(state, batch)
-  print(purax.metrics.compute(metrics))   # the one host transfer
+  Your own loss, with a hyperparameter that populations can sweep:
 
-  # your own loss, with a hyperparameter that populations can sweep:
-  @purax.loss_function(hparams={'temperature': 0.1})
-  def my_loss(outputs, batch, hparams):
-    values = ...                           # float32 [batch]
-    return values, batch.get('weight'), {'my_metric': ...}
-  task = Task(model=MyModel(), tx=optax.adam(1e-3), loss=my_loss)
+  >>> @purax.loss_function(hparams={'temperature': 1.0})
+  ... def tempered(logits, batch, hparams):             # logits: float32 [batch, classes]
+  ...   values = optax.softmax_cross_entropy_with_integer_labels(
+  ...       logits / hparams['temperature'], batch['y'])  # float32 [batch]
+  ...   return values, batch.get('weight'), {'max_logit': logits.max(-1)}
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=optax.adam(1e-3), loss=tempered, hparams={'temperature': 0.5})
+  >>> state = task.init(jax.random.key(0), batch)
+  >>> float(state.hparams['temperature'])
+  0.5
 """
 
 from __future__ import annotations
@@ -127,10 +133,11 @@ class Task:
     loss_scale: initial dynamic loss scale (e.g. ``2**15``) for float16
       training; ``None``: no loss scaling. The state is ``state.loss_scale``.
 
-  Raises (at construction):
-    ConfigError: a value of the wrong kind (``tx`` not an optax transformation,
-      ``hparams`` not a mapping) or out of range; a loss that couples examples with
-      ``microbatches > 1``; a model that fits no adapter.
+  Raises:
+    ConfigError: at construction, a value of the wrong kind (``tx`` not an
+      optax transformation, ``hparams`` not a mapping) or out of range; a loss
+      that couples examples with ``microbatches > 1``; a model that fits no
+      adapter.
   """
 
   model: Any
@@ -229,7 +236,7 @@ class Task:
 
     Raises:
       ConfigError: ``key`` is not a key. DataError: the batch lacks what the
-      model reads.
+        model reads.
     """
     init_key, rng = jax.random.split(as_typed_key(key))
     params, model_state = self.pure_model.init(init_key, batch)
@@ -300,8 +307,8 @@ class Task:
 
     Raises:
       ConfigError: ``state`` not a :class:`TrainState`; ``axis_name`` not an
-      axis bound by an enclosing ``pmap`` / ``shard_map``, or with a loss that
-      couples examples; ``frozen`` not a bool ``[]``.
+        axis bound by an enclosing ``pmap`` / ``shard_map``, or with a loss that
+        couples examples; ``frozen`` not a bool ``[]``.
     """
     _check_state(state)
     _check_axis_name(axis_name)

@@ -47,35 +47,39 @@ library (:class:`EarlyStopping`, :class:`PopulationEarlyStopping`,
 Your own hook is a plain class. This one writes the global parameter norm
 every 10 steps and stops the run when the training loss falls below a
 target; its one number of state (the step it first got there) survives a
-resume::
+resume.
 
-  import numpy as np
-  import optax
-
-  class StopAtLoss:
-    every = 10            # run at steps 10, 20, ... (0: after every evaluation)
-    at_end = False        # not at the last step unless it falls on the cadence
-    name = 'stop_at_loss' # its key in the checkpoint's hook state
-
-    def __init__(self, target):
-      self.target, self.reached = target, None
-
-    def __call__(self, step, state, record):
-      info = {'params/global_norm': float(optax.global_norm(state.params))}
-      loss = record.get('train/loss')      # written at this step when it is a log point
-      if loss is not None and loss < self.target:
-        self.reached = step if self.reached is None else self.reached
-        info['stop'] = True
-      return state, info
-
-    def state_dict(self):
-      return {'reached': self.reached}
-
-    def load_state_dict(self, d):
-      self.reached = d['reached']
-
-  hooks = purax.hooks.standard(log_every=10) + [StopAtLoss(target=0.5)]
-  state, history = purax.fit(task, state, data, steps=1000, hooks=hooks)
+Example:
+  >>> class StopAtLoss:
+  ...   every = 10            # run at steps 10, 20, ... (0: after every evaluation)
+  ...   at_end = False        # not at the last step unless it falls on the cadence
+  ...   name = 'stop_at_loss' # its key in the checkpoint's hook state
+  ...
+  ...   def __init__(self, target):
+  ...     self.target, self.reached = target, None
+  ...
+  ...   def __call__(self, step, state, record):
+  ...     info = {'params/global_norm': float(optax.global_norm(state.params))}
+  ...     loss = record.get('train/loss')      # written at this step when it is a log point
+  ...     if loss is not None and loss < self.target:
+  ...       self.reached = step if self.reached is None else self.reached
+  ...       info['stop'] = True
+  ...     return state, info
+  ...
+  ...   def state_dict(self):
+  ...     return {'reached': self.reached}
+  ...
+  ...   def load_state_dict(self, d):
+  ...     self.reached = d['reached']
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> hooks = purax.hooks.standard(log_every=10) + [StopAtLoss(target=10.0)]
+  >>> state = task.init(jax.random.key(0), batch)
+  >>> state, history = purax.fit(task, state, batches, steps=20, hooks=hooks)
+  >>> int(state.step)                     # stopped at its first log point
+  10
+  >>> 'params/global_norm' in history[-1]
+  True
 """
 
 from purax.hooks.builtin import Checkpoint as Checkpoint

@@ -103,7 +103,7 @@ class Evaluate:
 
 
 class NonFiniteStreak:
-  """Stops with :class:`NonFiniteError` when ``limit`` consecutive steps had
+  """Stops with :class:`purax.core.errors.NonFiniteError` when ``limit`` consecutive steps had
   non-finite gradients (skipped updates), seen at the log points
   (``train/skip_streak``), naming the step window.
 
@@ -237,7 +237,7 @@ class Profile:
   """A ``jax.profiler`` trace of the updates ``start <= state.step < stop``
   (:mod:`purax.io.profile`), each in a ``StepTraceAnnotation('train',
   step_num=s)`` that spans its call and the hooks after it. Those updates run
-  one per call whatever ``steps_per_call`` (:attr:`alone`), so the
+  one per call whatever ``steps_per_call`` (``alone``), so the
   annotations are exactly ``start, ..., stop - 1``.
 
   Attributes:

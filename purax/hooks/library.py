@@ -217,14 +217,19 @@ class EMA:
   With ``every = k`` the effective horizon is ``k / (1 - decay)`` steps.
 
   Read it with :attr:`params`; evaluate it with :meth:`state_with_average`,
-  or at every evaluation of the run with ``evaluate``::
+  or at every evaluation of the run with ``evaluate`` (``eval_ema/*`` next to
+  ``eval/*``, when a sample falls on it: ``EMA(decay=0.99, evaluate=lambda s:
+  purax.evaluate(task, s, test))``).
 
-    ema = purax.hooks.EMA(decay=0.99, every=1)
-    state, _ = purax.fit(task, state, data, steps=1000, hooks=[ema])
-    purax.evaluate(task, ema.state_with_average(state), eval_batches)
-
-    # eval_ema/* next to eval/* at every evaluation (when a sample falls on it):
-    ema = purax.hooks.EMA(decay=0.99, evaluate=lambda s: purax.evaluate(task, s, eval_batches))
+  Example:
+    >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+    ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+    >>> ema = purax.hooks.EMA(decay=0.99, every=1)
+    >>> state = task.init(jax.random.key(0), batch)
+    >>> state, _ = purax.fit(task, state, batches, steps=20, hooks=[ema])
+    >>> metrics = purax.evaluate(task, ema.state_with_average(state), test)
+    >>> metrics['examples']
+    64.0
 
   A resumed run restores the average with the state
   (``purax.restore_or_init(..., hooks=[ema])`` then ``fit(restored, ...,

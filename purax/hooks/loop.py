@@ -124,7 +124,7 @@ class Loop:
     return any(k.startswith('eval/') for k in self.record)
 
   def write(self, scalars: dict) -> None:
-    """Writes ``scalars`` at :attr:`step`: the record, the history, the writers."""
+    """Writes ``scalars`` at ``step``: the record, the history, the writers."""
     if not scalars:
       return
     self.record.update(scalars)

@@ -226,6 +226,8 @@ def _corpus(read: Callable[..., tuple[np.ndarray, np.ndarray]], prefix: str = ''
   return load
 
 
+#: The one table of data sets: name -> :class:`Source` (loader, loss, help);
+#: ``--dataset`` and :func:`load` read it.
 DATASETS: dict[str, Source] = {
     'digits': Source(_builtin(digits),
                      "scikit-learn's 8x8 handwritten digits, [8, 8, 1], 10 classes"),

@@ -13,13 +13,18 @@ The files land in ``logdir/plugins/profile/<time>/``: ``<host>.xplane.pb``
 ``pip install tensorboard-plugin-profile``, or ``xprof --logdir runs``) and
 ``perfetto_trace.json.gz`` (open it at https://ui.perfetto.dev).
 
-In a host loop of your own (``fit`` has :class:`purax.hooks.Profile`)::
+Example: in a host loop of your own (``fit`` has :class:`purax.hooks.Profile`):
 
-  profiler = Profiler(workdir, start=5, stop=8)
-  for s in range(first, num_steps):
-    with profiler.step(s):                  # s: state.step before the update
-      state, metrics = train_step(state, batches[s])
-  profiler.close(state)                     # stops a trace still open (early end)
+  >>> from purax.io.profile import Profiler
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> state = task.init(jax.random.key(0), batch)
+  >>> train_step = jax.jit(task.step)
+  >>> profiler = Profiler('runs/prof', start=1, stop=2, perfetto=False)
+  >>> for s in range(3):
+  ...   with profiler.step(s):                  # s: state.step before the update
+  ...     state, metrics = train_step(state, batches[s])
+  >>> profiler.close(state)                     # stops a trace still open (early end)
 
 ``fit`` traces with :class:`purax.hooks.Profile` (``purax train --profile``),
 which runs the traced updates one per call.

@@ -7,11 +7,10 @@ stream is a terminal (or a Jupyter kernel) and tqdm is installed (it is in
 the ``cli`` extra, not the core); otherwise it returns :class:`NullBar`, and
 the log points are the only output, one plain line each.
 
-Use::
-
-  from purax.io import progress
-  bar = progress.bar(total=num_steps, initial=start, enabled=show_progress)
-  bar.update(1); bar.set_postfix(loss='0.1234', refresh=False); bar.close()
+Example:
+  >>> from purax.io import progress
+  >>> bar = progress.bar(total=100, initial=0, enabled=False)   # enabled: draw when watched
+  >>> bar.update(1); bar.set_postfix(loss='0.1234', refresh=False); bar.close()
 """
 
 from __future__ import annotations

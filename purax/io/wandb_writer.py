@@ -6,11 +6,15 @@ imports it. The run is offline unless ``WANDB_MODE`` says otherwise (or
 ``wandb sync DIRECTORY/wandb/offline-run-*`` uploads them later. From the
 command line: ``purax train --wandb-project NAME``.
 
-Use::
+Example (``mode='disabled'`` runs it without writing; the default is offline):
 
-  from purax.io.wandb_writer import WandbWriter
-  writer = WandbWriter('my-project', directory='runs/mine', config={'lr': 1e-3})
-  purax.fit(task, state, train, hooks=purax.hooks.standard(writer=writer))
+  >>> from purax.io.wandb_writer import WandbWriter
+  >>> writer = WandbWriter('my-project', directory='runs/mine', config={'lr': 1e-3},
+  ...                      mode='disabled')
+  >>> writer.write_scalars(10, {'train/loss': 0.5})
+  >>> writer.close()
+
+  In a run: ``purax.fit(task, state, batches, hooks=purax.hooks.standard(writer=writer))``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ class WandbWriter:
     project: the W&B project.
     directory: where wandb writes (``directory/wandb/...``); created if missing.
     name: the run's display name.
-    config: hyperparameters recorded with the run (more via :meth:`write_hparams`).
+    config: hyperparameters recorded with the run (more via ``write_hparams``).
     mode: ``'offline'``, ``'online'`` or ``'disabled'``; default ``WANDB_MODE``
       from the environment, else ``'offline'`` (no account, no network).
     **init_kwargs: passed to ``wandb.init``.

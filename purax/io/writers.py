@@ -13,17 +13,23 @@ committed checkpoint.
 
 Your own writer is any object with the three methods of :class:`MetricWriter`;
 ``write_hparams``, ``write_text`` and ``write_histograms`` are optional
-(called when present; a writer without one ignores that kind of record)::
+(called when present; a writer without one ignores that kind of record).
+Next to the defaults: ``writers.MultiWriter([writers.create_default_writer(workdir),
+LossPrinter()])``.
 
-  class LossPrinter:
-    def write_scalars(self, step, scalars):
-      print(step, scalars.get('train/loss'))
-    def flush(self): pass
-    def close(self): pass
-
-  purax.fit(task, state, train, hooks=purax.hooks.standard(writer=LossPrinter()))
-  # or next to the defaults:
-  writer = writers.MultiWriter([writers.create_default_writer(workdir), LossPrinter()])
+Example (``...`` in an output stands for any text):
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> class LossPrinter:
+  ...   def write_scalars(self, step, scalars):
+  ...     print(step, 'train/loss' in scalars)
+  ...   def flush(self): pass
+  ...   def close(self): pass
+  >>> state = task.init(jax.random.key(0), batch)
+  >>> state, _ = purax.fit(task, state, batches, steps=20,
+  ...                      hooks=purax.hooks.standard(log_every=10, writer=LossPrinter()))
+  10 True
+  20 True
 
 Only process 0 of a multi-host run writes (``fit`` calls the writer there only).
 """

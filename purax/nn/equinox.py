@@ -21,14 +21,17 @@ What the adapter supports, as the linen and NNX adapters do:
   are over the whole batch; ``state`` is ``model_state``, checkpointed and
   carried like linen's ``batch_stats``.
 
-Example::
+Example:
+  >>> import equinox as eqx
+  >>> from purax.nn.equinox import from_equinox
+  >>> make = lambda key: eqx.nn.MLP(64, 10, width_size=16, depth=1, key=key)
+  >>> flat = lambda batch: batch['x'].reshape(batch['x'].shape[0], 64)   # [batch, 64]
+  >>> task = purax.Task(model=from_equinox(make, inputs=flat), tx=optax.adam(1e-3))
+  >>> state = task.init(jax.random.key(0), batch)
+  >>> state, metrics = jax.jit(task.step)(state, batch)
 
-  import equinox as eqx
-  make = lambda key: eqx.nn.MLP(4, 3, width_size=16, depth=1, key=key)
-  task = purax.Task(model=from_equinox(make), tx=optax.adam(1e-3))
-
-  # With BatchNorm (axis_name='batch'):
-  make = lambda key: eqx.nn.make_with_state(Net)(key)   # Net(key) -> module
+  With BatchNorm (``axis_name='batch'``), pass a constructor that returns the
+  module and its state, ``lambda key: eqx.nn.make_with_state(Net)(key)``.
 """
 
 from __future__ import annotations

@@ -84,10 +84,14 @@ def generate(model, params, prompt, *, key: jax.Array, max_new_tokens: int,
       ``prompt_len + max_new_tokens > model.max_len`` with learned positions.
     DataError: ``prompt`` empty or not integer ``[batch, prompt_len]``.
 
-  Example::
-
-    new = generate(model, state.params, jnp.array([list(b'def ')]),
-                   key=jax.random.key(0), max_new_tokens=64, temperature=0.8)
+  Example:
+    >>> model = purax.nn.DecoderLM(vocab_size=256, d_model=32, num_layers=1, num_heads=2,
+    ...                            max_len=32)
+    >>> params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
+    >>> new = purax.nn.generate(model, params, jnp.array([list(b'def ')]),
+    ...                         key=jax.random.key(0), max_new_tokens=8, temperature=0.8)
+    >>> new.shape, new.dtype                          # the 8 new tokens of each prompt
+    ((1, 8), dtype('int32'))
   """
   prompt = jnp.asarray(prompt)
   expect(prompt.ndim == 2 and jnp.issubdtype(prompt.dtype, jnp.integer), 'prompt',

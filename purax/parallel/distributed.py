@@ -7,19 +7,20 @@ touched; afterwards ``jax.devices()`` lists the devices of all processes, so
 its rows of every global batch (:func:`process_rows`, :func:`process_local`)
 and :func:`global_batch` assembles the global ``jax.Array`` with
 ``jax.make_array_from_process_local_data``; the state is created sharded by
-:meth:`purax.parallel.ShardedPlan.init` (the same computation on every process).
+:meth:`purax.parallel.ShardedPlan.init_state` (the same computation on every process).
 Only process 0 writes logs (:func:`is_main_process`).
 
-Example (two processes, run once per process with ``--process-id 0`` / ``1``)::
+Example: every process first calls
+``parallel.distributed.initialize('10.0.0.1:1234', num_processes=2, process_id=i)``
+(``i`` = 0, 1), then runs the same program on its rows of each global
+batch; with one process (as here) the rows are all of them:
 
-  parallel.distributed.initialize('10.0.0.1:1234', num_processes=2, process_id=i)
-  mesh = parallel.make_mesh(data=-1)
-  plan = parallel.sharded(task, mesh, parallel.data_parallel(), sample_batch)
-  state = plan.init(key)
-  rows = parallel.distributed.process_rows(mesh, rules, global_batch_size)
-  for global_numpy_batch in data:
-    local = {k: v[rows] for k, v in global_numpy_batch.items()}
-    state, m = plan.step(state, parallel.distributed.global_batch(local, mesh, rules))
+  >>> mesh, rules = parallel.make_mesh(data=-1), parallel.data_parallel()
+  >>> rows = parallel.distributed.process_rows(mesh, rules, 64)   # global batch size 64
+  >>> local = {k: v[rows] for k, v in batch.items()}               # this process's rows
+  >>> on_mesh = parallel.distributed.global_batch(local, mesh, rules)
+  >>> on_mesh['x'].shape                                           # the global batch
+  (64, 8, 8, 1)
 """
 
 from __future__ import annotations

@@ -69,10 +69,11 @@ def make_mesh(data: int | None = None, fsdp: int = 1, tensor: int = 1, *,
     ConfigError: a size not a positive int or -1; more than one -1; sizes whose
       product is not the device count (the message names both).
 
-  Example::
-
-    mesh = make_mesh(data=4, fsdp=2)        # 8 devices
-    mesh = make_mesh(data=-1, tensor=2)     # data = devices / 2
+  Example (8 devices):
+    >>> dict(parallel.make_mesh(data=4, fsdp=2).shape)
+    {'data': 4, 'fsdp': 2, 'tensor': 1}
+    >>> dict(parallel.make_mesh(data=-1, tensor=2).shape)    # data = devices / 2
+    {'data': 4, 'fsdp': 1, 'tensor': 2}
   """
   devices = list(jax.devices() if devices is None else devices)
   if data is None:

@@ -7,10 +7,10 @@ method has a default for one device):
 - ``start_step(state) -> int``: the step to resume at (a host read);
 - ``place(state) -> state``: put the state where the step runs;
 - ``checked(task, batches) -> batches``: the host batches with their values
-  checked (:attr:`checks`: the first batch, every batch, or none);
+  checked (``checks``: the first batch, every batch, or none);
 - ``zero_metrics(state, batch)``: the zeroed running-metrics tree;
 - ``device_batches(host_batches, loop) -> iterator of (batch, steps)``: each
-  call's input as :meth:`train_step` takes it, and how many steps it runs
+  call's input as ``train_step`` takes it, and how many steps it runs
   (``loop``: what ``fit`` knows of the run, :class:`purax.hooks.Loop`);
 - ``train_step(state, acc, batch) -> (state, acc)``: donates ``state`` and ``acc``;
 - ``evaluate(state, batches)``: the summed evaluation metrics tree (on device);
@@ -149,7 +149,7 @@ class Plan:
     return state
 
   def checked(self, batches: Iterator) -> Iterator:
-    """``batches`` with their values checked (:attr:`checks`); the first is read now."""
+    """``batches`` with their values checked (``checks``); the first is read now."""
     if self.checks == 'none':
       return batches
     first = next(batches, None)
@@ -201,7 +201,7 @@ class Plan:
 
   def evaluate(self, state, batches: Iterable):
     """The summed metrics tree of ``batches``, on the device; their values are
-    checked as training batches are (:attr:`checks`).
+    checked as training batches are (``checks``).
 
     Raises:
       ConfigError: no batches. DataError: a value check failed.

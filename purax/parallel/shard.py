@@ -5,13 +5,14 @@ The shardings are computed from shapes only (concrete arrays or
 the ``in_shardings`` / ``out_shardings`` of the jitted step and the placement
 of the arrays themselves.
 
-Example::
-
-  mesh = parallel.make_mesh(data=4, fsdp=2)
-  rules = parallel.fsdp(min_size=1024)
-  state = parallel.shard(state, mesh, rules)
-  batch = parallel.shard(batch, mesh, rules)
-  state, metrics = jax.jit(task.step)(state, batch)   # runs FSDP
+Example (8 devices):
+  >>> mesh = parallel.make_mesh(data=4, fsdp=2)
+  >>> rules = parallel.fsdp(min_size=1024)
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> state = parallel.shard(task.init(jax.random.key(0), batch), mesh, rules)
+  >>> on_mesh = parallel.shard(batch, mesh, rules)
+  >>> state, metrics = jax.jit(task.step)(state, on_mesh)   # runs FSDP
 
 Tensor parallel needs the logical axis names of the parameters, which flax
 keeps in ``nn.LogicallyPartitioned`` boxes that :meth:`purax.Task.init`
@@ -112,7 +113,7 @@ def tree_shardings(tree: PyTree, mesh: Mesh, rules: Rules, *,
 
 def state_shardings(state: TrainState, mesh: Mesh, rules: Rules, *,
                     logical: TrainState | None = None) -> TrainState:
-  """The :class:`NamedSharding` of every array of a state.
+  """The :class:`jax.sharding.NamedSharding` of every array of a state.
 
   ``params`` and ``opt_state`` (:data:`PARTITIONED`) follow the rules; every
   other field — ``step``, ``rng``, ``hparams``, ``model_state`` (batch
@@ -181,7 +182,7 @@ def _is_batch(tree) -> bool:
 def shardings(tree: PyTree, mesh: Mesh, rules: Rules, *,
               logical: PyTree | None = None) -> PyTree:
   """:func:`state_shardings`, :func:`batch_shardings` (a dict with ``'x'``) or
-  :func:`tree_shardings`, by the kind of ``tree``."""
+  ``tree_shardings``, by the kind of ``tree``."""
   if isinstance(tree, TrainState):
     return state_shardings(tree, mesh, rules, logical=logical)
   if _is_batch(tree):
@@ -193,7 +194,7 @@ def shard(tree: PyTree, mesh: Mesh, rules: Rules, *, logical: PyTree | None = No
   """Places a TrainState, a batch or a parameter tree on ``mesh`` by ``rules``.
 
   Single-process placement (``jax.device_put``). With several processes, build
-  states with :meth:`purax.parallel.ShardedPlan.init` and batches with
+  states with :meth:`purax.parallel.ShardedPlan.init_state` and batches with
   :func:`purax.parallel.distributed.global_batch`, which never need the whole
   array on one host.
 

@@ -15,12 +15,15 @@ it is the same computation with the collectives chosen by the compiler. Use
 :func:`shard_map_step` to control the collectives yourself and
 :func:`pmap_step` when porting ``jax.pmap`` code.
 
-Example (pmap)::
-
-  step = parallel.pmap_step(task)
-  state = parallel.replicate(task.init(key, batch))
-  state, metrics = step(state, parallel.split_batch(batch, jax.local_device_count()))
-  state, metrics = parallel.unreplicate((state, metrics))
+Example (pmap):
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> step = parallel.pmap_step(task)
+  >>> state = parallel.replicate(task.init(jax.random.key(0), batch))
+  >>> state, metrics = step(state, parallel.split_batch(batch, jax.local_device_count()))
+  >>> state, metrics = parallel.unreplicate((state, metrics))
+  >>> int(state.step)
+  1
 """
 
 from __future__ import annotations

@@ -6,14 +6,15 @@ under some rules, and jits ``init``, ``step``, a metrics-accumulating
 itself: data parallel, FSDP and tensor parallel differ only in the shardings
 handed to ``jax.jit`` (GSPMD inserts the collectives).
 
-Example::
-
-  mesh = parallel.make_mesh(data=4, fsdp=2)
-  plan = parallel.sharded(task, mesh, parallel.fsdp(), sample_batch)
-  state = plan.init(jax.random.key(0))             # born sharded
-  for batch in batches:
-    state, metrics = plan.step(state, plan.shard_batch(batch))
-  state, history = purax.fit(task, state, batches, plan=plan)   # or the loop's
+Example (8 devices; on a CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=8``):
+  >>> mesh = parallel.make_mesh(data=4, fsdp=2)
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> plan = parallel.sharded(task, mesh, parallel.fsdp(), batch)
+  >>> state = plan.init_state(jax.random.key(0), batch)     # born sharded
+  >>> state, history = purax.fit(task, state, batches, plan=plan)
+  >>> int(state.step)
+  20
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class ShardedPlan(Plan):
 
   def shard_state(self, state: TrainState) -> TrainState:
     """Places an existing state (e.g. a restored one) on the mesh, in new
-    buffers: donating the result to :attr:`step` leaves ``state`` usable."""
+    buffers: donating the result to ``step`` leaves ``state`` usable."""
     return jax.device_put(state, self.state_sharding, may_alias=False)
 
   def shard_batch(self, batch: Mapping[str, Any]) -> dict:

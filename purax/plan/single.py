@@ -112,7 +112,7 @@ class SingleDevicePlan(Plan):
   (:func:`stacked`): one host-to-device transfer and one Python iteration
   per ``k`` steps, with exactly the result of ``k`` single steps (bitwise on
   the CPU). ``'auto'``: :mod:`purax.plan.auto` chooses ``k``; the choice of
-  the last ``fit`` is :attr:`chosen_steps_per_call`.
+  the last ``fit`` is ``chosen_steps_per_call``.
 
   Attributes:
     task, checks, prefetch: as :class:`purax.plan.Plan`.

@@ -4,18 +4,16 @@
 needs hypothesis and is here when it is installed, so ``import purax.testing``
 works without it.
 
-Use them on your own tasks::
+Example: your task's FSDP step on a 4 x 2 mesh trains as the single-device
+step does (as a hypothesis property over meshes and batch sizes: the guide
+"Testing your parallel step"):
 
-  from hypothesis import given, strategies as st
-  from purax import parallel, testing
-
-  @given(shape=testing.mesh_shapes(), data=st.data())
-  def test_my_task_fsdp(shape, data):
-    mesh = testing.mesh_of(shape)
-    batch_size = data.draw(testing.batch_sizes(mesh))
-    batches = data.draw(testing.classification_batches(batch_size, (8,), 4, steps=2))
-    with jax.default_matmul_precision('highest'):
-      testing.assert_step_matches_single_device(my_task, mesh, parallel.fsdp(), batches)
+  >>> from purax import testing
+  >>> my_task = purax.Task(model=purax.nn.MLP(features=(16,), num_classes=10),
+  ...                      tx=optax.sgd(0.1))
+  >>> mesh = testing.mesh_of({'data': 4, 'fsdp': 2})
+  >>> with jax.default_matmul_precision('highest'):
+  ...   testing.assert_step_matches_single_device(my_task, mesh, parallel.fsdp(), batches[:2])
 
 Tolerances (:data:`TOLERANCES`) assume float32 at ``highest`` matmul
 precision on CPU. A sharded step differs from the single-device one only in

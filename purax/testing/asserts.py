@@ -1,5 +1,5 @@
 """Assertions (chex only) that two steps train alike: the mesh, pmap and
-any-two-steps forms, all through one runner (:func:`_run`)."""
+any-two-steps forms, all through one runner (``_run``)."""
 
 import dataclasses
 import functools

@@ -6,7 +6,7 @@ shardings), :mod:`~purax.io.checkpoint.integrity` (fingerprints, the JSON's
 SHA-256), :mod:`~purax.io.checkpoint.policies` (keep-best, the wall-clock
 cadence), :mod:`~purax.io.checkpoint.errors` and
 :mod:`~purax.io.checkpoint.run` (a training run's checkpoint layout,
-:class:`Restored` and :func:`restore_or_init`).
+:class:`~purax.io.checkpoint.run.Restored` and :func:`~purax.io.checkpoint.run.restore_or_init`).
 
 A checkpoint at step ``s`` holds, under one step directory committed
 atomically by orbax:

@@ -32,6 +32,7 @@ import threading
 
 import orbax.checkpoint
 
+#: The logger orbax's diverted ERROR records go to, at DEBUG.
 DETAILS = logging.getLogger('purax.checkpoint')
 _ORBAX_DIR = os.path.dirname(os.path.abspath(orbax.checkpoint.__file__)) + os.sep
 _lock = threading.Lock()
@@ -68,7 +69,7 @@ def _run_sync_via_new_loop(coro):
 
 
 def install() -> None:
-  """Replaces orbax's loop runner by :func:`_run_sync_via_new_loop` (idempotent;
+  """Replaces orbax's loop runner by ``_run_sync_via_new_loop`` (idempotent;
   nothing when this orbax has no such function)."""
   from orbax.checkpoint._src import asyncio_utils
   if callable(getattr(asyncio_utils, '_run_sync_via_new_loop', None)):

@@ -5,12 +5,8 @@ A run's checkpoint is :func:`checkpoint_tree` (arrays: ``{'state':
 TrainState, 'train_metrics': window, 'hooks': {name: arrays}}``) with
 :func:`checkpoint_extra` in its JSON (``{'data': position, 'hooks': {name:
 state_dict}}``); :func:`restore_or_init` is the inverse, for research code as
-for ``purax train``, and ``fit`` takes what it returns::
-
-  ckpt = purax.Checkpointer('runs/mine/checkpoints')
-  restored = purax.restore_or_init(ckpt, task, jax.random.key(0), batch)
-  state, history = purax.fit(task, restored, data, steps=1000,
-                             hooks=purax.hooks.standard(checkpointer=ckpt))
+for ``purax train``, and ``fit`` takes what it returns (the example of
+:func:`restore_or_init`).
 """
 
 from __future__ import annotations
@@ -139,10 +135,27 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
   Raises:
     ConfigError: ``directory`` is a file, or a directory that holds other
       things than checkpoints (it is not a checkpoint directory: a typo'd or
-      wrong path, never silently a fresh run). CheckpointError: with
-      ``must_exist``, no committed checkpoint. CheckpointMismatchError: the
-      checkpoint's structure, shapes or dtypes differ from the task's state.
-      ConfigError: a checkpoint whose data position disagrees with its state.
+      wrong path, never silently a fresh run); or a checkpoint whose data
+      position disagrees with its state.
+    CheckpointError: with ``must_exist``, no committed checkpoint.
+    CheckpointMismatchError: the checkpoint's structure, shapes or dtypes
+      differ from the task's state.
+
+  Example: train 10 steps, then run the same code again: it resumes at step
+  10 and trains to 20.
+
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> for steps in (10, 20):                           # two runs of one script
+  ...   ckpt = purax.Checkpointer('runs/mine/checkpoints')
+  ...   restored = purax.restore_or_init(ckpt, task, jax.random.key(0), batch)
+  ...   start = int(restored.state.step)                 # fit consumes restored
+  ...   state, history = purax.fit(task, restored, batches, steps=steps,
+  ...                              hooks=purax.hooks.standard(checkpointer=ckpt))
+  ...   ckpt.close()
+  ...   print(start, '->', int(state.step))
+  0 -> 10
+  10 -> 20
   """
   expect(isinstance(directory, (str, os.PathLike, Checkpointer)), 'directory',
          'a checkpoint or run directory, or a Checkpointer', type(directory).__name__,
