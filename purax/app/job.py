@@ -105,9 +105,12 @@ class Job:
 
 
 def metadata(config: TrainConfig, sample: dict | None = None, num_classes=None) -> dict:
+  """A checkpoint's metadata: the config, the versions, the processes and
+  devices and the mesh (``--mesh``, None: one device) it was saved from; a
+  run may resume on others (``docs/guides/device-counts.md``)."""
   meta = {'config': config.as_dict(), 'purax_version': purax.__version__,
           'jax_version': jax.__version__, 'device_count': jax.device_count(),
-          'process_count': jax.process_count(), 'mesh': None}
+          'process_count': jax.process_count(), 'mesh': config.run.mesh}
   if sample is not None:
     meta['data_shapes'] = {'x': list(sample['x'].shape[1:]), 'x_dtype': str(sample['x'].dtype),
                            'y': list(sample['y'].shape[1:]), 'y_dtype': str(sample['y'].dtype),

@@ -127,6 +127,7 @@ class SweepConfig(Sections):
     Raises:
       ConfigError: naming the field, the expected and the actual value.
     """
+    self.optimizer.validate()
     self.base().validate()
     self.population.validate(self.run.eval_every)
     specs = self.specs()
