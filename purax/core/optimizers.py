@@ -191,7 +191,11 @@ def schedule_free_eval_params(state):
   """The params to evaluate a schedule-free run at (``x``, the average):
   ``optax.contrib.schedule_free_eval_params`` of the ``ScheduleFreeState``
   found anywhere in ``state.opt_state`` (inside ``inject_hyperparams``,
-  ``optax.chain``, ...). A function of the state, for ``purax.Task(eval_params=...)``.
+  ``optax.chain``, ``optax.multi_transform``, ...). A function of the state,
+  for ``purax.Task(eval_params=...)``.
+
+  Leaves the schedule-free optimizer does not train (another
+  ``multi_transform`` subset: a frozen backbone) are their params.
 
   Raises:
     ConfigError: ``state.opt_state`` holds no (or more than one) schedule-free state.
@@ -200,4 +204,8 @@ def schedule_free_eval_params(state):
            if _is_schedule_free(x)]
   expect(len(found) == 1, 'state.opt_state', 'one optax.contrib.ScheduleFreeState (a '
          'schedule-free optimizer)', f'{len(found)}', ConfigError)
-  return optax.contrib.schedule_free_eval_params(found[0], state.params)
+  b1 = found[0].b1
+
+  def at_x(y, z):   # optax.contrib.schedule_free_eval_params, leaf by leaf
+    return y if isinstance(z, optax.MaskedNode) else (y - (1.0 - b1) * z) / b1
+  return jax.tree.map(at_x, state.params, found[0].z)
