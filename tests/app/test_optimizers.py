@@ -18,6 +18,7 @@ from purax.app.config import TrainConfig
 from purax.app.optimizers import OPTIMIZERS
 from purax.app.sweep import SweepConfig
 from purax.core.errors import ConfigError
+from purax.io.checkpoint import Checkpointer
 
 SAMPLE = data.sample_batch((8, 8, 1), np.float32, (), np.int32, 2)
 SMALL = ['--model', 'mlp', '--steps', '6', '--batch-size', '16', '--log-every', '3',
@@ -66,19 +67,25 @@ def test_every_optimizers_hyperparameters_are_sweepable_members_of_one_populatio
 
 def test_a_schedule_free_run_evaluates_and_averages_its_average(tmp_path, capsys):
   """--optimizer schedule_free_adamw: eval/* (and so the best-k checkpoints
-  ranked by it) at the average x, and --ema-decay averaging x (the export
-  is Task.predict's, tests/core/test_task_eval_params.py)."""
+  ranked by it) at the average x, and --ema-decay averaging x (a decay of
+  1e-6: the average is the last sample, x, to 1e-6) evaluated as it is (the
+  export is Task.predict's, tests/core/test_task_eval_params.py)."""
   workdir = str(tmp_path / 'run')
-  assert cli.main(['train', *SMALL, '--optimizer', 'schedule_free_adamw', '--ema-decay', '0.5',
+  assert cli.main(['train', *SMALL, '--optimizer', 'schedule_free_adamw', '--ema-decay', '1e-6',
                    '--keep-best', '1', '--eval-every', '0', '--workdir', workdir]) == 0
   final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['final']
-  job, state = runs.restore_run(workdir)
+  job, _ = runs.restore_run(workdir)
+  with Checkpointer(f'{workdir}/checkpoints') as ckpt:
+    tree, _, _ = ckpt.restore(job.abstract)
+  state, average = tree['state'], tree['hooks']['ema']['params']
   x = job.task.evaluation_params(state)
   plain = dataclasses.replace(job.task, eval_params=None)
-  assert final['loss'] == pytest.approx(
-      runs.evaluate(plain, state.replace(params=x), job.data.eval(512))['loss'], rel=1e-5)
+  at_x = runs.evaluate(plain, state.replace(params=x), job.data.eval(512))['loss']
+  assert final['loss'] == pytest.approx(at_x, rel=1e-5)
   assert final['loss'] != pytest.approx(
-      runs.evaluate(plain, state, job.data.eval(512))['loss'], rel=1e-3)
+      runs.evaluate(plain, state, job.data.eval(512))['loss'], rel=1e-3)    # y is not x
+  for a, b in zip(jax.tree.leaves(average), jax.tree.leaves(x)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   records = [json.loads(line) for line in open(f'{workdir}/metrics.jsonl')]
   (ema,) = [r['eval_ema/loss'] for r in records if 'eval_ema/loss' in r]
-  assert np.isfinite(ema) and ema != final['loss']
+  assert ema == pytest.approx(at_x, rel=1e-4)

@@ -115,6 +115,20 @@ def test_schedule_free_eval_params_finds_the_state_at_any_depth_and_names_its_ab
   expected = optax.contrib.schedule_free_eval_params(sf, state.params)
   for a, b in zip(jax.tree.leaves(task.evaluation_params(state)), jax.tree.leaves(expected)):
     np.testing.assert_array_equal(a, b)
+  # In a multi_transform subset: the other subset's leaves are their params.
+  tx = optax.multi_transform({'sf': optax.contrib.schedule_free_adamw(1e-2),
+                              'frozen': optax.set_to_zero()},
+                             lambda p: {k: jax.tree.map(lambda _: 'frozen' if k == 'Dense_0'
+                                                        else 'sf', v) for k, v in p.items()})
+  task = purax.Task(model=task.model, tx=tx, eval_params=optimizers.schedule_free_eval_params)
+  state, _ = jax.jit(task.step)(task.init(jax.random.key(0), batch), batch)
+  x = task.evaluation_params(state)
+  for a, b in zip(jax.tree.leaves(x['Dense_0']), jax.tree.leaves(state.params['Dense_0'])):
+    np.testing.assert_array_equal(a, b)
+  (sf,) = [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda s: isinstance(
+      s, optax.contrib.ScheduleFreeState)) if isinstance(s, optax.contrib.ScheduleFreeState)]
+  np.testing.assert_array_equal(x['Dense_1']['kernel'], optax.contrib.schedule_free_eval_params(
+      sf._replace(z=sf.z['Dense_1']), state.params['Dense_1'])['kernel'])
   with pytest.raises(purax.ConfigError, match='state.opt_state: expected one optax.contrib'):
     optimizers.schedule_free_eval_params(purax.Task(
         model=task.model, tx=optax.sgd(0.1)).init(jax.random.key(0), batch))
