@@ -59,28 +59,27 @@ def test_lbfgs_in_the_step_equals_optaxs_own_loop():
 
 
 def test_reduce_on_plateau_scales_the_updates_down_after_a_plateau():
-  """A loss that cannot improve (learning rate 0: the params never move) is a
-  plateau: after ``patience`` steps reduce_on_plateau multiplies its scale by
-  ``factor``; with the loss given every step, as optax's loop gives it."""
-  tx = optax.chain(optax.sgd(0.0), optax.contrib.reduce_on_plateau(
-      factor=0.5, patience=2, accumulation_size=1))
+  """SGD at 0.1 for 4 steps (the loss improves), then at 0 (a plateau): after
+  ``patience`` steps without improvement reduce_on_plateau halves its scale.
+  Its scales are those of optax's loop fed the losses the step reported."""
+  tx = optax.chain(optax.sgd(optax.piecewise_constant_schedule(0.1, {4: 0.0})),
+                   optax.contrib.reduce_on_plateau(factor=0.5, patience=2))
   task = purax.Task(model=purax.nn.MLP(num_classes=3, features=(8,)), tx=tx)
   batch = tiny_batch(n=8, shape=(5,), classes=3)
   state = task.init(jax.random.key(0), batch)
   step = jax.jit(task.step)
-  scales = []
-  for _ in range(7):
-    state, _ = step(state, batch)
+  scales, losses = [], []
+  for _ in range(9):
+    state, metrics = step(state, batch)
     scales.append(float(state.opt_state[1].scale))
-  assert scales[0] == 1.0 and scales[-1] < 1.0, scales
-  # optax's own loop on the same values: the same scales, step by step.
-  value = float(jax.jit(task.evaluate)(state, batch)['loss'].total) / 8
-  optax_update = jax.jit(lambda s: tx.update(jax.tree.map(jnp.zeros_like, state.params), s,
-                                             state.params, value=jnp.float32(value))[1])
-  opt_state, expected = tx.init(state.params), []
-  for _ in range(7):
-    opt_state = optax_update(opt_state)
-    expected.append(float(opt_state[1].scale))
+    losses.append(metrics['loss'].total / metrics['loss'].count)
+  assert scales[:5] == [1.0] * 5 and scales[-1] < 1.0, scales
+  plateau = optax.contrib.reduce_on_plateau(factor=0.5, patience=2)
+  update = jax.jit(lambda s, value: plateau.update(state.params, s, value=value)[1])
+  opt_state, expected = plateau.init(state.params), []
+  for value in losses:
+    opt_state = update(opt_state, value)
+    expected.append(float(opt_state.scale))
   assert scales == expected
 
 
