@@ -20,7 +20,10 @@ TX = optax.multi_transform({
         optax.masked(optax.inject_hyperparams(optax.add_decayed_weights)(weight_decay=1e-3),
                      lambda p: jax.tree.map(lambda x: x.ndim == 2, p)),
         optax.inject_hyperparams(optax.sgd)(learning_rate=1e-2)),
-    'head': optax.inject_hyperparams(optax.adam)(learning_rate=1e-2),
+    # an inject_hyperparams inside another one's inner state
+    'head': optax.inject_hyperparams(lambda max_norm: optax.chain(
+        optax.clip_by_global_norm(max_norm),
+        optax.inject_hyperparams(optax.adam)(learning_rate=1e-2)))(max_norm=1.0),
 }, lambda params: {k: jax.tree.map(lambda _: v, params[k]) for k, v in LABELS.items()})
 TASK = purax.Task(model=purax.nn.MLP(num_classes=3, features=(8, 8)), tx=TX)
 
@@ -32,18 +35,26 @@ def batch(i):
 
 
 def injected(opt_state):
-  return [x for x in jax.tree.leaves(opt_state, is_leaf=_is_injected) if _is_injected(x)]
+  """Every inject_hyperparams state, at any depth (inside another one's too)."""
+  found = []
+  for x in jax.tree.leaves(opt_state, is_leaf=_is_injected):
+    if _is_injected(x):
+      found += [x] + injected(x.inner_state)
+  return found
 
 
 def test_get_and_set_reach_every_nested_inject_hyperparams():
   state = jax.jit(TASK.init)(jax.random.key(0), batch(0))
-  assert len(injected(state.opt_state)) == 3        # under multi_transform, chain and masked
-  assert {'learning_rate', 'weight_decay', 'b1'} <= set(purax.hyperparams(state))
-  state = purax.set_hyperparams(state, learning_rate=0.5, weight_decay=0.25)
+  # under multi_transform, chain, masked and another inject_hyperparams
+  assert len(injected(state.opt_state)) == 4
+  assert {'learning_rate', 'weight_decay', 'max_norm', 'b1'} <= set(purax.hyperparams(state))
+  state = purax.set_hyperparams(state, learning_rate=0.5, weight_decay=0.25, max_norm=2.0)
   values = [(name, float(v)) for node in injected(state.opt_state)
-            for name, v in node.hyperparams.items() if name in ('learning_rate', 'weight_decay')]
-  assert sorted(values) == [('learning_rate', 0.5), ('learning_rate', 0.5),
+            for name, v in node.hyperparams.items()
+            if name in ('learning_rate', 'weight_decay', 'max_norm')]
+  assert sorted(values) == [('learning_rate', 0.5), ('learning_rate', 0.5), ('max_norm', 2.0),
                             ('weight_decay', 0.25)]
+  assert float(purax.hyperparams(state)['learning_rate']) == 0.5
 
 
 def test_frozen_leaves_stay_bitwise_through_a_population_pbt_and_a_resume(tmp_path):
