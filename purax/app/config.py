@@ -4,8 +4,10 @@ A :class:`TrainConfig` is four sections, each checked in one place:
 
 - ``model`` (:class:`purax.app.models.ModelConfig`): name, sizes, remat, precision;
 - ``data`` (:class:`purax.app.data.DataConfig`): data set, batch sizes, sequence length;
-- ``optimizer`` (:class:`purax.app.hparams.OptimizerConfig`): one field per
-  row of the hyperparameter table, plus warmup, microbatches, loss scale;
+- ``optimizer`` (:class:`purax.app.hparams.OptimizerConfig`): the optimizer
+  (``--optimizer``, a row of :data:`purax.app.optimizers.OPTIMIZERS`) and its
+  weight-decay mask, one field per row of the hyperparameter table, plus
+  warmup, microbatches, loss scale;
 - ``run`` (:class:`RunConfig`): steps, seed, run directory, cadences, mesh,
   multi-host, profiling and logging.
 

@@ -58,37 +58,37 @@ def test_get_and_set_reach_every_nested_inject_hyperparams():
 
 
 def test_frozen_leaves_stay_bitwise_through_a_population_pbt_and_a_resume(tmp_path):
-  """Four members of one initialisation (a shared pretrained backbone), two
-  learning rates each reaching both trained subsets, PBT copying members
-  every 2 steps, a checkpoint at step 4 restored and trained on to step 8."""
-  lrs = jnp.float32([1e-3, 3e-3, 1e-2, 3e-2])
-  keys = jax.vmap(jax.random.key)(jnp.zeros(4, jnp.int32))
+  """Two members of one initialisation (a shared pretrained backbone), their
+  learning rates reaching both trained subsets, PBT copying one into the
+  other every 2 steps, a checkpoint at step 3 restored and trained on to 6."""
+  lrs = jnp.float32([1e-3, 3e-2])
+  keys = jax.vmap(jax.random.key)(jnp.zeros(2, jnp.int32))
   pop = jax.jit(population.init, static_argnums=0)(TASK, keys, {'learning_rate': lrs}, batch(0))
   frozen = jax.tree.map(np.array, pop.state.params['Dense_0'])
   before = {k: np.array(pop.state.params[k]['kernel']) for k in ('Dense_1', 'Dense_2')}
   for node in injected(pop.state.opt_state):
     if 'learning_rate' in node.hyperparams:
       np.testing.assert_array_equal(node.hyperparams['learning_rate'], lrs)
-  data = [batch(i) for i in range(8)]
+  data = [batch(i) for i in range(6)]
   plan = purax.plan.PopulationPlan(TASK)
 
   def hooks(ckpt):
     return purax.hooks.standard(log_every=2, progress=False, eval_data=[batch(99)],
                                 eval_every=2, checkpointer=ckpt, max_consecutive_skips=None) + [
-        purax.hooks.PBT(every=2, fraction=0.25, names=('learning_rate',),
+        purax.hooks.PBT(every=2, fraction=0.5, names=('learning_rate',),
                         key=jax.random.key(7))]
 
   with purax.Checkpointer(str(tmp_path)) as ckpt:
-    pop, history = purax.fit(TASK, pop, data, steps=4, plan=plan, hooks=hooks(ckpt))
+    pop, history = purax.fit(TASK, pop, data, steps=3, plan=plan, hooks=hooks(ckpt))
   assert any('pbt/source' in r for r in history)
   window = jax.eval_shape(lambda p, b: population.step(TASK, p, b)[1], pop, data[0])
   with purax.Checkpointer(str(tmp_path)) as ckpt:
     tree, _, step = ckpt.restore(jax.eval_shape(lambda: {'state': pop, 'train_metrics': window}))
-    assert step == 4
+    assert step == 3
     restored = purax.io.checkpoint.run.Restored(tree['state'], tree['train_metrics'], step,
                                                 None, {})
     pop, _ = purax.fit(TASK, restored, data, plan=plan, hooks=hooks(ckpt))
-  assert int(np.max(pop.state.step)) == 8
+  assert int(np.max(pop.state.step)) == 6
   for got, want in zip(jax.tree.leaves(pop.state.params['Dense_0']), jax.tree.leaves(frozen)):
     np.testing.assert_array_equal(got, want)          # bit for bit, every member
   for name, kernel in before.items():                 # the trained subsets did move
