@@ -154,10 +154,6 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
   return job
 
 
-#: The CLI's optional hooks: the ``RunConfig`` field that turns one on (set,
-#: and not 0) maps to ``(config, task, plan, data, train_data) -> hook``.
-#: Adding a CLI hook is its class (a :mod:`purax.hooks` module) plus one row
-#: here and its field in ``RunConfig``.
 def _ema(config: TrainConfig, task: Task, plan, data) -> hooks_lib.EMA:
   """The ``--ema-decay`` hook: an average of what the task evaluates
   (:meth:`purax.Task.evaluation_params`), evaluated as it is (by the task
@@ -175,6 +171,10 @@ def _ema(config: TrainConfig, task: Task, plan, data) -> hooks_lib.EMA:
                            plan=plan))
 
 
+#: The CLI's optional hooks: the ``RunConfig`` field that turns one on (set,
+#: and not 0) maps to ``(config, task, plan, data, train_data) -> hook``.
+#: Adding a CLI hook is its class (a :mod:`purax.hooks` module) plus one row
+#: here and its field in ``RunConfig``.
 HOOKS: dict[str, Callable] = {
     'ema_decay': lambda config, task, plan, data, train_data: _ema(config, task, plan, data),
     'histograms': lambda config, task, plan, data, train_data: hooks_lib.Histograms(
