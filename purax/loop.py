@@ -17,6 +17,12 @@ Data comes from either kind of source:
   its state after the last consumed batch is saved in every checkpoint and
   restored on resume (``data_state``), so resume is exact; a plain iterator
   cannot be repositioned, and ``iterator_resume`` says what happens then.
+
+Either way a position counts batches of one size: it records the batches'
+leading size (``batch_size``, the global batch), and a run resumed on
+batches of another size is refused by name (the same position would name
+other examples). A run may resume on another number of devices or another
+mesh with the same global batch (``docs/guides/device-counts.md``).
 """
 
 from __future__ import annotations
@@ -124,12 +130,35 @@ class _Source:
       self.positions.append(self.iterator.get_state() if self.stateful else None)
       yield batch
 
+  batch_size = None    # the leading size of the batches: set from the first one
+
   def position(self, step: int, taken: int) -> dict:
     """The data position after the ``taken`` batches just consumed (JSON)."""
     iterator = None
     for _ in range(taken):
       iterator = self.positions.popleft() if self.positions else None
-    return {'next_step': step, **({} if iterator is None else {'iterator': iterator})}
+    return {'next_step': step, **({} if iterator is None else {'iterator': iterator}),
+            **({} if self.batch_size is None else {'batch_size': self.batch_size})}
+
+
+def leading_size(batch) -> int | None:
+  """The leading size of a batch's first array (its global batch size), or None."""
+  shapes = [jax.numpy.shape(x) for x in jax.tree.leaves(batch)]
+  return int(shapes[0][0]) if shapes and shapes[0] else None
+
+
+def _check_batch_size(restored: Restored, first) -> None:
+  """A resumed position counts batches of the size it was saved with.
+
+  Raises:
+    ConfigError: ``first`` (the first batch after resuming) has another leading size.
+  """
+  recorded = (restored.extra.get('data') or {}).get('batch_size')
+  size = leading_size(first)
+  expect(recorded is None or size is None or size == recorded, 'train_data batch size',
+         f'{recorded} (the global batch of the checkpoint resumed: its data position '
+         f'{restored.step} counts batches of {recorded}; resume with the same global batch, '
+         'on any number of devices, or start a new run)', size, ConfigError)
 
 
 def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | None = None,
@@ -195,8 +224,10 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
       model than the task's (naming the first parameter path that differs:
       checked against the task's abstract init of the first batch), an
       option out of range, a cadence that is not a multiple of
-      ``steps_per_call``, deleted (donated) state arrays, or an iterable
-      that cannot be repositioned under ``iterator_resume='error'``.
+      ``steps_per_call``, deleted (donated) state arrays, an iterable
+      that cannot be repositioned under ``iterator_resume='error'``, or a
+      resumed run's batches of another leading size than its checkpoint's
+      data position counts (``train_data batch size``).
     DataError, ContractError: a malformed batch or loss (at the first trace).
     NonFiniteError: from :class:`purax.hooks.NonFiniteStreak`.
   """
@@ -220,10 +251,13 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   first = next(host_batches, None)
   if first is not None:
     _check_model(task, restored.state, first)
+    _check_batch_size(restored, first)
+    source.batch_size = leading_size(first)
   loop = Loop(task, plan, plan.place(restored.state), restored.train_metrics, start,
               source.num_steps, steps_per_call, gcd(cadences(hooks)), hooks,
               {'next_step': start, **({'iterator': restored.data_state}
-                                      if restored.data_state is not None else {})},
+                                      if restored.data_state is not None else {}),
+               **({} if source.batch_size is None else {'batch_size': source.batch_size})},
               start=start, first=start,
               ranges=[h.alone for h in hooks if getattr(h, 'alone', None) is not None],
               fresh_batches=source.fresh)

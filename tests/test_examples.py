@@ -1,6 +1,6 @@
 """Every script in examples/ runs (tiny settings: PURAX_EXAMPLE_TINY=1) and prints its result.
 
-The five scripts start at once in child processes, in one test (each imports jax and compiles
+The scripts start at once in child processes, in one test (each imports jax and compiles
 its own programs; running them side by side keeps the file's wall time near the
 slowest one) with 8 host CPU devices, this checkout first on the path.
 """
@@ -30,6 +30,11 @@ RESULTS = {
                          r'single-device step'],
     'data_sources.py': [r'data_sources: grain IterDataset: \d+ steps, resumed run bitwise equal',
                         r'data_sources: generator: \d+ steps, resumed run bitwise equal'],
+    'frozen_backbone_schedule_free.py': [r'frozen_backbone_schedule_free: steps \d+, backbone '
+                                         r'bitwise unchanged True, test accuracy at x [\d.]+'],
+    'resume_on_fewer_devices.py': [r'resume_on_fewer_devices: \d+ steps, 8 devices to 4 at step '
+                                   r'\d+, max \|params difference\| [\d.e+-]+, refused: '
+                                   r'train_data batch size: expected 64'],
 }
 
 

@@ -184,6 +184,28 @@ def test_fit_resumes_from_the_state_step_and_learns():
     np.testing.assert_array_equal(a, b)
 
 
+def test_a_resumed_run_on_batches_of_another_global_size_is_refused_by_name(tmp_path):
+  """A data position counts batches of one size (recorded in the checkpoint):
+  resuming it on half-size batches (e.g. the per-device batch kept on half
+  the devices) would read other examples, and is refused before any step;
+  on batches of the recorded size it continues."""
+  task = tiny_task('mlp')
+  train = [tiny_batch(n=8, seed=s) for s in range(4)]
+  state = jax.jit(task.init)(jax.random.key(0), train[0])
+  with purax.Checkpointer(str(tmp_path)) as ckpt:
+    loop.fit(task, state, train, steps=2, hooks=purax.hooks.standard(
+        log_every=2, progress=False, checkpointer=ckpt))
+  restored = purax.restore_or_init(str(tmp_path), task, jax.random.key(0), train[0])
+  assert restored.extra['data'] == {'next_step': 2, 'batch_size': 8}
+  half = [{k: v[:4] for k, v in b.items()} for b in train]
+  with pytest.raises(purax.ConfigError, match=r'train_data batch size: expected 8 \(the global '
+                     r'batch of the checkpoint resumed: its data position 2 counts batches '
+                     r'of 8; .*got 4'):
+    loop.fit(task, restored, half, hooks=[])
+  state, _ = loop.fit(task, restored, train, hooks=[])
+  assert int(state.step) == 4
+
+
 def test_fit_rejects_bad_arguments():
   task, train, _ = make()
   state = task.init(jax.random.key(0), train[0])

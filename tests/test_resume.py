@@ -1,8 +1,10 @@
 """Resume and failure, end to end in fresh processes (bitwise on CPU)."""
 
+import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,9 +13,12 @@ import time
 import numpy as np
 import pytest
 
-from purax.app import runs
+from purax.app import cli, runs
+from purax.app import job as job_lib
 from purax.app.config import TrainConfig
+from purax.app.rundir import read_config
 from purax.io.checkpoint import Checkpointer
+from purax.testing import Tolerance, assert_trees_close
 from tests.helpers import assert_bitwise
 from tests.helpers_runs import ARGS, ENV, ROOT, batches, final_tree, logged, purax
 
@@ -28,7 +33,8 @@ def test_half_save_new_process_half_equals_straight_bitwise(tmp_path, straight_r
   assert 'resuming' in second.stderr and 'from step 20' in second.stderr
   a, extra_a, step_a = final_tree(straight)
   b, extra_b, step_b = final_tree(split)
-  assert step_a == step_b == 40 and extra_a['data'] == extra_b['data'] == {'next_step': 40}
+  assert step_a == step_b == 40 and extra_a['data'] == extra_b['data'] == {
+      'next_step': 40, 'batch_size': 32}
   assert_bitwise(a, b)     # params, opt_state, rng, model_state, metrics window
   assert logged(straight) == logged(split)
   assert batches(straight) == batches(split) and sorted(batches(split)) == list(range(40))
@@ -134,8 +140,10 @@ def test_resuming_with_a_changed_model_config_names_the_difference(tmp_path):
 
 
 def test_restore_onto_another_device_count_continues_the_run(tmp_path):
-  """Saved on 8 devices (data parallel), restored on 4 and on 1: allclose, since
-  the gradient all-reduce sums in another order (float32, rtol 1e-5)."""
+  """Saved by purax.fit on 8 devices (data parallel), restored by
+  purax.restore_or_init(plan=) onto a mesh of 4 and of 1 in fresh processes
+  that see only those, trained on by purax.fit: allclose, since the gradient
+  all-reduce sums in another order (float32, rtol 1e-5)."""
   workdir = str(tmp_path)
 
   def script(*args):
@@ -153,3 +161,48 @@ def test_restore_onto_another_device_count_continues_the_run(tmp_path):
     for name in straight.files:
       np.testing.assert_allclose(resumed[name], straight[name], rtol=1e-5, atol=1e-6,
                                  err_msg=f'{devices} devices: {name}')
+
+
+def test_cli_resumes_a_run_of_8_devices_on_4_and_on_one_with_the_same_global_batch(tmp_path,
+                                                                                   capsys):
+  """`purax train --workdir DIR --mesh data=4` (a process with 4 devices) and
+  `--mesh None` (one device) on a run written with --mesh data=8: each
+  continues at step 4 reading exactly batches 4..7 (the position counts global
+  batches of --batch-size), records its mesh, and ends with the params of the
+  uninterrupted data=8 run to float rounding (rtol 1e-5: the gradient
+  all-reduce sums the per-device parts in another order on 8, 4 and 1
+  devices; not bitwise). A changed global batch is refused by name."""
+  args = ['--model', 'mlp', '--steps', '8', '--batch-size', '16', '--log-every', '2',
+          '--eval-every', '0', '--checkpoint-every', '2', '--keep-last', '4', '--no-progress']
+  straight = str(tmp_path / 'straight')
+  assert cli.main(['train', *args, '--mesh', 'data=8', '--workdir', straight]) == 0
+  resumed = {}
+  for name in ('four', 'one'):     # the run as a preemption after step 4 left it
+    resumed[name] = str(tmp_path / name)
+    shutil.copytree(straight, resumed[name])
+    for step in ('6', '8'):
+      shutil.rmtree(os.path.join(resumed[name], 'checkpoints', step))
+    os.remove(os.path.join(resumed[name], 'final_metrics.json'))
+  four = subprocess.run(
+      [sys.executable, '-m', 'tests.scripts.train_recorded', '0', 'train', '--workdir',
+       resumed['four'], '--mesh', 'data=4'], cwd=ROOT, capture_output=True, text=True,
+      env=dict(ENV, XLA_FLAGS=ENV['XLA_FLAGS'] + ' --xla_force_host_platform_device_count=4'),
+      timeout=300)
+  assert four.returncode == 0 and 'from step 4' in four.stderr, four.stderr[-3000:]
+  assert cli.main(['train', '--workdir', resumed['one'], '--mesh', 'None']) == 0
+  data = job_lib.build(read_config(straight).validate(), mesh=False).train_data
+  assert batches(resumed['four']) == {
+      s: hashlib.sha1(data[s]['x'].tobytes() + data[s]['y'].tobytes()).hexdigest()
+      for s in range(4, 8)}
+  want, want_extra, _ = final_tree(straight)
+  for name, mesh in (('four', 'data=4'), ('one', None)):
+    got, extra, step = final_tree(resumed[name])
+    assert step == 8 and extra['data'] == want_extra['data'] == {'next_step': 8,
+                                                                 'batch_size': 16}
+    assert extra['mesh'] == read_config(resumed[name]).run.mesh == mesh
+    assert_trees_close(got['state'].params, want['state'].params,
+                       Tolerance(rtol=1e-5, atol=1e-7), what=f'params resumed on {name}')
+  capsys.readouterr()
+  assert cli.main(['train', '--workdir', resumed['one'], '--steps', '12',
+                   '--batch-size', '8']) == 2
+  assert 'batch_size: expected 16 (as in the run being resumed' in capsys.readouterr().err

@@ -4,8 +4,10 @@ A :class:`TrainConfig` is four sections, each checked in one place:
 
 - ``model`` (:class:`purax.app.models.ModelConfig`): name, sizes, remat, precision;
 - ``data`` (:class:`purax.app.data.DataConfig`): data set, batch sizes, sequence length;
-- ``optimizer`` (:class:`purax.app.hparams.OptimizerConfig`): one field per
-  row of the hyperparameter table, plus warmup, microbatches, loss scale;
+- ``optimizer`` (:class:`purax.app.hparams.OptimizerConfig`): the optimizer
+  (``--optimizer``, a row of :data:`purax.app.optimizers.OPTIMIZERS`) and its
+  weight-decay mask, one field per row of the hyperparameter table, plus
+  warmup, microbatches, loss scale;
 - ``run`` (:class:`RunConfig`): steps, seed, run directory, cadences, mesh,
   multi-host, profiling and logging.
 
@@ -183,7 +185,8 @@ def resumable_changes() -> frozenset[str]:
 
 def _flag(section: str, field: str) -> str:
   """The flat name (CLI flag, format-1 key) of a section field."""
-  return {('model', 'name'): 'model', ('data', 'name'): 'dataset'}.get((section, field), field)
+  return {('model', 'name'): 'model', ('data', 'name'): 'dataset',
+          ('optimizer', 'name'): 'optimizer'}.get((section, field), field)
 
 
 class Sections:
@@ -315,7 +318,8 @@ class TrainConfig(Sections):
 
     Reads format 2 (sections) and format 1 (purax 0.1's flat object). A
     config without ``scan_layers`` (written before it was recorded) reads as
-    ``scan_layers=True`` for a transformer or lm: how those runs were trained.
+    ``scan_layers=True`` for a transformer or lm, and one without
+    ``weight_decay_mask`` as ``'all'``: how those runs were trained.
 
     Raises:
       ConfigError: not JSON, not an object, another format (named), an
@@ -349,6 +353,10 @@ class TrainConfig(Sections):
       config = cls.of(**{_flag(s, k): v for s in SECTIONS for k, v in data[s].items()})
     if 'scan_layers' not in (data if version == 1 else data['model']):
       config = dataclasses.replace(config, model=config.model.saved_before_scan_layers())
+    if 'weight_decay_mask' not in (data if version == 1 else data['optimizer']):
+      # Saved before the option: weight decay applied to every leaf then.
+      config = dataclasses.replace(config, optimizer=dataclasses.replace(
+          config.optimizer, weight_decay_mask='all'))
     config._check_types()    # values are checked by validate(), where the run starts
     return config
 

@@ -10,9 +10,11 @@ hyperparameter lives in ``opt_state.hyperparams`` (injected by
 
 The config sections :class:`OptimizerConfig` (values, ``purax train``) and
 :class:`OptimizerSearch` (search specs, ``purax sweep``) are generated from
-:data:`HPARAMS`, as are the sweep report's columns and the plot legends. So
-a new sweepable optimizer hyperparameter is one row here plus its argument
-in :func:`purax.core.optim.adamw`.
+:data:`HPARAMS`, as are the sweep report's columns and the plot legends; both
+also name the optimizer (``--optimizer``, a row of
+:data:`purax.app.optimizers.OPTIMIZERS`, which says which rows it takes) and
+its weight-decay mask. So a new sweepable optimizer hyperparameter is one row
+here plus its argument in the builders that take it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tyro
 
 from purax.app import search
 from purax.app.fields import field
+from purax.app.optimizers import OPTIMIZERS, WEIGHT_DECAY_MASKS
 from purax.core import hparams as core_hparams
 from purax.core.errors import ConfigError, expect
 from purax.core.hparams import Bounds
@@ -37,8 +40,9 @@ class HParam:
   Attributes:
     field: config field and ``--flag`` (``learning_rate`` -> ``--learning-rate``).
     state: its name in the state (``opt_state.hyperparams`` or ``state.hparams``).
-    where: ``'optimizer'`` (an argument of :func:`purax.core.optim.adamw`) or
-      ``'loss'`` (a key of ``Task.hparams``).
+    where: ``'optimizer'`` (an argument of the optimizers of
+      :data:`purax.app.optimizers.OPTIMIZERS` that list it) or ``'loss'`` (a
+      key of ``Task.hparams``).
     default: the value when not given.
     short: a shorter flag and the column / legend name (``lr``).
     help: one line for ``--help``.
@@ -79,13 +83,15 @@ class HParam:
 #: hyperparameter (its flag, state name, default, bounds and short flag).
 HPARAMS: tuple[HParam, ...] = (
     HParam('learning_rate', 'peak_learning_rate', 'optimizer', 2e-3,
-           short='lr', help='peak AdamW learning rate (after warmup; cosine decay to 0)'),
+           short='lr', help='peak learning rate (after warmup; then the optimizer\'s schedule)'),
     HParam('weight_decay', 'weight_decay', 'optimizer', 1e-4, short='wd',
            help='decoupled weight decay'),
     HParam('b1', 'b1', 'optimizer', 0.9, help="Adam's first-moment decay rate"),
     HParam('b2', 'b2', 'optimizer', 0.999, help="Adam's second-moment decay rate"),
     HParam('clip_norm', 'clip_norm', 'optimizer', 1.0, short='clip',
            help='global-norm gradient clipping threshold'),
+    HParam('momentum', 'momentum', 'optimizer', 0.9,
+           help='momentum of sgd and muon (Muon\'s authors use 0.95)'),
     HParam('label_smoothing', 'label_smoothing', 'loss', 0.0,
            short='ls', help='label smoothing of the classification / LM loss'),
 )
@@ -110,6 +116,16 @@ def label(state_name: str) -> str:
 # -- the config sections generated from the table ------------------------------
 
 #: Fields of the optimizer section that are not tunable hyperparameters.
+_CHOICES = (
+    ('name', Annotated[Literal[tuple(OPTIMIZERS)], tyro.conf.arg(
+        name='optimizer', help='the optimizer (a row of purax.app.optimizers.OPTIMIZERS): '
+        + '; '.join(f'{k}: {v.help}' for k, v in OPTIMIZERS.items()))], 'adamw'),
+    ('weight_decay_mask', Annotated[Literal[tuple(WEIGHT_DECAY_MASKS)], tyro.conf.arg(
+        help='which leaves weight decay applies to: matrices (ndim >= 2: no bias or norm '
+        'scale; nanoGPT / MaxText) or all (purax before 0.2; runs saved before the option '
+        'resume with it)')], 'matrices'),
+)
+
 _SETTINGS = (
     ('warmup_steps', int, 50, 'linear warmup length (steps)'),
     ('microbatches', int, 1, 'gradient accumulation: split each batch into N microbatches '
@@ -129,7 +145,7 @@ _SETTING_CHECKS = {
 
 
 #: Names of the optimizer section's settings (not tunable hyperparameters).
-SETTINGS = tuple(name for name, *_ in _SETTINGS)
+SETTINGS = tuple(name for name, *_ in _CHOICES + _SETTINGS)
 
 
 def _flag(row: HParam, kind, default, help_text):
@@ -139,14 +155,29 @@ def _flag(row: HParam, kind, default, help_text):
 
 
 def _settings():
-  return [(name, Annotated[kind, tyro.conf.arg(help=text)],
-           field(default, resumable=name == 'max_consecutive_skips'))
-          for name, kind, default, text in _SETTINGS]
+  return [(name, kind, field(default)) for name, kind, default in _CHOICES] + [
+      (name, Annotated[kind, tyro.conf.arg(help=text)],
+       field(default, resumable=name == 'max_consecutive_skips'))
+      for name, kind, default, text in _SETTINGS]
+
+
+def takes(optimizer: str, row: HParam) -> bool:
+  """Whether ``row`` applies under ``--optimizer optimizer`` (a loss row always does)."""
+  return row.where == 'loss' or row.state in OPTIMIZERS[optimizer].hparams
 
 
 def _check_optimizer(self) -> None:
+  expect(self.name in OPTIMIZERS, 'optimizer', f'one of {sorted(OPTIMIZERS)}', repr(self.name),
+         ConfigError)
+  expect(self.weight_decay_mask in WEIGHT_DECAY_MASKS, 'weight_decay_mask',
+         f'one of {sorted(WEIGHT_DECAY_MASKS)}', repr(self.weight_decay_mask), ConfigError)
   for row in HPARAMS:
     value = getattr(self, row.field)
+    default = row.default if isinstance(value, (int, float)) else repr(row.default)
+    expect(takes(self.name, row) or value == default, row.field,
+           f'unset for --optimizer {self.name} (its hyperparameters: '
+           f'{", ".join(r.field for r in HPARAMS if takes(self.name, r))})', repr(value),
+           ConfigError)
     if isinstance(value, (int, float)):
       row.check(value)
     else:
@@ -156,7 +187,7 @@ def _check_optimizer(self) -> None:
 
 
 def _values(self) -> dict[str, float]:
-  """``state name -> value`` of every hyperparameter (``adamw`` / ``Task.hparams``)."""
+  """``state name -> value`` of every hyperparameter (the optimizer's / ``Task.hparams``)."""
   return {row.state: float(getattr(self, row.field)) for row in HPARAMS}
 
 
@@ -164,9 +195,9 @@ OptimizerConfig = dataclasses.make_dataclass(
     'OptimizerConfig',
     [_flag(r, float, r.default, r.help) for r in HPARAMS] + _settings(),
     frozen=True, namespace={'validate': _check_optimizer, 'values': _values,
-                            '__doc__': 'The optimizer (AdamW, warmup + cosine) and the '
-                            'loss hyperparameters: one field per row of HPARAMS, plus '
-                            'the update settings.'})
+                            '__doc__': 'The optimizer (a row of OPTIMIZERS; AdamW by '
+                            'default) and the loss hyperparameters: one field per row of '
+                            'HPARAMS, plus the update settings.'})
 
 OptimizerSearch = dataclasses.make_dataclass(
     'OptimizerSearch',

@@ -27,9 +27,9 @@ from purax.app import data as data_lib
 from purax.app import models
 from purax.app.config import TrainConfig
 from purax.app.hparams import HPARAMS
+from purax.app.optimizers import OPTIMIZERS, WEIGHT_DECAY_MASKS
 from purax.core import flops
 from purax.core.errors import ConfigError, expect
-from purax.core.optim import adamw
 from purax.core.precision import get_policy
 from purax.core.task import Task
 from purax.io.checkpoint.run import abstract_checkpoint
@@ -37,8 +37,8 @@ from purax.nn.transformer import count_params
 
 
 def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
-  """The Task (model, AdamW, the data set's loss) of a config, checked against
-  the data's shapes.
+  """The Task (model, the optimizer of ``--optimizer``, the data set's loss) of
+  a config, checked against the data's shapes.
 
   Raises:
     DataError: inputs of ``input_shape`` do not suit the model.
@@ -47,19 +47,19 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
   models.check_input_shape(model, (1, *input_shape), field='x_train')
   opt, run = config.optimizer, config.run
   values = opt.values()
-  tx = adamw(learning_rate=values['peak_learning_rate'],
-             total_steps=run.decay_steps or run.steps,
-             warmup_steps=min(opt.warmup_steps, run.decay_steps or run.steps),
-             **{row.state: values[row.state] for row in HPARAM_ROWS['optimizer']
-                if row.state != 'peak_learning_rate'})
+  spec = OPTIMIZERS[opt.name]
+  total = run.decay_steps or run.steps
+  tx = spec.transformation(values, total_steps=total, warmup_steps=min(opt.warmup_steps, total),
+                           weight_decay_mask=WEIGHT_DECAY_MASKS[opt.weight_decay_mask])
   policy = get_policy(config.model.precision)
   return Task(model=model, tx=tx, loss=config.data.loss,
               hparams={row.state: values[row.state] for row in HPARAM_ROWS['loss']},
               microbatches=opt.microbatches,
-              loss_scale=opt.loss_scale if policy.needs_loss_scaling else None)
+              loss_scale=opt.loss_scale if policy.needs_loss_scaling else None,
+              eval_params=spec.eval_params)
 
 
-#: The hyperparameter table's rows by where they live: adamw's arguments, Task.hparams.
+#: The hyperparameter table's rows by where they live: the optimizer's, Task.hparams.
 HPARAM_ROWS = {w: tuple(r for r in HPARAMS if r.where == w) for w in ('optimizer', 'loss')}
 
 
@@ -105,9 +105,12 @@ class Job:
 
 
 def metadata(config: TrainConfig, sample: dict | None = None, num_classes=None) -> dict:
+  """A checkpoint's metadata: the config, the versions, the processes and
+  devices and the mesh (``--mesh``, None: one device) it was saved from; a
+  run may resume on others (``docs/guides/device-counts.md``)."""
   meta = {'config': config.as_dict(), 'purax_version': purax.__version__,
           'jax_version': jax.__version__, 'device_count': jax.device_count(),
-          'process_count': jax.process_count(), 'mesh': None}
+          'process_count': jax.process_count(), 'mesh': config.run.mesh}
   if sample is not None:
     meta['data_shapes'] = {'x': list(sample['x'].shape[1:]), 'x_dtype': str(sample['x'].dtype),
                            'y': list(sample['y'].shape[1:]), 'y_dtype': str(sample['y'].dtype),
@@ -151,15 +154,29 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
   return job
 
 
+def _ema(config: TrainConfig, task: Task, plan, data) -> hooks_lib.EMA:
+  """The ``--ema-decay`` hook: an average of what the task evaluates
+  (:meth:`purax.Task.evaluation_params`), evaluated as it is (by the task
+  without ``eval_params``, on a plan of the same placement)."""
+  if task.eval_params is not None:
+    plain = dataclasses.replace(task, eval_params=None)
+    plan = (parallel.sharded(plain, plan.mesh, plan.rules, plan.sample_batch)
+            if isinstance(plan, parallel.ShardedPlan) else SingleDevicePlan(plain))
+    task, params_of = plain, task.evaluation_params
+  else:
+    params_of = None
+  return hooks_lib.EMA(decay=config.run.ema_decay, every=config.run.ema_every,
+                       params_of=params_of, evaluate=functools.partial(
+                           loop.evaluate, task, batches=data.eval(config.data.eval_batch_size),
+                           plan=plan))
+
+
 #: The CLI's optional hooks: the ``RunConfig`` field that turns one on (set,
 #: and not 0) maps to ``(config, task, plan, data, train_data) -> hook``.
 #: Adding a CLI hook is its class (a :mod:`purax.hooks` module) plus one row
 #: here and its field in ``RunConfig``.
 HOOKS: dict[str, Callable] = {
-    'ema_decay': lambda config, task, plan, data, train_data: hooks_lib.EMA(
-        decay=config.run.ema_decay, every=config.run.ema_every,
-        evaluate=functools.partial(loop.evaluate, task, batches=data.eval(
-            config.data.eval_batch_size), plan=plan)),
+    'ema_decay': lambda config, task, plan, data, train_data: _ema(config, task, plan, data),
     'histograms': lambda config, task, plan, data, train_data: hooks_lib.Histograms(
         every=config.run.histograms, task=task, batch=train_data[0]),
 }

@@ -24,7 +24,8 @@ import numpy as np
 from purax.app import hparams as hparams_lib
 from purax.app.config import TrainConfig
 from purax.core.errors import ConfigError, expect
-from purax.core.optim import warmup_cosine
+from purax.app.optimizers import OPTIMIZERS
+from purax.core.optim import SCHEDULES
 from purax.io.safe_files import open_file, write_atomic
 
 #: (panel title, train key, eval key) of the panels besides the learning rate.
@@ -66,11 +67,13 @@ def read_jsonl(path: str) -> list[dict]:
 
 def learning_rates(config: Mapping[str, Any], peak: float | None = None,
                    points: int = 200) -> tuple[np.ndarray, np.ndarray]:
-  """``(steps, lr)`` of the run's warmup-cosine schedule (:func:`purax.core.optim.warmup_cosine`)."""
+  """``(steps, lr)`` of the run's schedule: its optimizer's
+  (:data:`purax.app.optimizers.OPTIMIZERS`; warmup-cosine,
+  :func:`purax.core.optim.warmup_cosine`, unless it says otherwise)."""
   total = int(config.get('decay_steps') or config['steps'])
-  schedule = warmup_cosine(config['learning_rate'] if peak is None else peak,
-                           warmup_steps=min(int(config['warmup_steps']), total),
-                           total_steps=total)
+  shape = SCHEDULES[OPTIMIZERS[config.get('optimizer', 'adamw')].schedule]
+  schedule = shape(config['learning_rate'] if peak is None else peak,
+                   warmup_steps=min(int(config['warmup_steps']), total), total_steps=total)
   steps = np.unique(np.linspace(0, total, min(points, total + 1)).astype(np.int64))
   return steps, np.asarray([float(schedule(int(s))) for s in steps])
 

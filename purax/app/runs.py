@@ -385,7 +385,7 @@ def generate_run(workdir: str, prompt: str, *, max_new_tokens: int = 200,
   expect(config.model.spec.tokens, 'workdir', 'a run of --model lm',
          f'--model {config.model.name}', ConfigError)
   job, state = restore_run(workdir, need_data=False)
-  tokens = generate(job.task.model, state.params, text.encode(prompt)[None],
+  tokens = generate(job.task.model, job.task.evaluation_params(state), text.encode(prompt)[None],
                     key=jax.random.key(seed), max_new_tokens=max_new_tokens,
                     temperature=temperature)
   return text.decode(jax.device_get(tokens)[0])

@@ -127,20 +127,22 @@ class SweepConfig(Sections):
     Raises:
       ConfigError: naming the field, the expected and the actual value.
     """
+    self.optimizer.validate()
     self.base().validate()
     self.population.validate(self.run.eval_every)
     specs = self.specs()
     random = ['--' + row.field.replace('_', '-') for row in hparams_lib.HPARAMS
-              if not isinstance(specs[row.state], tuple)]
+              if row.state in specs and not isinstance(specs[row.state], tuple)]
     expect(not random or self.population.members is not None, 'members',
            f'a population size (--members N) when a spec is random ({", ".join(random)})',
            'unset', ConfigError)
     return self
 
   def specs(self) -> dict[str, Any]:
-    """``state name -> spec`` of every hyperparameter (a tuple or a distribution)."""
+    """``state name -> spec`` of every hyperparameter the optimizer and the loss
+    take (a tuple or a distribution)."""
     return {row.state: hparams_lib.parse_spec(row, getattr(self.optimizer, row.field))
-            for row in hparams_lib.HPARAMS}
+            for row in hparams_lib.HPARAMS if hparams_lib.takes(self.optimizer.name, row)}
 
   def base(self, values: Mapping[str, float] | None = None, *, seed: int | None = None,
            workdir: str | None = None) -> TrainConfig:
@@ -150,7 +152,8 @@ class SweepConfig(Sections):
     values = {**first, **(values or {})}
     settings = {name: getattr(self.optimizer, name) for name in hparams_lib.SETTINGS}
     optimizer = OptimizerConfig(**settings, **{row.field: float(values[row.state])
-                                               for row in hparams_lib.HPARAMS})
+                                               for row in hparams_lib.HPARAMS
+                                               if row.state in values})
     run = self.run.as_run(progress=False, seed=0 if seed is None else int(seed),
                           workdir=workdir if workdir is not None else self.run.workdir)
     return TrainConfig(model=self.model.with_sizes(), data=self.data, optimizer=optimizer,

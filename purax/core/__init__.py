@@ -5,6 +5,7 @@ from purax.core import loops as loops
 from purax.core import losses as losses
 from purax.core import metrics as metrics
 from purax.core import objectives as objectives
+from purax.core import optimizers as optimizers
 from purax.core import pbt as pbt
 from purax.core import population as population
 from purax.core.errors import ConfigError as ConfigError

@@ -58,8 +58,9 @@ class Bounds:
     return float(lo), float(hi)
 
 
-#: The valid interval of each hyperparameter of :func:`purax.adamw` and the
-#: provided losses, by its name in the state. Others: ``[0, inf)``.
+#: The valid interval of each hyperparameter of :func:`purax.adamw`, the
+#: optimizers of :mod:`purax.core.optimizers` and the provided losses, by its
+#: name in the state. Others: ``[0, inf)``.
 BOUNDS: Mapping[str, Bounds] = {
     'peak_learning_rate': Bounds(0.0, 10.0, low_open=True),
     'learning_rate': Bounds(0.0, 10.0, low_open=True),
@@ -67,6 +68,7 @@ BOUNDS: Mapping[str, Bounds] = {
     'b1': Bounds(0.0, 1.0, high_open=True),
     'b2': Bounds(0.0, 1.0, high_open=True),
     'clip_norm': Bounds(0.0, math.inf, low_open=True, high_open=True),
+    'momentum': Bounds(0.0, 1.0, high_open=True),
     'label_smoothing': Bounds(0.0, 1.0, high_open=True),
 }
 

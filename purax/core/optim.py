@@ -1,4 +1,6 @@
-"""The default optimizer: AdamW, warmup + cosine schedule, global-norm clipping.
+"""The default optimizer: AdamW, warmup + cosine schedule, global-norm clipping,
+weight decay on matrices only; and :func:`scheduled`, how purax builds it
+(and the optimizers of :mod:`purax.core.optimizers`).
 
 All hyperparameters are injected with ``optax.inject_hyperparams`` as float32
 arrays in ``opt_state.hyperparams``, so a new learning rate (or a vmapped
@@ -9,7 +11,7 @@ population of them) never recompiles, and bfloat16 params never round
 import functools
 import math
 import numbers
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +31,72 @@ def warmup_cosine(peak_learning_rate, *, warmup_steps: int, total_steps: int):
       init_value=0.0, peak_value=1.0, warmup_steps=warmup_steps,
       decay_steps=max(total_steps, warmup_steps + 1), end_value=0.0)
   return lambda count: peak_learning_rate * unit(count)
+
+
+def warmup_constant(peak_learning_rate, *, warmup_steps: int, total_steps: int = 0):
+  """``step -> learning rate``: linear warmup from 0, then constant (for
+  schedule-free optimizers, which need no decay; ``total_steps`` unused)."""
+  del total_steps
+  unit = (optax.constant_schedule(1.0) if warmup_steps == 0 else
+          optax.warmup_constant_schedule(init_value=0.0, peak_value=1.0,
+                                         warmup_steps=warmup_steps))
+  return lambda count: peak_learning_rate * unit(count)
+
+
+#: The schedules of :func:`scheduled`, by name: ``(peak, *, warmup_steps,
+#: total_steps) -> (step -> learning rate)``.
+SCHEDULES: Mapping[str, Callable] = {'cosine': warmup_cosine, 'constant': warmup_constant}
+
+
+def matrices(params):
+  """The default weight-decay mask: True for the matrices, False for the rest.
+
+  Decay applies to every leaf of ``ndim >= 2`` (dense and convolution kernels,
+  embeddings) and not to vectors and scalars (biases, LayerNorm / BatchNorm
+  scales and offsets): the convention of nanoGPT (``configure_optimizers``:
+  ``p.dim() >= 2``) and MaxText, argued in lit-llama#254 and
+  transformers#492 (decaying norm scales pulls them to 0, which the
+  normalisation then has to undo). Under a ``'layers'`` key (parameters
+  stacked by ``nn.scan``, as :func:`purax.nn.transformer.stack` stacks them,
+  ``[num_layers, ...]``) the leading axis does not count: a stacked
+  LayerNorm scale ``[layers, d]`` is a vector.
+
+  Args:
+    params: a params pytree (or its updates: optax calls the mask with either).
+
+  Returns:
+    A pytree of bools of ``params``' structure.
+
+  Example: ``purax.adamw(total_steps=100, weight_decay_mask=purax.core.optim.matrices)``
+  (the default); ``weight_decay_mask=None`` decays every leaf.
+  """
+  def decayed(path, x):
+    stacked = any(getattr(k, 'key', None) == 'layers' for k in path)
+    return jnp.ndim(x) - (1 if stacked else 0) >= 2
+  return jax.tree_util.tree_map_with_path(decayed, params)
+
+
+def check_mask(mask, field: str = 'weight_decay_mask') -> None:
+  """Raises ConfigError unless ``mask`` is None, a function of the params or a
+  pytree (of bools, the params' structure or a prefix of it)."""
+  expect(mask is None or callable(mask) or isinstance(mask, (Mapping, tuple, list)), field,
+         'None (every leaf), a function params -> pytree of bools, or such a pytree',
+         f'{type(mask).__name__} {mask!r:.60}', ConfigError)
+
+
+def check_finite(**values) -> None:
+  """Raises ConfigError naming the first value that is not a finite real number."""
+  for name, value in values.items():
+    expect_kind(value, name, numbers.Real, 'a finite number')
+    expect(math.isfinite(value), name, 'a finite number (a non-finite hyperparameter would '
+           'turn every parameter into NaN)', value, ConfigError)
+
+
+def check_steps(total_steps, warmup_steps) -> None:
+  for name, value in (('total_steps', total_steps), ('warmup_steps', warmup_steps)):
+    expect_kind(value, name, numbers.Integral, 'an integer')
+  expect(total_steps >= 1, 'total_steps', '>= 1', total_steps, ConfigError)
+  expect(0 <= warmup_steps, 'warmup_steps', '>= 0', warmup_steps, ConfigError)
 
 
 def global_norm(tree) -> jax.Array:
@@ -100,13 +168,11 @@ def clip_by_global_norm(max_norm, *, use_given_norm: bool = False
 
 
 def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
-                  warmup_steps, total_steps, eps_root):
-  schedule = warmup_cosine(peak_learning_rate, warmup_steps=warmup_steps,
-                           total_steps=total_steps)
+                  schedule, eps_root, weight_decay_mask):
   return optax.chain(
       clip_by_global_norm(clip_norm, use_given_norm=True),
-      optax.adamw(schedule, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-                  weight_decay=weight_decay, mu_dtype=jnp.float32),
+      optax.adamw(schedule(peak_learning_rate), b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                  weight_decay=weight_decay, mu_dtype=jnp.float32, mask=weight_decay_mask),
   )
 
 
@@ -123,10 +189,64 @@ class ScheduledTransformation(NamedTuple):
   learning_rate: Callable[[Any], jax.Array]
 
 
+def scheduled(inner: Callable, *, schedule: str = 'cosine', warmup_steps: int,
+              total_steps: int, hyperparams: Mapping[str, float],
+              static: Mapping[str, Any] = {}) -> ScheduledTransformation:  # noqa: B006
+  """How purax's optimizers are built: ``inner`` with its hyperparameters
+  injected (``optax.inject_hyperparams``, float32) and a learning-rate schedule.
+
+  Args:
+    inner: ``(peak_learning_rate, ..., *, schedule, **static) -> optax
+      transformation``, a function with a named argument per
+      hyperparameter (``inject_hyperparams`` reads its signature);
+      ``schedule(peak)`` is the ``step -> learning rate`` function to use.
+    schedule: a key of :data:`SCHEDULES` (``'cosine'``: warmup then cosine
+      decay to 0 at ``total_steps``; ``'constant'``: warmup then constant).
+    warmup_steps, total_steps: the schedule's lengths (static).
+    hyperparams: ``name -> value`` of every injected hyperparameter, with
+      ``peak_learning_rate``: float32 ``[]`` leaves of ``opt_state.hyperparams``.
+    static: the other arguments of ``inner`` (a weight-decay mask, flags).
+
+  Returns:
+    A :class:`ScheduledTransformation`; ``learning_rate(opt_state)`` is
+    ``peak_learning_rate * schedule(count)``. The same arguments (when
+    hashable) give the same object: a Task rebuilt with the same values is
+    equal to the first and its jitted step is not compiled again.
+  """
+  key = (inner, schedule, int(warmup_steps), int(total_steps),
+         tuple(sorted((k, float(v)) for k, v in hyperparams.items())),
+         tuple(sorted(static.items())))
+  try:
+    hash(key)
+  except TypeError:   # an unhashable static argument (a mask pytree): built anew
+    return _scheduled.__wrapped__(*key)
+  return _scheduled(*key)
+
+
+# One transformation per set of values (see ``scheduled``). Other values give
+# another transformation (another compilation); to try learning rates without
+# recompiling, keep one Task and set them in the state (purax.set_hyperparams, or a
+# population).
+@functools.lru_cache(maxsize=256)
+def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
+  unit = SCHEDULES[schedule](1.0, warmup_steps=warmup_steps, total_steps=total_steps)
+  curve = lambda peak: (lambda count: peak * unit(count))   # noqa: E731
+  static = dict(static)
+  factory = optax.inject_hyperparams(inner, static_args=('schedule', *static),
+                                     hyperparam_dtype=jnp.float32)
+  tx = factory(**dict(hyperparams), schedule=curve, **static)
+
+  def current(opt_state):
+    return (opt_state.hyperparams['peak_learning_rate'] * unit(opt_state.count)
+            ).astype(jnp.float32)
+
+  return ScheduledTransformation(tx.init, tx.update, current)
+
+
 def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 0,
           weight_decay: float = 1e-4, b1: float = 0.9, b2: float = 0.999,
           eps: float = 1e-8, clip_norm: float = 1.0,
-          eps_root: float = 0.0) -> ScheduledTransformation:
+          eps_root: float = 0.0, weight_decay_mask=matrices) -> ScheduledTransformation:
   """AdamW (Loshchilov & Hutter 2019) with a warmup-cosine schedule and clipping.
 
   Args:
@@ -144,6 +264,12 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
       after some steps with respect to a hyperparameter: a meta-gradient)
       needs it > 0 (e.g. 1e-8), since ``d sqrt(nu) / d nu`` is infinite at
       ``nu = 0`` and the gradient comes out NaN.
+    weight_decay_mask: which leaves are decayed (static; optax's ``mask``):
+      default :func:`matrices`, every leaf of ``ndim >= 2`` and no bias or
+      norm scale (nanoGPT's and MaxText's convention; lit-llama#254,
+      transformers#492); ``None``: every leaf (purax before 0.2, and
+      ``optax.adamw``'s default); or a function ``params -> pytree of bools``,
+      or such a pytree.
 
   Returns:
     An optax transformation whose state holds the six float hyperparameters
@@ -152,19 +278,13 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
 
   Raises:
     ConfigError: a value out of range or not finite (NaN, ``inf``), naming
-      the field.
+      the field; a mask that is neither None, a function nor a pytree.
   """
-  for name, value in (('learning_rate', learning_rate), ('weight_decay', weight_decay),
-                      ('b1', b1), ('b2', b2), ('eps', eps), ('clip_norm', clip_norm),
-                      ('eps_root', eps_root)):
-    expect_kind(value, name, numbers.Real, 'a finite number')
-    expect(math.isfinite(value), name, 'a finite number (a non-finite hyperparameter would '
-           'turn every parameter into NaN)', value, ConfigError)
-  for name, value in (('total_steps', total_steps), ('warmup_steps', warmup_steps)):
-    expect_kind(value, name, numbers.Integral, 'an integer')
+  check_finite(learning_rate=learning_rate, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps,
+               clip_norm=clip_norm, eps_root=eps_root)
+  check_steps(total_steps, warmup_steps)
+  check_mask(weight_decay_mask)
   expect(learning_rate >= 0, 'learning_rate', '>= 0', learning_rate, ConfigError)
-  expect(total_steps >= 1, 'total_steps', '>= 1', total_steps, ConfigError)
-  expect(0 <= warmup_steps, 'warmup_steps', '>= 0', warmup_steps, ConfigError)
   expect(0 <= b1 < 1, 'b1', 'in [0, 1)', b1, ConfigError)
   expect(0 <= b2 < 1, 'b2', 'in [0, 1)', b2, ConfigError)
   expect(clip_norm > 0, 'clip_norm', '> 0 (gradients are rescaled to at most this norm: 0 '
@@ -173,29 +293,8 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   expect(eps_root >= 0, 'eps_root', '>= 0', eps_root, ConfigError)
   expect(eps > 0 or eps_root > 0, 'eps', '> 0 (or eps_root > 0: with both 0 a gradient entry '
          'that is 0 from the start divides 0 by 0)', eps, ConfigError)
-  return _adamw(float(learning_rate), int(total_steps), int(warmup_steps), float(weight_decay),
-                float(b1), float(b2), float(eps), float(clip_norm), float(eps_root))
-
-
-# One transformation per set of values: a Task rebuilt with the same values is
-# equal to the first (its jitted step is not compiled again). Other values give
-# another transformation (another compilation); to try learning rates without
-# recompiling, keep one Task and set them in the state (purax.set_hyperparams, or a
-# population).
-@functools.lru_cache(maxsize=256)
-def _adamw(learning_rate, total_steps, warmup_steps, weight_decay, b1, b2, eps, clip_norm,
-           eps_root):
-  factory = optax.inject_hyperparams(
-      _adamw_cosine, static_args=('warmup_steps', 'total_steps', 'eps_root'),
-      hyperparam_dtype=jnp.float32)
-  tx = factory(peak_learning_rate=learning_rate, weight_decay=weight_decay,
-               b1=b1, b2=b2, eps=eps, clip_norm=clip_norm,
-               warmup_steps=int(warmup_steps), total_steps=int(total_steps),
-               eps_root=eps_root)
-  unit = warmup_cosine(1.0, warmup_steps=int(warmup_steps), total_steps=int(total_steps))
-
-  def current(opt_state):
-    return (opt_state.hyperparams['peak_learning_rate'] * unit(opt_state.count)
-            ).astype(jnp.float32)
-
-  return ScheduledTransformation(tx.init, tx.update, current)
+  return scheduled(_adamw_cosine, warmup_steps=warmup_steps, total_steps=total_steps,
+                   hyperparams=dict(peak_learning_rate=learning_rate,
+                                    weight_decay=weight_decay, b1=b1, b2=b2, eps=eps,
+                                    clip_norm=clip_norm),
+                   static=dict(eps_root=float(eps_root), weight_decay_mask=weight_decay_mask))

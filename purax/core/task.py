@@ -132,6 +132,12 @@ class Task:
       leaving params, optimizer state and model state bitwise unchanged.
     loss_scale: initial dynamic loss scale (e.g. ``2**15``) for float16
       training; ``None``: no loss scaling. The state is ``state.loss_scale``.
+    eval_params: ``state -> params``: the params :meth:`evaluate` and
+      :meth:`predict` use (so ``purax.evaluate``, the run's ``eval/*``, the
+      best-k checkpoints ranked by them, export and ``purax.hooks.EMA``'s
+      samples), when they are not the params trained: a schedule-free
+      optimizer's average (:func:`purax.core.optimizers.schedule_free_eval_params`),
+      or your own function of the state. ``None``: ``state.params``.
 
   Raises:
     ConfigError: at construction, a value of the wrong kind (``tx`` not an
@@ -147,6 +153,7 @@ class Task:
   microbatches: int = 1
   skip_nonfinite: bool = True
   loss_scale: float | None = None
+  eval_params: Callable | None = None
   pure_model: Model = dataclasses.field(init=False, compare=False, hash=False, repr=False)
 
   def __post_init__(self):
@@ -161,6 +168,10 @@ class Task:
       expect_kind(self.loss_scale, 'loss_scale', numbers.Real, 'a number >= 1 or None')
     expect(self.loss_scale is None or self.loss_scale >= 1, 'loss_scale',
            '>= 1 (an initial scale, a power of two) or None', self.loss_scale, ConfigError)
+    expect(self.eval_params is None or callable(self.eval_params), 'eval_params',
+           'None or a function state -> params (e.g. '
+           'purax.core.optimizers.schedule_free_eval_params)',
+           type(self.eval_params).__name__, ConfigError)
     expect(callable(self.loss), 'loss', 'a function (outputs, batch, hparams) -> (values, '
            'weight, metrics)', type(self.loss).__name__, ConfigError)
     expect(not (self.couples_examples and self.microbatches > 1), 'microbatches',
@@ -340,19 +351,26 @@ class Task:
   def _train_loss(self, params, model_state, batch, key, hparams):
     return self.compute_loss(params, model_state, batch, key, hparams=hparams, train=True)
 
+  def evaluation_params(self, state: TrainState) -> PyTree:
+    """The params :meth:`evaluate` and :meth:`predict` use: ``eval_params(state)``,
+    or ``state.params`` when the task has none. Pure (jit, vmap)."""
+    return state.params if self.eval_params is None else self.eval_params(state)
+
   def evaluate(self, state: TrainState, batch: PyTree) -> dict:
-    """Deterministic metrics of one batch (no dropout, batch statistics frozen).
+    """Deterministic metrics of one batch (no dropout, batch statistics
+    frozen), at :meth:`evaluation_params`.
 
     Examples with ``weight`` 0 (padding) do not count, so summing the metrics
     of padded batches counts every real example exactly once.
     """
     _check_state(state)
-    _, aux = self.compute_loss(state.params, state.model_state, batch, None,
+    _, aux = self.compute_loss(self.evaluation_params(state), state.model_state, batch, None,
                                hparams=state.hparams, train=False)
     return aux['metrics']
 
   def predict(self, state: TrainState, batch: PyTree) -> PyTree:
-    """Model outputs in evaluation mode, e.g. logits ``[batch, classes]``.
+    """Model outputs in evaluation mode at :meth:`evaluation_params`, e.g.
+    logits ``[batch, classes]``.
 
     ``batch`` is a batch; for a model that reads one key (``inputs='x'``, the
     default) the bare inputs array is accepted too.
@@ -361,8 +379,8 @@ class Task:
     inputs = getattr(self.pure_model, 'inputs', None)
     if isinstance(inputs, str) and not isinstance(batch, Mapping):
       batch = {inputs: batch}
-    outputs, _ = self.pure_model.apply(state.params, state.model_state, batch, train=False,
-                                       rng=None, hparams=state.hparams)
+    outputs, _ = self.pure_model.apply(self.evaluation_params(state), state.model_state, batch,
+                                       train=False, rng=None, hparams=state.hparams)
     return outputs
 
   def inputs_of(self, batch: PyTree) -> PyTree:

@@ -199,9 +199,56 @@ def gradients(loss_fn: LossFn, state: TrainState, batch, *, settings: Settings =
   return grads, metrics, model_state
 
 
-def _takes_grad_norm(tx) -> bool:
-  """Whether ``tx`` accepts the step's gradient norm (:func:`purax.adamw` does)."""
-  return isinstance(tx, optim.ScheduledTransformation)
+def objective(loss_fn: LossFn, state: TrainState, batch, *, settings: Settings = Settings(),
+              axis_name=None) -> Callable[[Any], jax.Array]:
+  """``params -> loss``: the value the step's gradients are the gradients of,
+  float32 ``[]``, as a function of the params (optax's ``value_fn``, which a
+  line search such as ``optax.lbfgs``'s evaluates at trial params).
+
+  The batch's weighted mean loss in training mode, with the step's dropout
+  keys and ``state.model_state`` (its update is not returned): the mean over
+  the microbatches weighted by their total weights, summed across
+  ``axis_name``; without either, ``loss_fn``'s loss itself.
+  """
+  key, k = state.step_key(), settings.microbatches
+
+  def value(params):
+    if k == 1 and axis_name is None:
+      return loss_fn(params, state.model_state, batch, key, state.hparams)[0]
+
+    def weighted(microbatch, mb_key):
+      loss, aux = loss_fn(params, state.model_state, microbatch, mb_key, state.hparams)
+      return jnp.stack([loss * aux['weight'], aux['weight']])
+
+    if k == 1:
+      sums = weighted(batch, key)
+    else:
+      micro = _split(batch, k)
+      sums = jnp.sum(jax.lax.map(lambda xs: weighted(xs[1], jax.random.fold_in(key, xs[0])),
+                                 (jnp.arange(k), micro)), axis=0)
+    if axis_name is not None:
+      sums = jax.lax.psum(sums, axis_name)
+    return sums[0] / jnp.maximum(sums[1], 1e-12)
+
+  return value
+
+
+def extra_args(tx, *, value, grad, value_fn, grad_norm) -> dict[str, Any]:
+  """The keyword arguments ``tx.update`` gets besides ``(updates, state, params)``.
+
+  optax's extra-args protocol (``optax.GradientTransformationExtraArgs``):
+  ``value`` (the loss), ``grad`` (the gradients) and ``value_fn``
+  (:func:`objective`) go to every such transformation (``optax.chain`` hands
+  them to each link, which takes what it reads:
+  ``optax.contrib.reduce_on_plateau`` the value, ``optax.lbfgs``'s line
+  search all three). :func:`purax.adamw` also gets ``grad_norm`` (its
+  clipping's norm, computed once here). A plain ``GradientTransformation``
+  gets nothing: its ``update`` takes no keyword arguments.
+  """
+  given = {'value': value, 'grad': grad, 'value_fn': value_fn}
+  if isinstance(tx, optim.ScheduledTransformation):
+    return {**given, 'grad_norm': grad_norm}
+  return given if isinstance(tx, optax.GradientTransformationExtraArgs) else {}
 
 
 def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, batch, *,
@@ -222,7 +269,9 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
   # tests and :func:`purax.adamw`'s clipping uses (handed to it, not recomputed).
   grad_norm = optim.global_norm(grads)
   metrics['grad_norm'] = metrics_lib.Average.of(grad_norm)
-  extra = {'grad_norm': grad_norm} if _takes_grad_norm(tx) else {}
+  extra = extra_args(tx, value=metrics['loss'].total / jnp.maximum(metrics['loss'].count, 1e-12),
+                     grad=grads, grad_norm=grad_norm, value_fn=objective(
+                         loss_fn, state, batch, settings=settings, axis_name=axis_name))
 
   def apply(state):
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)

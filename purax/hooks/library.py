@@ -142,6 +142,14 @@ def _params_of(state):
   return state.state.params if isinstance(state, pop_lib.Population) else state.params
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _sample(params_of, state):
+  """``params_of`` of a state, or of every member of a population (vmapped)."""
+  if isinstance(state, pop_lib.Population):
+    return jax.vmap(params_of)(state.state)
+  return params_of(state)
+
+
 def _with_params(state, params):
   if isinstance(state, pop_lib.Population):
     return state.replace(state=state.state.replace(params=params))
@@ -231,6 +239,15 @@ class EMA:
     >>> metrics['examples']
     64.0
 
+  With a task whose evaluation params are not its params
+  (``purax.Task(eval_params=...)``: schedule-free), average what is evaluated
+  with ``params_of=task.evaluation_params``, and evaluate the average with
+  the task without ``eval_params`` (the average *is* evaluation params)::
+
+    plain = dataclasses.replace(task, eval_params=None)
+    ema = purax.hooks.EMA(decay=0.99, params_of=task.evaluation_params,
+                          evaluate=lambda s: purax.evaluate(plain, s, eval_batches))
+
   A resumed run restores the average with the state
   (``purax.restore_or_init(..., hooks=[ema])`` then ``fit(restored, ...,
   hooks=[ema])``). Works on a :class:`TrainState` (one device or sharded)
@@ -249,6 +266,9 @@ class EMA:
       with the average at each sample that falls on an evaluation of the run
       (``eval/*`` in the record); its numbers are written as ``eval_ema/*``.
       Costs one evaluation pass each time.
+    params_of: ``state -> params``: what is averaged (a population's
+      members' each); default the state's params. E.g.
+      ``task.evaluation_params``.
     arrays: ``{'params': float32 params-shaped tree, 'count': int32 []}``
       (samples taken); set by ``fit``.
 
@@ -263,6 +283,7 @@ class EMA:
   at_end: bool = False
   name: str = 'ema'
   evaluate: Any = None
+  params_of: Any = None
   arrays: Any = None
 
   def __post_init__(self):
@@ -271,17 +292,24 @@ class EMA:
            'an integer >= 0', self.every, ConfigError)
     expect(self.correction in CORRECTIONS, 'EMA.correction', f'one of {CORRECTIONS}',
            repr(self.correction), ConfigError)
+    expect(self.params_of is None or callable(self.params_of), 'EMA.params_of',
+           'None or a function state -> params', type(self.params_of).__name__, ConfigError)
+
+  def sampled(self, state):
+    """The params this hook averages: ``params_of(state)`` (per member of a
+    population), or the state's params."""
+    return _params_of(state) if self.params_of is None else _sample(self.params_of, state)
 
   def init_arrays(self, state) -> dict:
     """The average at the start of a run: a float32 copy of the params (traceable;
     a debiased average gives it no weight)."""
-    params = _params_of(state)
+    params = self.sampled(state)
     return {'params': jax.tree.map(lambda p: jnp.array(p, _average_dtype(p), copy=True),
                                    params),
             'count': jnp.zeros((), jnp.int32)}
 
   def __call__(self, step, state, record):
-    params = _params_of(state)
+    params = self.sampled(state)
     arrays = self.arrays if self.arrays is not None else self.init_arrays(state)
     self.arrays = _ema_update(arrays, params, jnp.float32(self.decay), self.correction)
     if self.evaluate is None or not any(k.startswith('eval/') for k in record):

@@ -15,6 +15,7 @@ import pytest
 import purax
 from purax.app import cli, data, hparams, job, models, runs
 from purax.app.config import FORMAT, TrainConfig
+from purax.app.optimizers import OPTIMIZERS
 from purax.app.sweep import SweepConfig
 from purax.core.errors import ConfigError
 
@@ -29,12 +30,17 @@ def test_sections_follow_the_hyperparameter_table():
   assert [f.name for f in dataclasses.fields(hparams.OptimizerSearch)] == fields
   values = hparams.OptimizerConfig().values()
   assert values == {r.state: r.default for r in hparams.HPARAMS}
-  # Every table row reaches the state under its state name.
-  job_task = TrainConfig.of(model='mlp')
-  state_names = set(purax.core.hparams.names(jax.eval_shape(
-      _task(job_task).init, jax.random.key(0), data.sample_batch((8, 8, 1), np.float32, (),
-                                                                 np.int32, 2))))
-  assert {r.state for r in hparams.HPARAMS} <= state_names
+  # Every table row reaches the state under its state name, with every
+  # optimizer of the table that takes it (and only those take it).
+  for name in OPTIMIZERS:
+    state_names = set(purax.core.hparams.names(jax.eval_shape(
+        _task(TrainConfig.of(model='mlp', optimizer=name)).init, jax.random.key(0),
+        data.sample_batch((8, 8, 1), np.float32, (), np.int32, 2))))
+    taken = {r.state for r in hparams.HPARAMS if hparams.takes(name, r)}
+    assert taken <= state_names, name
+    assert not {r.state for r in hparams.HPARAMS} - taken & state_names - {'eps'}, name
+  assert {r.state for r in hparams.HPARAMS} == {s for o in OPTIMIZERS.values()
+                                                for s in o.hparams} | {'label_smoothing'}
 
 
 def _task(config):
@@ -45,10 +51,11 @@ def _task(config):
 def test_each_bound_is_checked_once_for_train_sweep_and_pbt(row):
   b = row.bounds
   outside = b.low if b.low_open else (b.high if b.high_open else b.high * 2 + 1)
+  optimizer = next(name for name in OPTIMIZERS if hparams.takes(name, row))
   with pytest.raises(ConfigError, match=f'{row.field}: expected a finite value in'):
-    TrainConfig.of(**{row.field: outside}).validate()
+    TrainConfig.of(optimizer=optimizer, **{row.field: outside}).validate()
   with pytest.raises(ConfigError, match=f"--{row.field.replace('_', '-')}: expected values in"):
-    SweepConfig.of(**{row.field: f'{row.default},{outside}'}).validate()
+    SweepConfig.of(optimizer=optimizer, **{row.field: f'{row.default},{outside}'}).validate()
   lo, hi = row.clip_bounds()
   assert row.contains(lo) and row.contains(hi)
 
@@ -89,7 +96,9 @@ def test_a_data_set_row_is_all_the_cli_needs(tmp_path, monkeypatch):
 def test_a_run_written_before_the_sections_resumes(tmp_path, capsys):
   """config.json of format 1 (purax 0.1's flat TrainConfig, a fixture written by it)."""
   workdir = tmp_path / 'old'
-  assert cli.main(['train', *SMALL, '--workdir', str(workdir)]) == 0
+  # Trained as purax 0.1 trained: weight decay on every leaf (what a config
+  # without weight_decay_mask reads as).
+  assert cli.main(['train', *SMALL, '--weight-decay-mask', 'all', '--workdir', str(workdir)]) == 0
   old = (FIXTURES / 'config_v1_mlp.json').read_text().replace('WORKDIR', str(workdir))
   assert '"format"' not in old and json.loads(old)['model'] == 'mlp'
   (workdir / 'config.json').write_text(old)

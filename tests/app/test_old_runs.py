@@ -5,8 +5,14 @@ and ends bitwise where a run of today's code does.
 0.1.0 before the redesign): ``python -m tests.scripts.train_recorded 4 train
 --model mlp --steps 8 --batch-size 32 --log-every 2 --eval-every 4
 --checkpoint-every 0 --no-progress``, stopped after step 4 with its checkpoint
-committed (the TensorBoard events and the lock file left out)."""
+committed (the TensorBoard events and the lock file left out).
 
+It was written before ``--weight-decay-mask`` (weight decay then applied to
+every leaf; the default is now ``matrices``): it resumes with its own
+``'all'``, recorded in its config, so it ends as a run of today's code with
+``--weight-decay-mask all``, not as one with today's default."""
+
+import json
 import os
 import shutil
 
@@ -27,7 +33,10 @@ def test_a_run_written_before_the_redesign_resumes_and_ends_as_a_straight_run(tm
   resumed = purax('train', '--workdir', old, xla_flags='')
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert 'from step 4' in resumed.stderr
-  straight = purax('train', *ARGS, '--workdir', str(tmp_path / 'new'), xla_flags='')
+  with open(os.path.join(old, 'config.json')) as f:
+    assert json.load(f)['optimizer']['weight_decay_mask'] == 'all'   # recorded on resume
+  straight = purax('train', *ARGS, '--weight-decay-mask', 'all', '--workdir',
+                   str(tmp_path / 'new'), xla_flags='')
   assert straight.returncode == 0, straight.stderr[-3000:]
   (a, _, step_a), (b, _, step_b) = final_tree(old), final_tree(str(tmp_path / 'new'))
   assert step_a == step_b == 8

@@ -1,0 +1,211 @@
+"""More optimizers, built as :func:`purax.adamw` is (:func:`purax.core.optim.scheduled`):
+global-norm clipping first, every float hyperparameter injected (float32, in
+``opt_state.hyperparams``: set, swept and perturbed without recompiling),
+the weight-decay mask :func:`purax.core.optim.matrices` by default.
+
+- :func:`sgd`: SGD with momentum, L2 weight decay, warmup + cosine.
+- :func:`muon`: ``optax.contrib.muon`` (Jordan 2024; Liu et al. 2025), whose
+  2-D leaves get Newton-Schulz-orthogonalised momentum and the others AdamW,
+  warmup + cosine.
+- :func:`schedule_free_adamw`: ``optax.contrib.schedule_free`` around AdamW
+  (Defazio et al. 2024), warmup then constant; evaluate it at
+  :func:`schedule_free_eval_params` (``purax.Task(eval_params=...)``).
+
+Any other optax transformation works in a :class:`purax.Task` as it is;
+these add what the command line and populations need (injected
+hyperparameters under the names of :data:`purax.core.hparams.BOUNDS`, and a
+schedule :func:`purax.hparams` can report).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from purax.core.errors import ConfigError, expect
+from purax.core.optim import (ScheduledTransformation, check_finite, check_mask, check_steps,
+                              clip_by_global_norm, matrices, scheduled)
+
+
+def _check(learning_rate, clip_norm, weight_decay, total_steps, warmup_steps, mask, **unit):
+  """The checks every builder makes; ``unit``: values that must lie in [0, 1)."""
+  check_finite(learning_rate=learning_rate, clip_norm=clip_norm, weight_decay=weight_decay,
+               **unit)
+  check_steps(total_steps, warmup_steps)
+  check_mask(mask)
+  expect(learning_rate >= 0, 'learning_rate', '>= 0', learning_rate, ConfigError)
+  expect(clip_norm > 0, 'clip_norm', '> 0', clip_norm, ConfigError)
+  expect(weight_decay >= 0, 'weight_decay', '>= 0', weight_decay, ConfigError)
+  for name, value in unit.items():
+    expect(0 <= value < 1, name, 'in [0, 1)', value, ConfigError)
+
+
+def _sgd(peak_learning_rate, momentum, weight_decay, clip_norm, *, schedule, nesterov,
+         weight_decay_mask):
+  return optax.chain(clip_by_global_norm(clip_norm, use_given_norm=True),
+                     optax.add_decayed_weights(weight_decay, weight_decay_mask),
+                     optax.sgd(schedule(peak_learning_rate), momentum=momentum,
+                               nesterov=nesterov))
+
+
+def sgd(*, learning_rate: float = 0.1, total_steps: int, warmup_steps: int = 0,
+        momentum: float = 0.9, nesterov: bool = False, weight_decay: float = 0.0,
+        clip_norm: float = 1.0, weight_decay_mask=matrices) -> ScheduledTransformation:
+  """SGD with (heavy-ball or Nesterov) momentum, warmup-cosine and clipping.
+
+  Weight decay is L2 (``weight_decay * params`` added to the gradients before
+  the momentum), on the leaves of ``weight_decay_mask``.
+
+  Args:
+    learning_rate: peak learning rate. total_steps, warmup_steps: the schedule.
+    momentum: in ``[0, 1)``; nesterov: Nesterov's momentum (static).
+    weight_decay, weight_decay_mask, clip_norm: as in :func:`purax.adamw`.
+
+  Returns:
+    A :class:`purax.core.optim.ScheduledTransformation`; injected:
+    ``peak_learning_rate``, ``momentum``, ``weight_decay``, ``clip_norm``.
+
+  Raises:
+    ConfigError: a value out of range or not finite, naming it.
+
+  Example: ``purax.Task(model, tx=purax.core.optimizers.sgd(total_steps=1000))``.
+  """
+  _check(learning_rate, clip_norm, weight_decay, total_steps, warmup_steps, weight_decay_mask,
+         momentum=momentum)
+  return scheduled(_sgd, warmup_steps=warmup_steps, total_steps=total_steps,
+                   hyperparams=dict(peak_learning_rate=learning_rate, momentum=momentum,
+                                    weight_decay=weight_decay, clip_norm=clip_norm),
+                   static=dict(nesterov=bool(nesterov), weight_decay_mask=weight_decay_mask))
+
+
+def _muon(peak_learning_rate, momentum, b1, b2, eps, weight_decay, clip_norm, *, schedule,
+          decay_others):
+  return optax.chain(
+      clip_by_global_norm(clip_norm, use_given_norm=True),
+      optax.contrib.muon(schedule(peak_learning_rate), beta=momentum, eps=eps,
+                         weight_decay=weight_decay, adam_b1=b1, adam_b2=b2,
+                         adam_weight_decay=weight_decay if decay_others else 0.0,
+                         mu_dtype=jnp.float32))
+
+
+def muon(*, learning_rate: float = 0.02, total_steps: int, warmup_steps: int = 0,
+         momentum: float = 0.95, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+         weight_decay: float = 0.0, clip_norm: float = 1.0,
+         weight_decay_mask=matrices) -> ScheduledTransformation:
+  """Muon (``optax.contrib.muon``): the momentum of every 2-D leaf
+  orthogonalised by Newton-Schulz iterations, AdamW for the other leaves;
+  warmup-cosine and clipping.
+
+  References: Jordan, "Muon: an optimizer for hidden layers" (modded-nanogpt,
+  2024); Liu et al. 2025, "Muon is Scalable for LLM Training".
+
+  Args:
+    learning_rate: peak learning rate of both parts (optax's default
+      ``adam_learning_rate=None``). total_steps, warmup_steps: the schedule.
+    momentum: Muon's momentum ``beta`` (optax's default 0.95).
+    b1, b2, eps: the AdamW part's (``eps`` also Muon's denominator's).
+    weight_decay: decoupled weight decay, scaled by the learning rate
+      (optax's convention for Muon), on the 2-D leaves.
+    weight_decay_mask: :func:`purax.core.optim.matrices` (default): the
+      AdamW part (vectors, scalars and leaves of more than 2 dimensions, such
+      as convolution kernels) is not decayed; ``None``: it is decayed too.
+      Only these two: Muon's own mask is its 2-D leaves.
+    clip_norm: as in :func:`purax.adamw`.
+
+  Returns:
+    A :class:`purax.core.optim.ScheduledTransformation`; injected:
+    ``peak_learning_rate``, ``momentum``, ``b1``, ``b2``, ``eps``,
+    ``weight_decay``, ``clip_norm``.
+
+  Raises:
+    ConfigError: a value out of range or not finite, or another mask, naming it.
+  """
+  _check(learning_rate, clip_norm, weight_decay, total_steps, warmup_steps, weight_decay_mask,
+         momentum=momentum, b1=b1, b2=b2)
+  check_finite(eps=eps)
+  expect(eps > 0, 'eps', '> 0', eps, ConfigError)
+  expect(weight_decay_mask is None or weight_decay_mask is matrices, 'weight_decay_mask',
+         'purax.core.optim.matrices or None (Muon decays its 2-D leaves; the choice is '
+         'whether the AdamW leaves are decayed too)', weight_decay_mask, ConfigError)
+  return scheduled(_muon, warmup_steps=warmup_steps, total_steps=total_steps,
+                   hyperparams=dict(peak_learning_rate=learning_rate, momentum=momentum, b1=b1,
+                                    b2=b2, eps=eps, weight_decay=weight_decay,
+                                    clip_norm=clip_norm),
+                   static=dict(decay_others=weight_decay_mask is None))
+
+
+def _schedule_free_adamw(peak_learning_rate, b1, b2, eps, weight_decay, clip_norm, *,
+                         schedule, weight_decay_mask):
+  # optax.contrib.schedule_free_adamw, with a weight-decay mask.
+  learning_rate = schedule(peak_learning_rate)
+  base = optax.chain(
+      optax.scale_by_rms(decay=b2, eps=eps, eps_in_sqrt=False, bias_correction=True),
+      optax.add_decayed_weights(weight_decay, weight_decay_mask),
+      optax.scale_by_learning_rate(learning_rate))
+  return optax.chain(clip_by_global_norm(clip_norm, use_given_norm=True),
+                     optax.contrib.schedule_free(base, learning_rate=learning_rate, b1=b1))
+
+
+def schedule_free_adamw(*, learning_rate: float = 2.5e-3, warmup_steps: int = 0,
+                        total_steps: int = 1, b1: float = 0.9, b2: float = 0.999,
+                        eps: float = 1e-8, weight_decay: float = 0.0, clip_norm: float = 1.0,
+                        weight_decay_mask=matrices) -> ScheduledTransformation:
+  """Schedule-free AdamW (Defazio et al. 2024, "The Road Less Scheduled"):
+  ``optax.contrib.schedule_free_adamw`` with clipping and a weight-decay mask;
+  warmup then a constant learning rate (no decay: the averaging replaces it).
+
+  The params it trains are the gradient points ``y``; evaluate (and export)
+  the average ``x``: ``purax.Task(..., eval_params=schedule_free_eval_params)``.
+
+  Args:
+    learning_rate: the rate after warmup. warmup_steps: linear warmup.
+    total_steps: unused (no decay), accepted as the other builders take it.
+    b1: the interpolation between ``x`` and ``z`` (> 0); b2, eps: the second
+      moment's. weight_decay, weight_decay_mask, clip_norm: as in :func:`purax.adamw`.
+
+  Returns:
+    A :class:`purax.core.optim.ScheduledTransformation`; injected:
+    ``peak_learning_rate``, ``b1``, ``b2``, ``eps``, ``weight_decay``, ``clip_norm``.
+
+  Raises:
+    ConfigError: a value out of range or not finite, naming it.
+  """
+  _check(learning_rate, clip_norm, weight_decay, max(total_steps, 1), warmup_steps,
+         weight_decay_mask, b1=b1, b2=b2)
+  check_finite(eps=eps)
+  expect(b1 > 0, 'b1', '> 0 (schedule-free interpolates with it)', b1, ConfigError)
+  expect(eps > 0, 'eps', '> 0', eps, ConfigError)
+  return scheduled(_schedule_free_adamw, schedule='constant', warmup_steps=warmup_steps,
+                   total_steps=1,
+                   hyperparams=dict(peak_learning_rate=learning_rate, b1=b1, b2=b2, eps=eps,
+                                    weight_decay=weight_decay, clip_norm=clip_norm),
+                   static=dict(weight_decay_mask=weight_decay_mask))
+
+
+def _is_schedule_free(x) -> bool:
+  return isinstance(x, optax.contrib.ScheduleFreeState)
+
+
+def schedule_free_eval_params(state):
+  """The params to evaluate a schedule-free run at (``x``, the average):
+  ``optax.contrib.schedule_free_eval_params`` of the ``ScheduleFreeState``
+  found anywhere in ``state.opt_state`` (inside ``inject_hyperparams``,
+  ``optax.chain``, ``optax.multi_transform``, ...). A function of the state,
+  for ``purax.Task(eval_params=...)``.
+
+  Leaves the schedule-free optimizer does not train (another
+  ``multi_transform`` subset: a frozen backbone) are their params.
+
+  Raises:
+    ConfigError: ``state.opt_state`` holds no (or more than one) schedule-free state.
+  """
+  found = [x for x in jax.tree.leaves(state.opt_state, is_leaf=_is_schedule_free)
+           if _is_schedule_free(x)]
+  expect(len(found) == 1, 'state.opt_state', 'one optax.contrib.ScheduleFreeState (a '
+         'schedule-free optimizer)', f'{len(found)}', ConfigError)
+  b1 = found[0].b1
+
+  def at_x(y, z):   # optax.contrib.schedule_free_eval_params, leaf by leaf
+    return y if isinstance(z, optax.MaskedNode) else (y - (1.0 - b1) * z) / b1
+  return jax.tree.map(at_x, state.params, found[0].z)
