@@ -58,6 +58,8 @@ class OptimizerSpec:
                       weight_decay_mask=weight_decay_mask, **kwargs)
 
 
+#: The optimizer table: ``--optimizer`` name -> :class:`OptimizerSpec` (builder,
+#: hyperparameters it injects, help).
 OPTIMIZERS: dict[str, OptimizerSpec] = {
     'adamw': OptimizerSpec(
         optim.adamw, ('peak_learning_rate', 'weight_decay', 'b1', 'b2', 'clip_norm'),

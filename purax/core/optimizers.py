@@ -14,7 +14,7 @@ the weight-decay mask :func:`purax.core.optim.matrices` by default.
 Any other optax transformation works in a :class:`purax.Task` as it is;
 these add what the command line and populations need (injected
 hyperparameters under the names of :data:`purax.core.hparams.BOUNDS`, and a
-schedule :func:`purax.hparams` can report).
+schedule :func:`purax.core.hparams.get` can report).
 """
 
 from __future__ import annotations
