@@ -28,6 +28,8 @@ from purax.app import models
 from purax.app.config import TrainConfig
 from purax.app.hparams import HPARAMS
 from purax.core import flops
+from purax.core import objectives
+from purax.core.spikes import SpikeGuard
 from purax.core.errors import ConfigError, expect
 from purax.core.optim import adamw
 from purax.core.precision import get_policy
@@ -53,10 +55,14 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
              **{row.state: values[row.state] for row in HPARAM_ROWS['optimizer']
                 if row.state != 'peak_learning_rate'})
   policy = get_policy(config.model.precision)
-  return Task(model=model, tx=tx, loss=config.data.loss,
+  loss = config.data.loss
+  if opt.z_loss:
+    loss = objectives.language_model_loss(z_loss=opt.z_loss)
+  return Task(model=model, tx=tx, loss=loss,
               hparams={row.state: values[row.state] for row in HPARAM_ROWS['loss']},
               microbatches=opt.microbatches,
-              loss_scale=opt.loss_scale if policy.needs_loss_scaling else None)
+              loss_scale=opt.loss_scale if policy.needs_loss_scaling else None,
+              spike_guard=SpikeGuard(opt.spike_window, opt.spike_k) if opt.spike_k else None)
 
 
 #: The hyperparameter table's rows by where they live: adamw's arguments, Task.hparams.

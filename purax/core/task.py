@@ -45,6 +45,7 @@ import optax
 from purax.core import loss_scale as loss_scale_lib
 from purax.core import objectives
 from purax.core import update
+from purax.core.spikes import SpikeGuard
 from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.model import Model, as_model, select_inputs, takes_hparams
 from purax.core.state import TrainState
@@ -126,6 +127,10 @@ class Task:
       leaving params, optimizer state and model state bitwise unchanged.
     loss_scale: initial dynamic loss scale (e.g. ``2**15``) for float16
       training; ``None``: no loss scaling. The state is ``state.loss_scale``.
+    spike_guard: a :class:`purax.core.spikes.SpikeGuard`: also skip (and
+      count, ``metrics['spikes']``) updates whose loss or gradient norm is a
+      spike above the recent history kept in ``state.spike_window``;
+      ``None`` (the default): off, and the step is the program it is without it.
 
   Raises (at construction):
     ConfigError: a value of the wrong kind (``tx`` not an optax transformation,
@@ -140,6 +145,7 @@ class Task:
   microbatches: int = 1
   skip_nonfinite: bool = True
   loss_scale: float | None = None
+  spike_guard: SpikeGuard | None = None
   pure_model: Model = dataclasses.field(init=False, compare=False, hash=False, repr=False)
 
   def __post_init__(self):
@@ -154,6 +160,8 @@ class Task:
       expect_kind(self.loss_scale, 'loss_scale', numbers.Real, 'a number >= 1 or None')
     expect(self.loss_scale is None or self.loss_scale >= 1, 'loss_scale',
            '>= 1 (an initial scale, a power of two) or None', self.loss_scale, ConfigError)
+    expect_kind(self.spike_guard, 'spike_guard', (SpikeGuard, type(None)),
+                'None or a purax.SpikeGuard(window, k)')
     expect(callable(self.loss), 'loss', 'a function (outputs, batch, hparams) -> (values, '
            'weight, metrics)', type(self.loss).__name__, ConfigError)
     expect(not (self.couples_examples and self.microbatches > 1), 'microbatches',
@@ -242,6 +250,7 @@ class Task:
         hparams=self.default_hparams(),
         loss_scale=(None if self.loss_scale is None
                     else loss_scale_lib.LossScale.create(self.loss_scale)),
+        spike_window=None if self.spike_guard is None else self.spike_guard.init(),
     )
     self.check_batch(batch, state)   # a trace only: nothing is computed
     return state
@@ -328,7 +337,8 @@ class Task:
   @property
   def settings(self) -> update.Settings:
     """What :mod:`purax.core.update` needs of this task besides the loss and ``tx``."""
-    return update.Settings(self.microbatches, self.skip_nonfinite, self.couples_examples)
+    return update.Settings(self.microbatches, self.skip_nonfinite, self.couples_examples,
+                           self.spike_guard)
 
   def _train_loss(self, params, model_state, batch, key, hparams):
     return self.compute_loss(params, model_state, batch, key, hparams=hparams, train=True)
