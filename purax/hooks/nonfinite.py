@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from purax.core import nonfinite
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, NonFiniteWarning, expect
 from purax.core.state import TrainState
 from purax.io.checkpoint import replay
 
@@ -44,7 +44,8 @@ EVERY_UPDATE = range(0, 2 ** 31 - 1)
 class NonFiniteReplay:
   """When an update was skipped as non-finite, replays it on its batch
   (:func:`purax.core.nonfinite.find`) and reports where the first non-finite
-  value came from: a one-line ``purax:`` warning, :attr:`reports`, and (with
+  value came from: a one-line ``purax:`` :class:`purax.core.errors.NonFiniteWarning`
+  (updates that cannot be replayed are named once per ``fit``), :attr:`reports`, and (with
   a ``directory``) the state before the update, its batch and the report,
   saved for ``purax debug-nan`` (:mod:`purax.io.checkpoint.replay`).
 
@@ -75,7 +76,7 @@ class NonFiniteReplay:
     self.reports: list[nonfinite.Report] = []
 
   def start(self, loop) -> None:
-    self.loop, self.since, self.replayed = loop, loop.step, None
+    self.loop, self.since, self.replayed, self.noted = loop, loop.step, None, False
     if self.keep and loop.source is not None:
       loop.source.keep(self.keep)
 
@@ -90,12 +91,13 @@ class NonFiniteReplay:
     streak = int(jax.device_get(metrics['skip_streak'].current)) if 'skip_streak' in metrics \
         else 0
     if not streak:
-      if not self.every_step:
+      if not self.every_step and not self.noted:    # once per fit
+        self.noted = True
         warnings.warn(f'purax: {int(record["train/skipped"])} update(s) in steps ({since}, '
                       f'{step}] were skipped as non-finite and training went on; their state '
                       'is gone, so they cannot be replayed (purax train --debug-nans, or '
                       'purax.hooks.NonFiniteReplay(every_step=True), replays each at its step)',
-                      RuntimeWarning, stacklevel=2)
+                      NonFiniteWarning, stacklevel=2)
       return state, {}
     first = step - streak                     # the streak's first update: replayed
     if first == self.replayed:
@@ -105,7 +107,7 @@ class NonFiniteReplay:
     if batch is None:
       warnings.warn(f'purax: the update at state.step={first} was skipped as non-finite; its '
                     'batch was not kept (an iterable source: NonFiniteReplay(keep=N) keeps '
-                    'the last N), so it is not replayed', RuntimeWarning, stacklevel=2)
+                    'the last N), so it is not replayed', NonFiniteWarning, stacklevel=2)
       return state, {}
     before = before_skips(state, first, streak)
     with jax.transfer_guard('allow'):         # a replay, off the hot path
@@ -119,7 +121,7 @@ class NonFiniteReplay:
         saved = (f'; replay it: purax debug-nan --workdir {run} --step {first}'
                  if os.path.isfile(os.path.join(run, 'config.json')) else
                  f'; saved in {self.directory}')
-    warnings.warn(f'purax: non-finite {report}{saved}', RuntimeWarning, stacklevel=2)
+    warnings.warn(f'purax: non-finite {report}{saved}', NonFiniteWarning, stacklevel=2)
     return state, {}
 
 
