@@ -123,7 +123,7 @@ class _Calls:
 
   def __init__(self):
     self.calls: list[tuple[tuple, str, str]] = []
-    self.seen: dict[int, np.ndarray] = {}
+    self.seen: dict[int, list[np.ndarray]] = {}
 
   def hook(self, path, method, call, args, kwargs):
     out = call(*args, **kwargs)
@@ -134,15 +134,18 @@ class _Calls:
     return out
 
   def _record(self, index, counts):
-    counts = np.asarray(counts, np.int64).reshape(-1, 4).sum(axis=0)
-    self.seen[index] = self.seen.get(index, 0) + counts
+    self.seen.setdefault(index, []).extend(np.asarray(counts, np.int64).reshape(-1, 4))
 
   def first_nonfinite(self):
-    """``(path, method, shapes, counts)`` of the first call with a non-finite output."""
+    """``(path, method, shapes, counts, run, runs)`` of the first call with a
+    non-finite output: ``counts`` summed over its runs (a scanned layer's
+    iterations, a vmapped module's examples), ``run`` the first (from 1) whose
+    output is not finite, of ``runs``."""
     for index in sorted(self.seen):
-      counts = self.seen[index]
-      if counts[2] + counts[3]:
-        return (*self.calls[index], counts)
+      runs = self.seen[index]
+      bad = [i for i, c in enumerate(runs) if c[2] + c[3]]
+      if bad:
+        return (*self.calls[index], np.sum(runs, axis=0), bad[0] + 1, len(runs))
     return None
 
 
@@ -208,16 +211,18 @@ def find(task, state: TrainState, batch: PyTree) -> Report:
       return Report(step, 'batch', f'batch{name}', f'holds {int(np.sum(np.isnan(x)))} NaN and '
                     f'{int(np.sum(np.isinf(x)))} inf of {x.dtype}{list(np.shape(x))}', gradients)
     if first is not None:
-      path, method, shapes, counts = first
+      path, method, shapes, counts, run, runs = first
       called = '' if method == '__call__' else f'.{method}'
+      where = (f' (first in run {run} of its {runs}: the iterations of a scanned layer or '
+               'the examples of a vmapped one)' if runs > 1 else '')
       if counts[0] + counts[1]:    # its inputs were not finite: the code that called it
         return Report(step, 'forward', _path(path[:-1]) if path else '(the model)',
                       f'the code of this module, before it called {_path(path)}{called}: '
-                      f'that call\'s inputs hold {counts[0]} NaN and {counts[1]} inf',
+                      f'that call\'s inputs hold {counts[0]} NaN and {counts[1]} inf{where}',
                       gradients)
       return Report(step, 'forward', _path(path) + called,
                     f'its output ({shapes}) holds {counts[2]} NaN and {counts[3]} inf, from '
-                    'finite inputs', gradients)
+                    f'finite inputs{where}', gradients)
     if outputs_bad:
       return Report(step, 'forward', '(the model)', f'its outputs hold {int(nan)} NaN and '
                     f'{int(inf)} inf, from finite inputs', gradients)

@@ -156,3 +156,20 @@ def test_the_code_around_a_call_the_batch_a_hyperparameter_and_a_finite_replay()
   assert nonfinite.find(task, state, batch()).where == 'none'
   with pytest.raises(purax.ConfigError, match='state: expected a purax.TrainState'):
     nonfinite.find(task, {'params': state.params}, batch())
+
+
+def test_a_nan_inside_a_scanned_rematerialised_layer_names_the_layer_and_its_iteration():
+  """The layers of the decoder under nn.scan (one traced body for all) and
+  remat: the second layer's MLP weights hold a NaN; the report names the
+  scanned module and the iteration (run) where it first appears."""
+  model = purax.nn.DecoderLM(vocab_size=16, d_model=8, num_layers=2, num_heads=2, max_len=8,
+                             scan_layers=True, remat='full')
+  task = purax.Task(model=model, tx=optax.sgd(0.1), loss=purax.objectives.language_model)
+  tokens = np.random.default_rng(0).integers(0, 16, (2, 9)).astype(np.int32)
+  lm_batch = {'x': tokens[:, :-1], 'y': tokens[:, 1:]}
+  state = jax.jit(task.init)(jax.random.key(0), lm_batch)
+  params = jax.tree.map(lambda x: x, state.params)
+  params['layers']['mlp']['wi'] = params['layers']['mlp']['wi'].at[1].set(jnp.nan)
+  report = nonfinite.find(task, state.replace(params=params), lm_batch)
+  assert (report.where, report.path) == ('forward', 'layers/mlp'), str(report)
+  assert 'first in run 2 of its 2' in report.detail
