@@ -21,8 +21,8 @@ A hook is any object with
 and optionally
 
 - ``order``: hooks run in increasing ``order`` (default 0; the loop's own:
-  :class:`Log` -20, :class:`NonFiniteReplay` -16, :class:`NonFiniteStreak` -15, :class:`Evaluate` -10,
-  :class:`Stop` 10, :class:`Checkpoint` 20, :class:`Progress` 30,
+  :class:`Log` -20, :class:`NonFiniteReplay` -16, :class:`NonFiniteStreak` -15,
+  :class:`Evaluate` -10, :class:`Stop` 10, :class:`Checkpoint` 20, :class:`Progress` 30,
   :class:`Profile` 100), so a user hook sees this step's logs and evaluation
   and its state is in this step's checkpoint;
 - ``name``: its key in the checkpoint (default: the class name); ``option``:

@@ -5,7 +5,6 @@ no host read or transfer more than without the hook."""
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
