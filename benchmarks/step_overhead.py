@@ -21,6 +21,14 @@ asserted: the numbers go to the README.
 - ``purax_fit_noguard``: ``steps_per_call=1`` and ``Task(skip_nonfinite=False)``:
   what the guard (the update under a ``lax.cond``, zeroed metrics of a
   skipped step, two more counters) costs.
+- ``purax_fit_noreplay``: ``steps_per_call=1`` with the standard hooks but
+  :class:`purax.hooks.NonFiniteReplay` (which replays a skipped non-finite
+  update): what that hook costs while every update is finite (by design
+  nothing: it reads one number of the log record at each log point;
+  ``tests/hooks/test_nonfinite.py`` counts the host reads).
+- ``purax_fit_spikes``: ``steps_per_call=1`` and ``Task(spike_guard=
+  purax.SpikeGuard())`` (window 128, k 6): what the loss-spike guard costs
+  (the window's mean and deviation, its ring update, one more counter).
 - ``purax_fit_k16``: ``purax.fit(..., steps_per_call=16)``: 16 steps per
   dispatch (``lax.scan`` over stacked batches), bitwise the same training.
 - ``handwritten``: ``jax.jit(train_step, donate_argnums=0)`` over pre-built numpy
@@ -108,10 +116,11 @@ def run_handwritten(task, state, batches, *, sync_every_step, device_put=True):
   return len(batches) / (time.perf_counter() - start)
 
 
-def run_purax(task, data, *, log_every, steps_per_call='auto', warm_up=True):
+def run_purax(task, data, *, log_every, steps_per_call='auto', warm_up=True, replay=True):
   """Steps/s of one timed ``fit`` after an untimed one with the same settings
   (which compiles what the timed one runs; ``warm_up=False`` from the second
-  trial on, when it is compiled); also the k that was run."""
+  trial on, when it is compiled); also the k that was run. ``replay=False``:
+  without :class:`purax.hooks.NonFiniteReplay`."""
   k = steps_per_call
   if k != 'auto':
     log_every = max(k, log_every // k * k)
@@ -121,8 +130,9 @@ def run_purax(task, data, *, log_every, steps_per_call='auto', warm_up=True):
     # fit(plan=None) builds exactly this plan; built here to read the k it chose.
     plan = plan_lib.SingleDevicePlan(task)
     start = time.perf_counter()
-    state, _ = purax.fit(task, state, data, plan=plan, steps_per_call=k,
-                         hooks=purax.hooks.standard(log_every=log_every, progress=False))
+    hooks = [h for h in purax.hooks.standard(log_every=log_every, progress=False)
+             if replay or not isinstance(h, purax.hooks.NonFiniteReplay)]
+    state, _ = purax.fit(task, state, data, plan=plan, steps_per_call=k, hooks=hooks)
     jax.block_until_ready(state.params)
   return len(data) / (time.perf_counter() - start), plan.chosen_steps_per_call
 
@@ -154,17 +164,18 @@ def main():
     batches = [data[s] for s in range(args.steps)]
     state = task.init(jax.random.key(0), batches[0])
     noguard = dataclasses.replace(task, skip_nonfinite=False)
+    spikes = dataclasses.replace(task, spike_guard=purax.SpikeGuard())
     runs = {'purax_fit': [], 'purax_fit_steps1': [], 'purax_fit_grain': [],
-            'purax_fit_noguard': [],
+            'purax_fit_noguard': [], 'purax_fit_noreplay': [], 'purax_fit_spikes': [],
             'purax_fit_k16': [], 'handwritten': [], 'handwritten_numpy': [], 'tutorial': []}
     chosen = []
 
     warm = {'up': True}        # the first trial's fits compile: warmed up untimed
 
-    def purax_run(t, k, source=None):
+    def purax_run(t, k, source=None, replay=True):
       speed, chosen_k = run_purax(t, batches if source is None else source,
                                   log_every=args.log_every, steps_per_call=k,
-                                  warm_up=warm['up'])
+                                  warm_up=warm['up'], replay=replay)
       if k == 'auto':
         chosen.append(chosen_k)
       return speed
@@ -174,6 +185,8 @@ def main():
         'purax_fit_steps1': lambda: purax_run(task, 1),
         'purax_fit_grain': lambda: purax_run(task, 1, data),
         'purax_fit_noguard': lambda: purax_run(noguard, 1),
+        'purax_fit_noreplay': lambda: purax_run(task, 1, replay=False),
+        'purax_fit_spikes': lambda: purax_run(spikes, 1),
         'purax_fit_k16': lambda: purax_run(task, 16),
         'handwritten': lambda: run_handwritten(task, state, batches, sync_every_step=False),
         'handwritten_numpy': lambda: run_handwritten(task, state, batches,
@@ -196,6 +209,11 @@ def main():
         'purax_steps1_vs_handwritten': med['purax_fit_steps1'] / hw,
         'purax_multistep_vs_handwritten': med['purax_fit_k16'] / hw,
         'purax_noguard_vs_handwritten': med['purax_fit_noguard'] / hw,
+        # The two options of issue 31, each against the k=1 run it differs from.
+        'replay_hook_vs_without': statistics.median(
+            x / h for x, h in zip(runs['purax_fit_steps1'], runs['purax_fit_noreplay'])),
+        'spike_guard_vs_without': statistics.median(
+            x / h for x, h in zip(runs['purax_fit_spikes'], runs['purax_fit_steps1'])),
         'purax_vs_tutorial': med['purax_fit'] / med['tutorial'],
         'purax_vs_handwritten_numpy': med['purax_fit'] / med['handwritten_numpy'],
         'purax_steps1_vs_handwritten_numpy': med['purax_fit_steps1'] / med['handwritten_numpy'],

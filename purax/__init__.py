@@ -18,11 +18,13 @@ from purax.core import Functions as Functions
 from purax.core import Linen as Linen
 from purax.core import Model as Model
 from purax.core import NNX as NNX
+from purax.core import SpikeGuard as SpikeGuard
 from purax.core import Task as Task
 from purax.core import TrainState as TrainState
 from purax.core import adamw as adamw
 from purax.core import hyperparams as hyperparams
 from purax.core import set_hyperparams as set_hyperparams
+from purax.core import find_nonfinite as find_nonfinite
 from purax.core import loss_function as loss_function
 from purax.core import metrics as metrics
 from purax.core import objectives as objectives

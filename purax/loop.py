@@ -44,6 +44,7 @@ from purax.hooks.builtin import standard
 from purax.hooks.loop import Loop, cadences, due, gcd, name_of
 from purax.io.checkpoint import layout
 from purax.io.checkpoint.run import Restored
+from purax.io.pipeline import owned
 from purax.parallel.plan import Plan
 from purax.plan import SingleDevicePlan
 
@@ -80,13 +81,15 @@ def holds_its_batches(data) -> bool:
 
 
 class _Source:
-  """The batches of steps ``start, start + 1, ...`` and the data position after each."""
+  """The batches of steps ``start, start + 1, ...`` and the data position after
+  each; :meth:`batch` gives a past step's batch back (for a replay)."""
 
   def __init__(self, data, start: int, steps: int | None, data_state, iterator_resume: str):
     expect(isinstance(iterator_resume, str) and iterator_resume in ('error', 'warn', 'skip'),
            'iterator_resume',
            "'error', 'warn' or 'skip'", repr(iterator_resume), ConfigError)
     self.positions = collections.deque()
+    self.data, self.kept = data, None
     if is_random_access(data):
       self.num_steps = len(data) if steps is None else steps
       expect(self.num_steps <= len(data), 'steps', f'<= len(train_data) = {len(data)}',
@@ -123,14 +126,34 @@ class _Source:
     self.batches = self._iterate(start)
 
   def _iterate(self, start):
-    for _ in (range(start, self.num_steps) if self.num_steps is not None else iter(int, 1)):
+    for step in (range(start, self.num_steps) if self.num_steps is not None
+                 else itertools.count(start)):
       batch = next(self.iterator, None)
       if batch is None:
         return
       self.positions.append(self.iterator.get_state() if self.stateful else None)
+      if self.kept is not None:    # the one copy of it, kept and handed to the step
+        batch = owned(batch)
+        self.kept.append((step, batch))
       yield batch
 
   batch_size = None    # the leading size of the batches: set from the first one
+  def keep(self, n: int) -> None:
+    """Keep the last ``n`` batches of an iterable source, for :meth:`batch`.
+
+    Each is copied once (:func:`purax.io.pipeline.owned`), and that copy is
+    the one the step gets (``fresh``: the plan copies it no more). A random-
+    access source needs nothing kept: its batch of step ``s`` is ``data[s]``.
+    """
+    if not is_random_access(self.data) and n > 0:
+      self.kept, self.fresh = collections.deque(maxlen=n), True
+
+  def batch(self, step: int):
+    """The batch of ``step`` (host arrays): ``data[step]`` read again from a
+    random-access source, else one of the batches :meth:`keep` kept, or None."""
+    if is_random_access(self.data):
+      return self.data[step]
+    return next((b for s, b in (self.kept or ()) if s == step), None)
 
   def position(self, step: int, taken: int) -> dict:
     """The data position after the ``taken`` batches just consumed (JSON)."""
@@ -260,7 +283,7 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
                **({} if source.batch_size is None else {'batch_size': source.batch_size})},
               start=start, first=start,
               ranges=[h.alone for h in hooks if getattr(h, 'alone', None) is not None],
-              fresh_batches=source.fresh)
+              fresh_batches=source.fresh, source=source)
   if first is not None and loop.metrics is None:
     loop.metrics = plan.zero_metrics(loop.state, first)
   loop.restore_hooks(restored.hook_states, restored.hook_arrays)
@@ -268,6 +291,7 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   for hook in hooks:
     if callable(getattr(hook, 'start', None)):
       hook.start(loop)
+  loop.fresh_batches = source.fresh     # a hook may have asked to keep batches (copied once)
   batches = itertools.chain([first], host_batches) if first is not None else iter(())
   try:
     for batch, taken in plan.device_batches(batches, loop):

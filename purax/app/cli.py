@@ -16,6 +16,7 @@ Examples (each line is parsed and validated by ``tests/test_docs.py``):
   purax train --model lm --dataset pystdlib --workdir runs/lm   # byte-level LM
   purax generate --workdir runs/lm --prompt 'def '             # sample from it
   purax plot --workdir runs/mine                # curves.png of a run or a sweep
+  purax debug-nan --workdir runs/mine --step 41 # replay a skipped non-finite update
 """
 
 from __future__ import annotations
@@ -106,6 +107,20 @@ class PlotConfig:
   out: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class DebugNanConfig:
+  """Replay an update that a run skipped as non-finite (saved under
+  WORKDIR/nonfinite) and report where its first NaN or inf came from.
+
+  Attributes:
+    workdir: the run directory written by `purax train`.
+    step: the update's state.step, as the run reported it; when unset the first saved.
+  """
+
+  workdir: str
+  step: int | None = None
+
+
 Command = Union[
     Annotated[Train, tyro.conf.subcommand('train', description='Train a model.')],
     Annotated[EvalConfig, tyro.conf.subcommand('eval', description='Evaluate a run.')],
@@ -117,6 +132,9 @@ Command = Union[
         'generate', description='Sample text from a trained language model.')],
     Annotated[PlotConfig, tyro.conf.subcommand(
         'plot', description="Plot a run's or a sweep's learning curves to a PNG.")],
+    Annotated[DebugNanConfig, tyro.conf.subcommand(
+        'debug-nan', description='Replay a skipped non-finite update of a run: where its '
+        'NaN came from.')],
 ]
 
 
@@ -178,6 +196,10 @@ def _main(argv: list[str]) -> int:
           temperature=command.temperature, seed=command.seed))
     elif isinstance(command, PlotConfig):
       print(json.dumps({'plot': plot.plot(command.workdir, command.out)}))
+    elif isinstance(command, DebugNanConfig):
+      report, saved = runs.debug_nan_run(command.workdir, command.step)
+      print(f'purax: non-finite {report}', file=sys.stderr)
+      print(json.dumps({'replayed': report.as_dict(), 'saved': saved}))
     elif isinstance(command, ExportConfig):
       path = runs.export_run(command.workdir, out=command.out, format=command.format)
       print(json.dumps({'exported': path}))

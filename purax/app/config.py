@@ -75,8 +75,10 @@ class RunConfig:
       bitwise the same training; log/eval/checkpoint cadences must be
       multiples of K; one device only), or 'auto': K from the measured step
       time when a second compilation pays for itself (purax.plan.choose_steps_per_call).
-    debug_nans: turn on jax_debug_nans (slow: re-runs an op that makes a NaN
-      un-jitted and raises where it happened).
+    debug_nans: replay every update skipped as non-finite at its step (one host read
+      per step, one update per call) and report where its first NaN came from; without
+      it the updates that end a log window skipped are replayed (no cost per step).
+      Each replayed update is saved for purax debug-nan --workdir DIR --step N.
     mesh: run on a device mesh, e.g. 'data=4,fsdp=2' (axes data, fsdp, tensor;
       one may be -1); the strategy follows the shape (purax.parallel.for_mesh).
     coordinator: multi-host: HOST:PORT of process 0 (jax.distributed), or 'auto'.
@@ -243,6 +245,9 @@ class TrainConfig(Sections):
     expect(self.model.spec.tokens == self.data.spec.tokens, 'dataset',
            "'pystdlib' or 'text:PATH' (text) with --model lm, and only with it",
            f'{self.data.name!r} with --model {self.model.name}', ConfigError)
+    expect(not self.optimizer.z_loss or self.data.spec.loss == 'language_model', 'z_loss',
+           '0 unless the data is text (the z-loss is a language-model loss option)',
+           f'{self.optimizer.z_loss} with --dataset {self.data.name}', ConfigError)
     m = self.optimizer.microbatches
     expect(self.data.batch_size % m == 0, 'batch_size', f'a multiple of microbatches={m}',
            self.data.batch_size, ConfigError)

@@ -134,6 +134,12 @@ _SETTINGS = (
      'in float16'),
     ('max_consecutive_skips', int, 10, 'stop with an error after N consecutive steps with '
      'non-finite gradients (each is skipped, the state unchanged)'),
+    ('spike_k', float, 0.0, 'loss-spike guard: skip an update whose loss or gradient norm '
+     'exceeds the mean of the last --spike-window steps plus K standard deviations (e.g. 6; '
+     'counted as train/spikes; 0: off)'),
+    ('spike_window', int, 128, 'steps of history the loss-spike guard compares with (>= 2)'),
+    ('z_loss', float, 0.0, 'language models: add Z_LOSS * log(Z)**2 to each token\'s loss, '
+     'Z the softmax normalizer (PaLM used 1e-4; 0: off)'),
 )
 
 _SETTING_CHECKS = {
@@ -141,6 +147,9 @@ _SETTING_CHECKS = {
     'microbatches': (lambda v: v >= 1, '>= 1'),
     'loss_scale': (lambda v: math.isfinite(v) and 1 <= v <= 2.0 ** 24, 'in [1, 2**24]'),
     'max_consecutive_skips': (lambda v: v >= 1, '>= 1'),
+    'spike_k': (lambda v: math.isfinite(v) and v >= 0, 'a finite number >= 0 (0: off)'),
+    'spike_window': (lambda v: v >= 2, '>= 2'),
+    'z_loss': (lambda v: math.isfinite(v) and v >= 0, 'a finite number >= 0 (0: off)'),
 }
 
 

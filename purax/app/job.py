@@ -29,6 +29,8 @@ from purax.app.config import TrainConfig
 from purax.app.hparams import HPARAMS
 from purax.app.optimizers import OPTIMIZERS, WEIGHT_DECAY_MASKS
 from purax.core import flops
+from purax.core import objectives
+from purax.core.spikes import SpikeGuard
 from purax.core.errors import ConfigError, expect
 from purax.core.precision import get_policy
 from purax.core.task import Task
@@ -52,11 +54,15 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
   tx = spec.transformation(values, total_steps=total, warmup_steps=min(opt.warmup_steps, total),
                            weight_decay_mask=WEIGHT_DECAY_MASKS[opt.weight_decay_mask])
   policy = get_policy(config.model.precision)
-  return Task(model=model, tx=tx, loss=config.data.loss,
+  loss = config.data.loss
+  if opt.z_loss:
+    loss = objectives.language_model_loss(z_loss=opt.z_loss)
+  return Task(model=model, tx=tx, loss=loss,
               hparams={row.state: values[row.state] for row in HPARAM_ROWS['loss']},
               microbatches=opt.microbatches,
               loss_scale=opt.loss_scale if policy.needs_loss_scaling else None,
-              eval_params=spec.eval_params)
+              eval_params=spec.eval_params,
+              spike_guard=SpikeGuard(opt.spike_window, opt.spike_k) if opt.spike_k else None)
 
 
 #: The hyperparameter table's rows by where they live: the optimizer's, Task.hparams.

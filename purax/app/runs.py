@@ -32,9 +32,11 @@ from purax.app import job as job_lib
 from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
 from purax.app.dry_run import print_summary
+from purax.core import nonfinite
 from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
 from purax.io import datasets, export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
+from purax.io.checkpoint import replay
 from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_init
 from purax.io import signals
 from purax.io.signals import StopOnSignal
@@ -179,8 +181,10 @@ def _fit(job, rundir, checkpointer, restored, stop):
         max_consecutive_skips=job.config.optimizer.max_consecutive_skips,
         progress=run.progress and rundir.primary and progress.interactive(),
         profile=profile.parse_range(run.profile) if run.profile else None,
-        profile_dir=rundir.path, profile_memory=run.profile_memory)
-    with jax.debug_nans(run.debug_nans), profile.memory_profile_on_oom(rundir.path):
+        profile_dir=rundir.path, profile_memory=run.profile_memory,
+        replay_dir=rundir.file(replay.DIRECTORY) if rundir.primary else None,
+        debug_nans=run.debug_nans)
+    with profile.memory_profile_on_oom(rundir.path):
       return fit(job.task, restored, job.train_data, plan=job.plan,
                  hooks=hooks + list(job.hooks), steps_per_call=run.steps_per_call)
   finally:
@@ -356,6 +360,37 @@ def export_run(workdir: str, *, out: str | None = None, format: str = 'jax') -> 
       format=format, dtype=jnp.int32 if tokens else jnp.float32, **checked,
       metadata={'model': job.config.model.name, 'dataset': job.config.data.name,
                 'num_classes': job.num_classes, 'step': int(jax.device_get(state.step))})
+
+
+def debug_nan_run(workdir: str, step: int | None = None):
+  """Replays an update that a run skipped as non-finite and saved
+  (``WORKDIR/nonfinite/STEP``, :class:`purax.hooks.NonFiniteReplay`), in this
+  process: where its first non-finite value came from.
+
+  Args:
+    workdir: the run directory.
+    step: the update's ``state.step`` (as the run reported it); default the
+      only saved one (or the first).
+
+  Returns:
+    ``(replayed, saved)``: the :class:`purax.core.nonfinite.Report` of this
+    replay and the report the run wrote (a dict).
+
+  Raises:
+    ConfigError: ``workdir`` is not a run, or holds no saved update at ``step``
+      (naming the saved steps).
+  """
+  config = rundir_lib.read_config(workdir).validate()
+  directory = os.path.join(workdir, replay.DIRECTORY)
+  steps = replay.saved_steps(directory)
+  expect(bool(steps) and (step is None or step in steps), 'step',
+         f'a saved update, one of {steps}' if steps else
+         f'a saved update in {directory} (none: no update of this run was skipped and '
+         'replayed)', step, ConfigError)
+  job = job_lib.build(config, mesh=False)
+  state, batch, saved = replay.load_update(directory, steps[0] if step is None else step,
+                                           job.abstract['state'], job.sample)
+  return nonfinite.find(job.task, state, batch), saved
 
 
 #: Longest continuation ``generate`` makes (its KV cache grows with it).

@@ -17,6 +17,7 @@ from purax.core.model import Linen as Linen
 from purax.core.model import Model as Model
 from purax.core.model import NNX as NNX
 from purax.core.model import as_model as as_model
+from purax.core.nonfinite import find as find_nonfinite
 from purax.core.objectives import loss_function as loss_function
 from purax.core.optim import adamw as adamw
 from purax.core import hparams as hparams
@@ -24,5 +25,6 @@ from purax.core.hparams import get as hyperparams
 from purax.core.hparams import set as set_hyperparams
 from purax.core.optim import warmup_cosine as warmup_cosine
 from purax.core.population import Population as Population
+from purax.core.spikes import SpikeGuard as SpikeGuard
 from purax.core.state import TrainState as TrainState
 from purax.core.task import Task as Task

@@ -31,6 +31,11 @@ class NonFiniteError(PuraxError):
   """Training produced non-finite gradients for too many consecutive steps."""
 
 
+class NonFiniteWarning(RuntimeWarning):
+  """An update was skipped as non-finite: where its NaN came from
+  (:class:`purax.hooks.NonFiniteReplay`), or why it could not be replayed."""
+
+
 def expect(condition: bool, field: str, expected: str, actual, cls=DataError) -> None:
   """Raises ``cls(f"{field}: expected {expected}, got {actual}")`` unless ``condition``."""
   if not condition:

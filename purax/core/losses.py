@@ -105,8 +105,10 @@ def token_cross_entropy_and_nll(logits: jax.Array, labels: jax.Array,
 
 
 def token_losses(logits: jax.Array, labels: jax.Array,
-                 label_smoothing: jax.Array | float = 0.0):
-  """``(loss, nll, correct)`` per token, float32 ``labels.shape`` each.
+                 label_smoothing: jax.Array | float = 0.0, *, log_z: bool = False):
+  """``(loss, nll, correct)`` per token, float32 ``labels.shape`` each
+  (``log_z``: and the log of the softmax normalizer, ``logsumexp(logits)``,
+  for the z-loss; its gradient is the softmax's).
 
   ``loss`` is :func:`token_cross_entropy`, ``nll`` the plain ``lse - z[label]``
   (no smoothing: what bits per byte and perplexity measure), ``correct``
@@ -122,7 +124,8 @@ def token_losses(logits: jax.Array, labels: jax.Array,
   """
   logits = at_least_float32(logits)
   # Shifted by the (constant) max: lse - z[label] then cancels no large offset.
-  logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  logits = logits - top
   # Their max is 0, so exp neither overflows nor underflows to an all-zero
   # sum: the log-sum-exp without jax.nn.logsumexp's second max pass.
   lse = jnp.log(jnp.sum(jnp.exp(logits), axis=-1))
@@ -135,4 +138,6 @@ def token_losses(logits: jax.Array, labels: jax.Array,
   # memory at vocab 4096), so this one stays.
   loss = (1.0 - s) * nll + s * (lse - jnp.mean(logits, axis=-1))
   correct = jax.lax.stop_gradient(picked >= 0).astype(jnp.float32)
+  if log_z:
+    return loss, nll, correct, lse + top[..., 0]
   return loss, nll, correct

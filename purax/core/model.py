@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from purax.core.errors import ConfigError, expect
+from purax.core.intercept import active, linen_calls, patched_calls
 
 PyTree = Any
 Inputs = str | Callable[[PyTree], PyTree] | None
@@ -178,9 +179,10 @@ class Linen:
     variables = {'params': params, **model_state}
     mutable = list(model_state) if (train and model_state) else False
     rngs = {'dropout': rng} if (train and rng is not None) else {}
-    out = self.module.apply(variables, select_inputs(batch, self.inputs), rngs=rngs,
-                            mutable=mutable,
-                            **self._kwargs(train=train, batch=batch, hparams=hparams))
+    with linen_calls():
+      out = self.module.apply(variables, select_inputs(batch, self.inputs), rngs=rngs,
+                              mutable=mutable,
+                              **self._kwargs(train=train, batch=batch, hparams=hparams))
     if mutable:
       outputs, new_state = out
       return outputs, {**model_state, **new_state}
@@ -271,7 +273,8 @@ class NNX:
     else:
       module.eval()
     kwargs = _call_keywords(type(module).__call__, mask=padding_mask(batch), hparams=hparams)
-    outputs = module(select_inputs(batch, self.inputs), **kwargs)
+    with patched_calls(nnx.iter_modules(module) if active() else ()):
+      outputs = module(select_inputs(batch, self.inputs), **kwargs)
     _, _, _, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
     return outputs, (_pure(rest) if train else model_state)
 

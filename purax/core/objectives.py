@@ -49,6 +49,7 @@ Errors name the broken part of the contract (:class:`ContractError`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping
 
 import jax
@@ -57,7 +58,7 @@ import numpy as np
 
 from purax.core import losses
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ContractError, expect
+from purax.core.errors import ConfigError, ContractError, expect
 
 PyTree = Any
 
@@ -284,6 +285,33 @@ def regression(predictions, batch, hparams):
   return losses.mean_squared_error(predictions, y), _weight(batch, 1, jnp.shape(y)), {}
 
 
+def _language_model(logits, batch, hparams, z_loss: float | None = None):
+  """:func:`language_model`'s body; ``z_loss``: add ``z_loss * log(Z)**2``."""
+  expect(hasattr(logits, 'shape') and jnp.ndim(logits) == 3, 'model outputs',
+         '[batch, seq, vocab] logits', _describe(logits))
+  y = _labels(batch, logits, expect_shape=jnp.shape(logits)[:2], what='next-token ids')
+  expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
+         'an integer dtype (token ids)', jnp.result_type(y))
+  weight = _weight(batch, 2, y.shape)
+  # The loss, the plain NLL and the accuracy (label logit == max; ties count)
+  # from one shifted copy of the logits: no argmax pass.
+  if z_loss is None:
+    values, nll, correct = losses.token_losses(logits, y, hparams['label_smoothing'])
+  else:
+    values, nll, correct, log_z = losses.token_losses(logits, y, hparams['label_smoothing'],
+                                                      log_z=True)
+    z = z_loss * jnp.square(log_z)
+    values = values + z
+  token_weight = (jnp.ones(y.shape, jnp.float32) if weight is None else
+                  jnp.broadcast_to(jnp.reshape(weight, weight.shape + (1,) * (2 - weight.ndim)),
+                                   y.shape).astype(jnp.float32))
+  metrics = {'accuracy': correct, 'bits_per_byte': nll / jnp.log(2.0),
+             'tokens': metrics_lib.Sum.of(token_weight)}
+  if z_loss is not None:
+    metrics['z_loss'] = z
+  return values, weight, metrics
+
+
 @loss_function(hparams={'label_smoothing': 0.0}, check_values=_check_language_model)
 def language_model(logits, batch, hparams):
   """Per-token cross-entropy of next-token logits, in float32.
@@ -299,21 +327,55 @@ def language_model(logits, batch, hparams):
     (the next token's logit is the largest; a tie for the largest counts),
     ``bits_per_byte`` (the plain negative log-likelihood / ln 2, without label
     smoothing: bits per token, per byte for byte-level data), ``tokens``.
+    With a z-loss, :func:`language_model_loss`.
   """
-  expect(hasattr(logits, 'shape') and jnp.ndim(logits) == 3, 'model outputs',
-         '[batch, seq, vocab] logits', _describe(logits))
-  y = _labels(batch, logits, expect_shape=jnp.shape(logits)[:2], what='next-token ids')
-  expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
-         'an integer dtype (token ids)', jnp.result_type(y))
-  weight = _weight(batch, 2, y.shape)
-  # The loss, the plain NLL and the accuracy (label logit == max; ties count)
-  # from one shifted copy of the logits: no argmax pass.
-  values, nll, correct = losses.token_losses(logits, y, hparams['label_smoothing'])
-  token_weight = (jnp.ones(y.shape, jnp.float32) if weight is None else
-                  jnp.broadcast_to(jnp.reshape(weight, weight.shape + (1,) * (2 - weight.ndim)),
-                                   y.shape).astype(jnp.float32))
-  return values, weight, {'accuracy': correct, 'bits_per_byte': nll / jnp.log(2.0),
-                          'tokens': metrics_lib.Sum.of(token_weight)}
+  return _language_model(logits, batch, hparams)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LanguageModelZLoss:
+  """:func:`language_model` plus the z-loss (see :func:`language_model_loss`);
+  frozen and compared by value, so a Task holding it stays a static jit argument."""
+
+  z_loss: float
+  loss_spec = language_model.loss_spec
+
+  def __call__(self, logits, batch, hparams):
+    return _language_model(logits, batch, hparams, self.z_loss)
+
+
+def language_model_loss(*, z_loss: float = 0.0) -> Callable:
+  """The language-model loss (:func:`language_model`), with an optional z-loss.
+
+  The z-loss adds ``z_loss * log(Z)**2`` to every token's loss, ``Z`` the
+  softmax normalizer (``sum(exp(logits))`` over the vocabulary): it keeps
+  ``log Z`` near 0, which steadies training of large language models (PaLM,
+  Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways",
+  sec. 5, used ``1e-4``; MaxText's ``z_loss_multiplier``). The added term is
+  logged as the metric ``z_loss`` (per token, weighted); ``bits_per_byte``
+  stays the plain negative log-likelihood.
+
+  Args:
+    z_loss: the multiplier, >= 0 and finite; 0 returns :func:`language_model`
+      itself (the same program as without the option).
+
+  Returns:
+    A loss function of the contract (``(logits [batch, seq, vocab], batch,
+    hparams) -> (values [batch, seq], weight, metrics)``), hashable and
+    compared by value.
+
+  Raises:
+    ConfigError: ``z_loss`` negative, not finite or not a number.
+
+  Example::
+
+    task = purax.Task(model=purax.nn.DecoderLM(vocab_size=256), tx=optax.adam(1e-3),
+                      loss=purax.objectives.language_model_loss(z_loss=1e-4))
+  """
+  expect(isinstance(z_loss, (int, float)) and not isinstance(z_loss, bool)
+         and math.isfinite(z_loss) and z_loss >= 0, 'z_loss', 'a finite number >= 0',
+         repr(z_loss), ConfigError)
+  return language_model if z_loss == 0 else _LanguageModelZLoss(float(z_loss))
 
 
 #: The provided objectives by name (what a data set names as its loss).

@@ -35,6 +35,10 @@ class TrainState(struct.PyTreeNode):
       ``{'label_smoothing': 0.1}``; arrays so that they can be vmapped.
     loss_scale: dynamic loss-scale state (:class:`purax.core.loss_scale.LossScale`)
       when the task scales the loss (float16), else ``None`` (no leaves).
+    spike_window: the loss-spike guard's recent history
+      (:class:`purax.core.spikes.SpikeWindow`) when the task has a
+      ``spike_guard``, else ``None`` (no leaves: a state without one, and a
+      checkpoint written before the guard existed, have the same leaves).
   """
 
   step: jax.Array
@@ -44,6 +48,7 @@ class TrainState(struct.PyTreeNode):
   rng: jax.Array
   hparams: PyTree
   loss_scale: PyTree = None
+  spike_window: PyTree = None
 
   def step_key(self) -> jax.Array:
     """The typed PRNG key of the current step: ``fold_in(rng, step)``."""

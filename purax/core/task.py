@@ -51,6 +51,7 @@ import optax
 from purax.core import loss_scale as loss_scale_lib
 from purax.core import objectives
 from purax.core import update
+from purax.core.spikes import SpikeGuard
 from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.model import Model, as_model, select_inputs, takes_hparams
 from purax.core.state import TrainState
@@ -138,6 +139,10 @@ class Task:
       samples), when they are not the params trained: a schedule-free
       optimizer's average (:func:`purax.core.optimizers.schedule_free_eval_params`),
       or your own function of the state. ``None``: ``state.params``.
+    spike_guard: a :class:`purax.core.spikes.SpikeGuard`: also skip (and
+      count, ``metrics['spikes']``) updates whose loss or gradient norm is a
+      spike above the recent history kept in ``state.spike_window``;
+      ``None`` (the default): off, and the step is the program it is without it.
 
   Raises:
     ConfigError: at construction, a value of the wrong kind (``tx`` not an
@@ -154,6 +159,7 @@ class Task:
   skip_nonfinite: bool = True
   loss_scale: float | None = None
   eval_params: Callable | None = None
+  spike_guard: SpikeGuard | None = None
   pure_model: Model = dataclasses.field(init=False, compare=False, hash=False, repr=False)
 
   def __post_init__(self):
@@ -172,6 +178,8 @@ class Task:
            'None or a function state -> params (e.g. '
            'purax.core.optimizers.schedule_free_eval_params)',
            type(self.eval_params).__name__, ConfigError)
+    expect_kind(self.spike_guard, 'spike_guard', (SpikeGuard, type(None)),
+                'None or a purax.SpikeGuard(window, k)')
     expect(callable(self.loss), 'loss', 'a function (outputs, batch, hparams) -> (values, '
            'weight, metrics)', type(self.loss).__name__, ConfigError)
     expect(not (self.couples_examples and self.microbatches > 1), 'microbatches',
@@ -260,6 +268,7 @@ class Task:
         hparams=self.default_hparams(),
         loss_scale=(None if self.loss_scale is None
                     else loss_scale_lib.LossScale.create(self.loss_scale)),
+        spike_window=None if self.spike_guard is None else self.spike_guard.init(),
     )
     self.check_batch(batch, state)   # a trace only: nothing is computed
     return state
@@ -346,7 +355,8 @@ class Task:
   @property
   def settings(self) -> update.Settings:
     """What :mod:`purax.core.update` needs of this task besides the loss and ``tx``."""
-    return update.Settings(self.microbatches, self.skip_nonfinite, self.couples_examples)
+    return update.Settings(self.microbatches, self.skip_nonfinite, self.couples_examples,
+                           self.spike_guard)
 
   def _train_loss(self, params, model_state, batch, key, hparams):
     return self.compute_loss(params, model_state, batch, key, hparams=hparams, train=True)

@@ -37,6 +37,11 @@ microbatches, loss-scaled, summed across devices), then a guarded update.
   ``metrics['skipped']``; its loss metrics are zeroed so the window's
   averages stay finite. ``state.step`` still advances: it counts steps taken
   (batches consumed, the data position). The loss scale, if any, is halved.
+- Spike guard (``Settings.spike_guard``, off by default): a finite update
+  whose loss or gradient norm is a spike above ``state.spike_window``
+  (:mod:`purax.core.spikes`) is skipped through the same branch, counted in
+  ``metrics['spikes']`` (its loss metrics zeroed likewise); the window
+  records the step's values either way.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from purax.core import loops
 from purax.core import metrics as metrics_lib
 from purax.core import optim
 from purax.core.errors import ConfigError, DataError, expect
+from purax.core.spikes import SpikeGuard
 from purax.core.state import TrainState
 
 #: ``loss_fn(params, model_state, batch, key, hparams) -> (loss, aux)``: the
@@ -71,11 +77,13 @@ class Settings:
     microbatches: split each batch into this many microbatches (>= 1).
     skip_nonfinite: the non-finite guard.
     couples_examples: the loss couples examples (refused under ``axis_name``).
+    spike_guard: the loss-spike guard (:mod:`purax.core.spikes`), or None.
   """
 
   microbatches: int = 1
   skip_nonfinite: bool = True
   couples_examples: bool = False
+  spike_guard: SpikeGuard | None = None
 
 
 def _split(batch, k: int):
@@ -278,7 +286,9 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
     return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                          model_state=model_state, opt_state=opt_state)
 
-  guard = settings.skip_nonfinite or state.loss_scale is not None or frozen is not None
+  spikes = settings.spike_guard
+  guard = (settings.skip_nonfinite or state.loss_scale is not None or frozen is not None
+           or spikes is not None)
   if not guard:
     return apply(state), metrics
   # Any NaN or inf in any gradient makes their global norm non-finite (the
@@ -302,6 +312,10 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
     return tuple(getattr(state, f) for f in fields)
 
   take = finite if frozen is None else finite & jnp.logical_not(frozen)
+  if spikes is not None:   # the spike guard skips through the same branch
+    spike, window = spikes.check(state.spike_window, metrics['loss'].total
+                                 / jnp.maximum(metrics['loss'].count, 1e-12), grad_norm)
+    take = take & jnp.logical_not(spike)
   new_state = state.replace(step=state.step + 1,
                             **dict(zip(fields, jax.lax.cond(take, updated, kept, state))))
   # A skipped update counts in 'skipped' and nowhere else (its loss metrics
@@ -313,6 +327,13 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
   metrics = jax.tree.map(lambda x: jnp.where(take, x, jnp.zeros_like(x)), metrics)
   metrics['skipped'] = metrics_lib.Sum.of(skipped)
   metrics['skip_streak'] = metrics_lib.Streak.of(skipped)
+  if spikes is not None:
+    if frozen is not None:
+      spike = spike & jnp.logical_not(frozen)
+      window = jax.tree.map(lambda new, old: jnp.where(frozen, old, new), window,
+                            state.spike_window)
+    new_state = new_state.replace(spike_window=window)
+    metrics['spikes'] = metrics_lib.Sum.of(spike)
   if state.loss_scale is not None:
     scale = state.loss_scale.update(finite)
     if frozen is not None:

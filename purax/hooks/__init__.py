@@ -21,8 +21,8 @@ A hook is any object with
 and optionally
 
 - ``order``: hooks run in increasing ``order`` (default 0; the loop's own:
-  :class:`Log` -20, :class:`NonFiniteStreak` -15, :class:`Evaluate` -10,
-  :class:`Stop` 10, :class:`Checkpoint` 20, :class:`Progress` 30,
+  :class:`Log` -20, :class:`NonFiniteReplay` -16, :class:`NonFiniteStreak` -15,
+  :class:`Evaluate` -10, :class:`Stop` 10, :class:`Checkpoint` 20, :class:`Progress` 30,
   :class:`Profile` 100), so a user hook sees this step's logs and evaluation
   and its state is in this step's checkpoint;
 - ``name``: its key in the checkpoint (default: the class name); ``option``:
@@ -39,7 +39,7 @@ and optionally
   end, however it ends (:class:`Loop`).
 
 Provided: the loop's own (:class:`Log`, :class:`Evaluate`,
-:class:`NonFiniteStreak`, :class:`Stop`, :class:`Checkpoint`,
+:class:`NonFiniteReplay`, :class:`NonFiniteStreak`, :class:`Stop`, :class:`Checkpoint`,
 :class:`Progress`, :class:`Profile`; :func:`standard` builds them) and the
 library (:class:`EarlyStopping`, :class:`PopulationEarlyStopping`,
 :class:`PBT`, :class:`EMA`, :class:`Histograms`).
@@ -97,4 +97,5 @@ from purax.hooks.library import Histograms as Histograms
 from purax.hooks.library import PopulationEarlyStopping as PopulationEarlyStopping
 from purax.hooks.library import scores as scores
 from purax.hooks.loop import Loop as Loop
+from purax.hooks.nonfinite import NonFiniteReplay as NonFiniteReplay
 from purax.hooks.loop import due as due

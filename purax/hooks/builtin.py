@@ -15,6 +15,7 @@ import numpy as np
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, NonFiniteError, expect, expect_kind
 from purax.hooks.loop import due
+from purax.hooks.nonfinite import NonFiniteReplay
 from purax.io import profile as profile_lib
 from purax.io import progress as progress_lib
 from purax.io.checkpoint.run import checkpoint_extra, checkpoint_tree
@@ -287,7 +288,8 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
              should_stop: Callable[[], bool] | None = None, stop_every: int | None = None,
              max_consecutive_skips: int | None = 10, progress: bool = True,
              profile: tuple[int, int] | None = None, profile_dir: str | None = None,
-             profile_memory: bool = False) -> list:
+             profile_memory: bool = False, replay_dir: str | None = None,
+             debug_nans: bool = False) -> list:
   """The loop's usual hooks from the familiar options:
   ``fit(task, state, data, hooks=purax.hooks.standard(eval_data=test, log_every=10))``.
 
@@ -303,6 +305,11 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
     progress: :class:`Progress` (False: no such hook).
     profile: ``(start, stop)`` of :class:`Profile`, written to ``profile_dir``.
     profile_memory: the profile also writes a device memory profile.
+    replay_dir: where :class:`purax.hooks.NonFiniteReplay` (always one of the
+      hooks: it costs nothing while every update is finite) saves a skipped
+      update it replays (None: reported, not saved).
+    debug_nans: replay every skipped update at its step (one host read per
+      step) rather than the streaks that end a log window.
 
   Returns:
     A list of hooks (``fit`` runs them in their ``order``).
@@ -310,7 +317,8 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
   Raises:
     ConfigError: an option out of range (named).
   """
-  for name, value in (('progress', progress), ('profile_memory', profile_memory)):
+  for name, value in (('progress', progress), ('profile_memory', profile_memory),
+                      ('debug_nans', debug_nans)):
     expect_kind(value, name, (bool, np.bool_), 'a bool')
   if profile is not None:
     expect(isinstance(profile, (tuple, list)) and len(profile) == 2
@@ -324,6 +332,7 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
   else:
     expect(isinstance(eval_every, int) and eval_every >= 0, 'eval_every', '>= 0', eval_every,
            ConfigError)
+  hooks.append(NonFiniteReplay(log_every, directory=replay_dir, every_step=debug_nans))
   if max_consecutive_skips is not None:
     hooks.append(NonFiniteStreak(max_consecutive_skips, log_every))
   if should_stop is not None:

@@ -86,6 +86,10 @@ class Loop:
       (the hooks' ``alone``).
     fresh_batches: the data's batches need no private copy
       (:func:`purax.loop.holds_its_batches`).
+    source: the training data as ``fit`` reads it: ``source.batch(step)`` is a
+      past step's host batch (read again from a random-access source; from
+      an iterable only when kept, ``source.keep(n)`` in a hook's ``start``),
+      or None.
   """
 
   task: Any
@@ -110,6 +114,7 @@ class Loop:
   began: float | None = None
   ranges: list = dataclasses.field(default_factory=list)
   fresh_batches: bool = False
+  source: Any = None
 
   def hook_seconds(self) -> float:
     """Seconds spent in the hooks since ``fit`` started, up to now."""

@@ -42,6 +42,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from purax.core.intercept import active, patched_calls
 from purax.core.model import Inputs, select_inputs
 
 
@@ -93,15 +94,33 @@ class Equinox:
     def call(xi, ki, st):
       kwargs = {} if ki is None else {'key': ki}
       return model(xi, st, **kwargs) if stateful else (model(xi, **kwargs), st)
-    if not self.per_example:
-      return call(x, key, model_state)
-    n = jax.tree.leaves(x)[0].shape[0]
-    keys = (jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
-            if key is not None else None)
-    # The state goes in unbatched and comes out unbatched: BatchNorm reduces
-    # its statistics over the vmapped axis (axis_name), so they are the batch's.
-    return jax.vmap(call, in_axes=(0, None if keys is None else 0, None),
-                    out_axes=(0, None), axis_name=self.axis_name)(x, keys, model_state)
+    with patched_calls(_modules(model) if active() else ()):
+      if not self.per_example:
+        return call(x, key, model_state)
+      n = jax.tree.leaves(x)[0].shape[0]
+      keys = (jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
+              if key is not None else None)
+      # The state goes in unbatched and comes out unbatched: BatchNorm reduces
+      # its statistics over the vmapped axis (axis_name), so they are the batch's.
+      return jax.vmap(call, in_axes=(0, None if keys is None else 0, None),
+                      out_axes=(0, None), axis_name=self.axis_name)(x, keys, model_state)
+
+
+def _modules(node, path=()):
+  """``(path, module)`` of every ``eqx.Module`` in ``node`` (fields, lists,
+  tuples, dicts), the root's path ``()``: what :func:`patched_calls` intercepts."""
+  import equinox as eqx
+  if isinstance(node, eqx.Module):
+    yield path, node
+    children = [(f.name, getattr(node, f.name, None)) for f in dataclasses.fields(node)]
+  elif isinstance(node, (list, tuple)):
+    children = list(enumerate(node))
+  elif isinstance(node, dict):
+    children = list(node.items())
+  else:
+    return
+  for name, child in children:
+    yield from _modules(child, (*path, name))
 
 
 def _split(built):

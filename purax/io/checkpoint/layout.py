@@ -4,6 +4,7 @@ checkpoint is restored onto."""
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import reprlib
 from typing import Any, Mapping
@@ -114,6 +115,50 @@ def unstorable(stored: PyTree, abstract: PyTree) -> PyTree:
   return jax.tree.map(
       lambda s, a: jax.random.wrap_key_data(s, impl=key_impl(a)) if is_typed_key(a) else s,
       stored, abstract)
+
+
+# -- fields added since a checkpoint was written ---------------------------------
+
+
+def _data_fields(node) -> list[str] | None:
+  """The pytree fields of a dataclass node (a flax struct), or None for any other node."""
+  if not dataclasses.is_dataclass(node) or isinstance(node, type):
+    return None
+  return [f.name for f in dataclasses.fields(node) if f.metadata.get('pytree_node', True)]
+
+
+def without_absent_fields(target: PyTree, saved) -> PyTree:
+  """``target`` for a checkpoint written before some of its ``None`` fields
+  existed (:attr:`purax.TrainState.spike_window`): each dataclass node with a
+  ``None`` field that ``saved`` (the stored tree's metadata, nested mappings)
+  lacks becomes a dict of its other fields, as orbax's structure check wants.
+  :func:`with_absent_fields` undoes it after the restore. The leaves and
+  their order are unchanged: a ``None`` field holds none."""
+  fields = _data_fields(target)
+  if fields is not None and isinstance(saved, Mapping):
+    values = {f: getattr(target, f) for f in fields}
+    absent = {f for f, v in values.items() if v is None and f not in saved}
+    children = {f: without_absent_fields(v, saved.get(f)) for f, v in values.items()
+                if f not in absent}
+    return children if absent else target.replace(**children)
+  if isinstance(target, Mapping) and isinstance(saved, Mapping):
+    return type(target)((k, without_absent_fields(v, saved.get(k))) for k, v in target.items())
+  return target
+
+
+def with_absent_fields(restored: PyTree, target: PyTree) -> PyTree:
+  """The inverse of :func:`without_absent_fields`: ``restored`` in ``target``'s
+  structure (its absent fields ``None`` again)."""
+  fields = _data_fields(target)
+  if fields is not None and isinstance(restored, Mapping):
+    return target.replace(**{f: with_absent_fields(restored[f], getattr(target, f))
+                             for f in fields if f in restored})
+  if fields is not None:
+    return target.replace(**{f: with_absent_fields(getattr(restored, f), getattr(target, f))
+                             for f in fields})
+  if isinstance(target, Mapping) and isinstance(restored, Mapping):
+    return type(target)((k, with_absent_fields(restored[k], v)) for k, v in target.items())
+  return restored
 
 
 # -- signatures -----------------------------------------------------------------

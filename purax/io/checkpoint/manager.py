@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers as orbax_policies
 
 from purax.core.errors import expect_kind
@@ -309,21 +310,32 @@ class Checkpointer:
       return reader.restore(os.path.join(self.directory, str(step), 'state'),
                             args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args))
 
+  def _saved_tree(self, step: int):
+    """The stored tree's structure (orbax's metadata: nested mappings), or None
+    when it cannot be read (the restore then says why)."""
+    try:
+      return ocp.StandardCheckpointHandler().metadata(
+          epath.Path(self.directory) / str(step) / 'state').tree
+    except Exception:   # any failure to read it: the restore reports the files' state
+      return None
+
   def _restore_step(self, abstract, step):
     where = f'checkpoint {step} in {self.directory}'
     extra = self._read_extra(step)
     target_signature = layout.signature(abstract)
     if self.verify:
       layout.check_signature(extra['signature'], target_signature, where)
-    target = layout.abstract_storable(abstract)
+    full = layout.abstract_storable(abstract)
+    # A checkpoint written before a None field of the state existed lacks it.
+    target = layout.without_absent_fields(full, self._saved_tree(step))
     try:
-      stored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target)))['state']
+      stored = layout.with_absent_fields(self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target)))['state'], full)
     except Exception as e:   # the files' fault or the target's? Read them bare to tell.
       if integrity.is_io_error(e):
         raise Unreadable(f'{type(e).__name__}: {e}') from e
       try:
-        on_host = self._read_on_host(step, target)
+        on_host = layout.with_absent_fields(self._read_on_host(step, target), full)
       except Exception as bare:   # unreadable even without a target: the files' fault
         raise Unreadable(f'{type(bare).__name__}: {bare}') from e
       if self.verify:
