@@ -1,4 +1,4 @@
-"""``purax train | eval | sweep``: the command line, typed by dataclasses through tyro.
+"""``purax train | eval | sweep | tune lr | ...``: the command line, typed by dataclasses through tyro.
 
 Examples::
 
@@ -14,6 +14,7 @@ Examples::
   purax train --model lm --dataset pystdlib --workdir runs/lm   # byte-level LM
   purax generate --workdir runs/lm --prompt 'def '             # sample from it
   purax plot --workdir runs/mine                # curves.png of a run or a sweep
+  purax tune lr --model cnn --steps 50          # learning-rate range test, one program
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing import Annotated, Literal, Sequence, Union
 
 import tyro
 
-from purax.app import dry_run, plot, rundir, runs, sweep
+from purax.app import dry_run, plot, rundir, runs, sweep, tune
 from purax.app.config import TrainConfig
 from purax.app.sweep import SweepConfig
+from purax.app.tune import RangeConfig
 from purax.core.errors import PuraxError
 from purax.io import signals
 from purax.io.export import FORMATS
@@ -40,6 +42,22 @@ EXPORT_FORMATS = tuple(FORMATS)
 # Flat flags (--model, --steps, --lr) over the nested sections.
 Train = tyro.conf.OmitArgPrefixes[TrainConfig]
 Sweep = tyro.conf.OmitArgPrefixes[SweepConfig]
+Range = tyro.conf.OmitArgPrefixes[RangeConfig]
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneConfig:
+  """Tune a hyperparameter of a purax train job in few compiled programs.
+
+  Attributes:
+    what: the test to run: lr (the learning-rate range test).
+  """
+
+  # A union with a suppressed None (tyro's own idiom for one subcommand).
+  what: Annotated[Union[Annotated[Range, tyro.conf.subcommand(
+      'lr', description='Learning-rate range test: every rate of a log-spaced grid trained '
+      'at once in one compiled program; a plot and a suggested --learning-rate.')],
+                        Annotated[None, tyro.conf.Suppress]], tyro.conf.arg(name='')]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +133,9 @@ Command = Union[
         'generate', description='Sample text from a trained language model.')],
     Annotated[PlotConfig, tyro.conf.subcommand(
         'plot', description="Plot a run's or a sweep's learning curves to a PNG.")],
+    Annotated[tyro.conf.OmitSubcommandPrefixes[TuneConfig], tyro.conf.subcommand(
+        'tune', description='Tune a hyperparameter: `purax tune lr` (the learning-rate '
+        'range test).')],
 ]
 
 
@@ -176,6 +197,10 @@ def _main(argv: list[str]) -> int:
           temperature=command.temperature, seed=command.seed))
     elif isinstance(command, PlotConfig):
       print(json.dumps({'plot': plot.plot(command.workdir, command.out)}))
+    elif isinstance(command, TuneConfig):
+      summary = tune.run(command.what)
+      print(json.dumps({'lr_range': {k: summary[k] for k in ('suggestion', 'rule', 'plot',
+                                                             'flags')}}))
     elif isinstance(command, ExportConfig):
       path = runs.export_run(command.workdir, out=command.out, format=command.format)
       print(json.dumps({'exported': path}))
