@@ -112,6 +112,21 @@ class LRRange:
   rule: str
   suggestion: float
 
+  @classmethod
+  def of(cls, lrs, losses, diverged, *, window: int, rule: Rule = 'steepest') -> 'LRRange':
+    """The curve and the suggestion of per-step losses ``[steps, members]``
+    (NaN once diverged) and the diverged flags ``[members]`` of the rates
+    ``lrs`` (ascending); how :func:`lr_range_test` ends, and how a sweep of
+    separate runs is read the same way (``benchmarks/lr_range.py``).
+
+    Raises:
+      ConfigError: fewer than two rates trained without diverging.
+    """
+    lrs, losses = np.asarray(lrs, np.float32), np.asarray(losses, np.float64)
+    diverged = np.asarray(diverged, bool) | ~np.isfinite(losses).all(axis=0)
+    smoothed = np.where(diverged, np.inf, losses[-window:].mean(axis=0))
+    return cls(lrs, losses, smoothed, diverged, int(window), rule, suggest(lrs, smoothed, rule))
+
   def suggest(self, rule: Rule) -> float:
     """The learning rate ``rule`` suggests from this curve (:func:`suggest`)."""
     return suggest(self.lrs, self.smoothed, rule)
@@ -236,7 +251,5 @@ def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
     gone = np.asarray(flag.total) > 0
     losses.append(np.where(gone, np.nan, value))
     diverged.append(gone)
-  losses = np.stack(losses)
-  diverged = np.stack(diverged).any(axis=0) | ~np.isfinite(losses).all(axis=0)
-  smoothed = np.where(diverged, np.inf, losses[-window:].mean(axis=0))
-  return LRRange(lrs, losses, smoothed, diverged, int(window), rule, suggest(lrs, smoothed, rule))
+  return LRRange.of(lrs, np.stack(losses), np.stack(diverged).any(axis=0), window=window,
+                   rule=rule)
