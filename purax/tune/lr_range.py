@@ -115,9 +115,10 @@ class LRRange:
   @classmethod
   def of(cls, lrs, losses, diverged, *, window: int, rule: Rule = 'steepest') -> 'LRRange':
     """The curve and the suggestion of per-step losses ``[steps, members]``
-    (NaN once diverged) and the diverged flags ``[members]`` of the rates
-    ``lrs`` (ascending); how :func:`lr_range_test` ends, and how a sweep of
-    separate runs is read the same way (``benchmarks/lr_range.py``).
+    of the rates ``lrs`` (ascending); a member with a non-finite loss, or
+    flagged in ``diverged`` (``[members]``), counts as diverged. How
+    :func:`lr_range_test` ends, and how a sweep of separate runs is read the
+    same way (``benchmarks/lr_range.py``).
 
     Raises:
       ConfigError: fewer than two rates trained without diverging.
@@ -243,13 +244,9 @@ def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
     with host_batch_transfer():
       pop, acc = pop_lib.train_step(task, pop, metrics_lib.zeros_like(abstract), batch,
                                     strategy=strategy)
-    windows.append((acc['loss'], acc['diverged']))
-  losses, diverged = [], []
-  for loss, flag in jax.device_get(windows):
-    count = np.asarray(loss.count, np.float64)
-    value = np.asarray(loss.total, np.float64) / np.where(count > 0, count, np.nan)
-    gone = np.asarray(flag.total) > 0
-    losses.append(np.where(gone, np.nan, value))
-    diverged.append(gone)
-  return LRRange.of(lrs, np.stack(losses), np.stack(diverged).any(axis=0), window=window,
-                   rule=rule)
+    windows.append(acc['loss'])
+  # A member frozen by a non-finite update counts nothing from that step on
+  # (its metrics are zero): its loss is NaN there, and it counts as diverged.
+  losses = [np.asarray(loss.total, np.float64) / np.where(loss.count > 0, loss.count, np.nan)
+            for loss in jax.device_get(windows)]
+  return LRRange.of(lrs, np.stack(losses), np.zeros(len(lrs), bool), window=window, rule=rule)
