@@ -33,7 +33,8 @@ def parse_bytes(text: str | int, field: str = 'memory_budget') -> int:
   if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
     value = float(text)
   else:
-    m = re.fullmatch(r'\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*', str(text))
+    m = re.fullmatch(r'\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*',
+                     str(text))
     unit = m.group(2).lower() if m else None
     expect(m is not None and unit in units, field,
            "a size such as '8GiB', '512MiB', '2GB' or a number of bytes", repr(text),

@@ -216,7 +216,7 @@ def test_budgets_read_in_words(text, want):
   assert budget_lib.parse_bytes(text) == want
 
 
-@pytest.mark.parametrize('text', ['8 parsecs', '-1GiB', '0', 'GiB', True])
+@pytest.mark.parametrize('text', ['8 parsecs', '-1GiB', '0', 'GiB', '1.2.3', True])
 def test_a_bad_budget_is_named(text):
   with pytest.raises(purax.ConfigError, match='memory_budget: expected'):
     budget_lib.parse_bytes(text)

@@ -88,6 +88,7 @@ def test_a_member_that_diverges_is_left_out_of_the_curve():
     ([2.3, 2.2, 1.0, 0.5, 0.4, np.inf], 'steepest', 1e-3),   # from 2.2 to 0.5 around 1e-3
     ([2.3, 2.2, 1.0, 0.5, 0.4, np.inf], 'minimum', 1e-1 / 10),
     ([2.3, 2.2, 1.0, 0.5, 3.0, 9.0], 'steepest', 1e-3),      # the rise after the minimum ignored
+    ([2.3, 2.25, 2.2, 0.3, 0.9, np.inf], 'steepest', 1e-3),  # the minimum ends the descent
     ([0.5, 0.9, 2.0, np.inf, np.inf, np.inf], 'steepest', 1e-5),   # the grid starts too high
     ([np.nan, 2.3, 1.0, 0.2, 0.9, np.inf], 'steepest', 1e-4),   # NaN: diverged
     ([2.3, 0.4, 1.0, 3.0, np.inf, np.inf], 'steepest', 1e-5),   # nothing below the best but one
