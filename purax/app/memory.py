@@ -54,7 +54,7 @@ def fit_config(config: TrainConfig, *, stream: TextIO | None) -> tuple[TrainConf
 
   Args:
     config: a validated, resolved config with ``--fit-memory``.
-    stream: where the candidate table goes (None: not printed).
+    stream: where the candidate table goes; None: nowhere (not process 0).
 
   Raises:
     OutOfMemoryError: no candidate fits the budget (the smallest is named).
@@ -68,6 +68,7 @@ def fit_config(config: TrainConfig, *, stream: TextIO | None) -> tuple[TrainConf
             else parse_bytes(config.run.memory_budget, 'memory_budget'))
   try:
     fit = fit_memory(task, sample, mesh=mesh, budget_bytes=budget, stream=stream,
+                     quiet=stream is None,
                      **choices(config))
   except OutOfMemoryError as e:   # named by the command line's option
     raise OutOfMemoryError(str(e).replace('budget_bytes:', 'memory_budget:', 1)) from None

@@ -219,7 +219,7 @@ def fastest(rows: Sequence[Row]) -> Row:
 def fit_memory(task: Task, batch, *, mesh: Mesh | None = None, budget_bytes: int | None = None,
                remat: Sequence[str] | None = None, microbatches: Sequence[int] | None = None,
                precision: Sequence[str] | None = None,
-               stream: TextIO | None = sys.stdout) -> MemoryFit:
+               stream: TextIO | None = None, quiet: bool = False) -> MemoryFit:
   """The fastest configuration of ``task``'s step that fits ``budget_bytes``.
 
   Compiles candidates (module doc), never runs a step; prints the table of
@@ -243,7 +243,8 @@ def fit_memory(task: Task, batch, *, mesh: Mesh | None = None, budget_bytes: int
       couples examples: the module doc).
     precision: policies the caller allows (``('fp32', 'bf16')``); default
       only the model's own.
-    stream: where the table goes; None: not printed.
+    stream: where the table goes (default ``sys.stdout``).
+    quiet: print nothing.
 
   Returns:
     A :class:`MemoryFit`: the chosen candidate, its task and mesh, the table.
@@ -255,7 +256,7 @@ def fit_memory(task: Task, batch, *, mesh: Mesh | None = None, budget_bytes: int
 
   Example::
 
-    fit = fit_memory(task, batch, budget_bytes=parse_bytes('2GiB'),
+    fit = fit_memory(task, batch, budget_bytes=purax.plan.budget.parse_bytes('2GiB'),
                      remat=('none', 'full'), microbatches=(1, 2, 4))
     print(fit.chosen)                  # remat=full microbatches=2
   """
@@ -295,8 +296,8 @@ def fit_memory(task: Task, batch, *, mesh: Mesh | None = None, budget_bytes: int
     rows.append(Row(c, cost, trips, cost['peak_bytes'] <= budget_bytes))
   fitting = [r for r in rows if r.fits]
   if not fitting:
-    if stream is not None:
-      print(format_table(rows, budget_bytes, source, None), file=stream)
+    if not quiet:
+      print(format_table(rows, budget_bytes, source, None), file=stream or sys.stdout)
     smallest = min((r for r in rows if r.peak_bytes is not None), key=lambda r: r.peak_bytes,
                    default=None)
     need = ('none compiled' if smallest is None else
@@ -310,8 +311,8 @@ def fit_memory(task: Task, batch, *, mesh: Mesh | None = None, budget_bytes: int
   best = fastest(fitting)
   fit = MemoryFit(best.candidate, best.candidate.task(task), best.candidate.mesh(mesh),
                   budget_bytes, source, tuple(rows))
-  if stream is not None:
-    print(fit.table(), file=stream)
+  if not quiet:
+    print(fit.table(), file=stream or sys.stdout)
   return fit
 
 
@@ -321,8 +322,8 @@ def format_table(rows: Sequence[Row], budget_bytes: int, source: str,
   human = summary_lib.human_bytes
   width = max(len('candidate'), *(len(str(r.candidate)) for r in rows))
   lines = [f'fit_memory: budget {human(budget_bytes)} per device ({source})',
-           f"{'candidate':<{width}}  {'fits':>4}  {'peak':>10}  {'GFLOP':>9}  "
-           f"{'accessed':>10}"]
+           f"{'candidate':<{width}}  {'fits':>4}  {'peak':>10}  {'est. GFLOP':>10}  "
+           f"{'est. accessed':>13}"]
   for r in rows:
     if r.cost is None:
       lines.append(f"{str(r.candidate):<{width}}  {'-':>4}  {r.note}")
@@ -330,7 +331,7 @@ def format_table(rows: Sequence[Row], budget_bytes: int, source: str,
     flops = '?' if r.flops is None else f'{r.flops / 1e9:.4g}'
     accessed = '?' if r.bytes_accessed is None else human(r.bytes_accessed)
     lines.append(f"{str(r.candidate):<{width}}  {'yes' if r.fits else 'no':>4}  "
-                 f"{human(r.peak_bytes):>10}  {flops:>9}  {accessed:>10}"
+                 f"{human(r.peak_bytes):>10}  {flops:>10}  {accessed:>13}"
                  + (f'  {r.note}' if r.note else ''))
   if chosen is None:
     lines.append('chose: nothing fits')
@@ -393,7 +394,7 @@ def out_of_memory_message(task: Task, batch, *, mesh=None, budget_bytes=None, sp
         source = f'below the {human(failed)} of the step that failed'
     else:
       source = 'given'
-    fit = fit_memory(task, batch, mesh=mesh, budget_bytes=budget_bytes, stream=None,
+    fit = fit_memory(task, batch, mesh=mesh, budget_bytes=budget_bytes, quiet=True,
                      **choices)
   except OutOfMemoryError as e:
     return f'{head}; no configuration found that fits: {e}'
