@@ -1,4 +1,4 @@
-"""``purax train | eval | sweep | tune lr | ...``: the command line, typed by dataclasses through tyro.
+"""``purax train | eval | sweep | tune lr | ...``: the command line, typed through tyro.
 
 Examples::
 

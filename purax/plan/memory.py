@@ -70,7 +70,6 @@ import sys
 from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
 from purax import parallel
