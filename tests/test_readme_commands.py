@@ -37,10 +37,11 @@ def test_load_predict_snippet_runs_as_written(tmp_path, monkeypatch):
   assert np.asarray(scope['logits']).shape == (5, 10)
 
 
-@pytest.mark.parametrize('command', ['train', 'sweep', 'eval', 'export', 'plot', 'generate'])
+@pytest.mark.parametrize('command', ['train', 'sweep', 'eval', 'export', 'plot', 'generate',
+                                     'tune lr'])
 def test_help_states_each_default_once(command, capsys):
   with pytest.raises(SystemExit) as e:
-    cli.main([command, '--help'])
+    cli.main([*command.split(), '--help'])
   assert e.value.code == 0
   text = re.sub(r'[│╭╰─╮╯]', ' ', capsys.readouterr().out)
   options = re.split(r'\n\s*(?=--)', text)     # one chunk per option

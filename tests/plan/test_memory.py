@@ -95,6 +95,7 @@ def test_a_roomy_budget_keeps_the_default_and_compiles_it_alone(lm):
   peaks, batches, *_ = lm
   result, table = fit(LM, batches[0], 10 * peaks[Candidate('none', 1)], **LM_CHOICES)
   assert result.chosen == Candidate('none', 1) and result.task.microbatches == 1
+  assert result.row.peak_bytes <= result.budget_bytes
   assert [r.cost is not None for r in result.rows] == [True, False, False, False]
   assert table.count('not compiled: remat=none microbatches=1 fits with less work') == 3
   assert 'chose: remat=none microbatches=1' in table
@@ -158,6 +159,7 @@ def test_the_resnet_on_a_mesh_chooses_fsdp_at_a_tight_budget_and_trains_as_data_
   assert peaks[fsdp] < peaks[dp]
   roomy, _ = fit(RESNET, batches[0], 2 * peaks[dp], mesh=mesh, **RESNET_CHOICES)
   assert roomy.chosen == dp and dict(roomy.mesh.shape)['data'] == 8
+  assert roomy.row.peak_bytes <= roomy.budget_bytes
   tight, table = fit(RESNET, batches[0], (peaks[fsdp] + peaks[dp]) // 2, mesh=mesh,
                      **RESNET_CHOICES)
   assert tight.chosen == fsdp and tight.row.peak_bytes <= tight.budget_bytes
