@@ -14,6 +14,7 @@ from purax import nn as nn
 from purax.core import ConfigError as ConfigError
 from purax.core import ContractError as ContractError
 from purax.core import DataError as DataError
+from purax.core import OutOfMemoryError as OutOfMemoryError
 from purax.core import Functions as Functions
 from purax.core import Linen as Linen
 from purax.core import Model as Model

@@ -1,6 +1,6 @@
 """The import direction of the package (DESIGN.md "Layout"): core imports
 nothing else of purax; nn only core; io and parallel only core, io and
-parallel; hooks, plan and loop never the application layer; nothing imports it."""
+parallel; hooks, plan, loop and tune never the application layer; nothing imports it."""
 
 import ast
 import pathlib
@@ -18,6 +18,7 @@ ALLOWED = {
     'hooks': {'core', 'io', 'parallel'},
     'plan': {'core', 'io', 'parallel'},
     'loop': {'core', 'io', 'parallel', 'hooks', 'plan'},
+    'tune': {'core', 'io', 'parallel', 'hooks', 'plan', 'loop'},
     'testing': {'core', 'io', 'parallel', 'nn', 'plan', 'hooks', 'loop'},
 }
 

@@ -53,10 +53,11 @@ def test_python_api_block_runs_as_written(capsys):
   assert 'label_smoothing' in scope['state'].hparams
 
 
-@pytest.mark.parametrize('command', ['train', 'sweep', 'eval', 'export', 'plot', 'generate'])
+@pytest.mark.parametrize('command', ['train', 'sweep', 'eval', 'export', 'plot', 'generate',
+                                     'tune lr'])
 def test_help_states_each_default_once(command, capsys):
   with pytest.raises(SystemExit) as e:
-    cli.main([command, '--help'])
+    cli.main([*command.split(), '--help'])
   assert e.value.code == 0
   text = re.sub(r'[│╭╰─╮╯]', ' ', capsys.readouterr().out)
   options = re.split(r'\n\s*(?=--)', text)     # one chunk per option

@@ -1,4 +1,4 @@
-"""``purax train | eval | sweep``: the command line, typed by dataclasses through tyro.
+"""``purax train | eval | sweep | tune lr | ...``: the command line, typed through tyro.
 
 Examples (each line is parsed and validated by ``tests/test_docs.py``):
 
@@ -14,9 +14,11 @@ Examples (each line is parsed and validated by ``tests/test_docs.py``):
   purax sweep --lr 1e-4,3e-4,1e-3 --seeds 0,1,2       # 9 runs, one program
   purax sweep --lr loguniform:1e-5:1e-2 --members 16
   purax train --model lm --dataset pystdlib --workdir runs/lm   # byte-level LM
+  purax train --model lm --fit-memory --memory-budget 8GiB     # remat/microbatches that fit
   purax generate --workdir runs/lm --prompt 'def '             # sample from it
   purax plot --workdir runs/mine                # curves.png of a run or a sweep
   purax debug-nan --workdir runs/mine --step 41 # replay a skipped non-finite update
+  purax tune lr --model cnn --steps 50          # learning-rate range test, one program
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from typing import Annotated, Literal, Sequence, Union
 
 import tyro
 
-from purax.app import dry_run, plot, rundir, runs, sweep
+from purax.app import dry_run, plot, rundir, runs, sweep, tune
 from purax.app.config import TrainConfig
 from purax.app.sweep import SweepConfig
+from purax.app.tune import RangeConfig
 from purax.core.errors import PuraxError
 from purax.io import signals
 from purax.io.export import FORMATS
@@ -43,6 +46,22 @@ EXPORT_FORMATS = tuple(FORMATS)
 # Flat flags (--model, --steps, --lr) over the nested sections.
 Train = tyro.conf.OmitArgPrefixes[TrainConfig]
 Sweep = tyro.conf.OmitArgPrefixes[SweepConfig]
+Range = tyro.conf.OmitArgPrefixes[RangeConfig]
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneConfig:
+  """Tune a hyperparameter of a purax train job in few compiled programs.
+
+  Attributes:
+    what: the test to run: lr (the learning-rate range test).
+  """
+
+  # A union with a suppressed None (tyro's own idiom for one subcommand).
+  what: Annotated[Union[Annotated[Range, tyro.conf.subcommand(
+      'lr', description='Learning-rate range test: every rate of a log-spaced grid trained '
+      'at once in one compiled program; a plot and a suggested --learning-rate.')],
+                        Annotated[None, tyro.conf.Suppress]], tyro.conf.arg(name='')]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +154,9 @@ Command = Union[
     Annotated[DebugNanConfig, tyro.conf.subcommand(
         'debug-nan', description='Replay a skipped non-finite update of a run: where its '
         'NaN came from.')],
+    Annotated[tyro.conf.OmitSubcommandPrefixes[TuneConfig], tyro.conf.subcommand(
+        'tune', description='Tune a hyperparameter: `purax tune lr` (the learning-rate '
+        'range test).')],
 ]
 
 
@@ -200,6 +222,10 @@ def _main(argv: list[str]) -> int:
       report, saved = runs.debug_nan_run(command.workdir, command.step)
       print(f'purax: non-finite {report}', file=sys.stderr)
       print(json.dumps({'replayed': report.as_dict(), 'saved': saved}))
+    elif isinstance(command, TuneConfig):
+      summary = tune.run(command.what)
+      print(json.dumps({'lr_range': {k: summary[k] for k in ('suggestion', 'rule', 'plot',
+                                                             'flags')}}))
     elif isinstance(command, ExportConfig):
       path = runs.export_run(command.workdir, out=command.out, format=command.format)
       print(json.dumps({'exported': path}))

@@ -40,9 +40,11 @@ from purax.app.fields import field
 from purax.app.data import INT32_LIMIT, DataConfig
 from purax.app.models import ModelConfig
 from purax.core.errors import ConfigError, expect
+from purax.core.precision import get_policy
 from purax.io import profile
 from purax.io.writers import check_wandb
 from purax.parallel.mesh import parse_mesh
+from purax.plan.budget import parse_bytes
 
 #: The format of ``config.json``: 2 since the sections (1: one flat object).
 FORMAT = 2
@@ -86,6 +88,15 @@ class RunConfig:
     process_id: multi-host: this process's index; only process 0 writes logs.
     dry_run: validate, build and compile the step, print the model summary and
       the step's FLOPs and memory, and exit without training or writing.
+    fit_memory: before a new run starts, compile the step with each remat policy,
+      microbatch count (the batch kept), FSDP layout on --mesh and allowed
+      precision, and train with the fastest that fits --memory-budget
+      (purax.plan.fit_memory; the choice is recorded in config.json and kept on resume).
+    memory_budget: with --fit-memory, the memory per device the step may use,
+      e.g. '8GiB' or '512MiB'; when unset the device's memory less 10% (on a CPU:
+      the host's available memory less 10%).
+    fit_memory_precisions: with --fit-memory, the precision presets it may choose
+      among, e.g. 'fp32,bf16' (they change the computation); when unset only --precision.
     profile: 'START:STOP': a jax.profiler trace of those steps in the run
       directory (tensorboard --logdir, xprof, or perfetto_trace.json.gz).
     profile_memory: with --profile, also write a device memory profile
@@ -117,6 +128,9 @@ class RunConfig:
   num_processes: int | None = field(None, resumable=True)
   process_id: int | None = field(None, resumable=True)
   dry_run: bool = field(False, resumable=True)
+  fit_memory: bool = field(False, resumable=True)
+  memory_budget: str | None = field(None, resumable=True)
+  fit_memory_precisions: str | None = field(None, resumable=True)
   profile: str | None = field(None, resumable=True)
   profile_memory: bool = field(False, resumable=True)
   wandb_project: str | None = field(None, resumable=True)
@@ -158,6 +172,13 @@ class RunConfig:
              '(multi-step calls run on one device)', k, ConfigError)
     if self.mesh is not None:
       parse_mesh(self.mesh)
+    if self.memory_budget is not None:
+      parse_bytes(self.memory_budget, 'memory_budget')
+    for spec in self.precisions() or ():
+      get_policy(spec)
+    for name in ('memory_budget', 'fit_memory_precisions'):
+      expect(getattr(self, name) is None or self.fit_memory, name,
+             'unset unless --fit-memory is set', repr(getattr(self, name)), ConfigError)
     if self.profile is not None:
       start, stop = profile.parse_range(self.profile)
       expect(stop <= self.steps, 'profile', f'a range of steps within --steps={self.steps}',
@@ -169,6 +190,15 @@ class RunConfig:
              repr(self.wandb_project), ConfigError)
       check_wandb('wandb_project')
     return self
+
+  def precisions(self) -> tuple[str, ...] | None:
+    """The precisions ``--fit-memory`` may choose among (None: the model's own)."""
+    if self.fit_memory_precisions is None:
+      return None
+    specs = tuple(p.strip() for p in self.fit_memory_precisions.split(','))
+    expect(all(specs), 'fit_memory_precisions', "preset names such as 'fp32,bf16'",
+           repr(self.fit_memory_precisions), ConfigError)
+    return specs
 
 
 SECTIONS = ('model', 'data', 'optimizer', 'run')

@@ -4,7 +4,10 @@ Validates the config, loads the data, builds the task, traces the state
 (``jax.eval_shape``: nothing is allocated), lowers and compiles the train
 step exactly as the run would (on its mesh when ``--mesh`` is given), prints
 the model summary and the compiled step's FLOPs and memory from XLA's own
-analyses, and returns. No run directory, checkpoint or log is written.
+analyses, and returns. With ``--fit-memory`` (on a new run directory) it
+first fits the step in memory as the run would (:mod:`purax.app.memory`),
+prints the candidate table, and reports the chosen configuration. No run
+directory, checkpoint or log is written.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TextIO
 import jax
 
 from purax.app import job as job_lib
+from purax.app import memory
 from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
 from purax.core import summary as summary_lib
@@ -43,28 +47,42 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
 
   Returns:
     ``{'params', 'state_bytes_per_device', 'flops', 'temp_bytes', ...}``
-    (:func:`purax.core.summary.compiled_cost`).
+    (:func:`purax.core.summary.compiled_cost`), and with ``--fit-memory``
+    ``'fit_memory': {'chosen', 'flags', 'budget_bytes', 'candidates', 'compiled'}``.
 
   Raises:
     ConfigError, DataError: as ``purax train`` would, before compiling;
       also when ``workdir`` holds a run that this config may not resume (a
       field that changes the computation differs from its ``config.json``).
     FileExistsError: ``workdir`` holds something other than a purax run.
+    OutOfMemoryError: with ``--fit-memory``, no candidate fits the budget.
   """
   stream = sys.stdout if stream is None else stream
   config = config.validate().resolved()
+  fitted = None
   if rundir_lib.holds_run(config.run.workdir):
     # The run would resume this directory: the same check it makes.
     config.check_resumable(rundir_lib.read_config(config.run.workdir))
+  elif config.run.fit_memory:
+    config, fitted = memory.fit_config(config, stream=stream)
   job = job_lib.build(config)
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), job.sample)
-  state, acc = job.abstract['state'], job.abstract['train_metrics']
-  lowered = job.plan.lower(state, acc, batch)
-  cost = summary_lib.compiled_cost(lowered.compile())
+  state = job.abstract['state']
+  if fitted is not None:   # the chosen step is compiled already
+    cost = dict(fitted.row.cost)
+  else:
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), job.sample)
+    lowered = job.plan.lower(state, job.abstract['train_metrics'], batch)
+    cost = summary_lib.compiled_cost(lowered.compile())
   info = print_summary(state, shardings=job.plan.state_sharding, stream=stream)
   print(summary_lib.format_cost(cost), file=stream)
   print(f'dry run of {config.model.name} on {config.data.name}: {config.run.steps} steps of '
         f'batch {config.data.batch_size} would run in {config.run.workdir}; nothing written',
         file=stream)
-  return {'params': info.total_params,
-          'state_bytes_per_device': info.bytes_per_device['total'], **cost}
+  out = {'params': info.total_params,
+         'state_bytes_per_device': info.bytes_per_device['total'], **cost}
+  if fitted is not None:
+    out['fit_memory'] = {'chosen': str(fitted.chosen), 'flags': memory.flags(
+        fitted.chosen, memory.mesh_of(config)), 'budget_bytes': fitted.budget_bytes,
+        'candidates': len(fitted.rows),
+        'compiled': sum(r.cost is not None for r in fitted.rows)}
+  return out

@@ -23,6 +23,7 @@ from purax import hooks as hooks_lib
 from purax import loop
 from purax import parallel
 from purax.plan import SingleDevicePlan
+from purax.plan import budget
 from purax.app import data as data_lib
 from purax.app import models
 from purax.app.config import TrainConfig
@@ -155,7 +156,8 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
     abstract = abstract_checkpoint(task, sample, hooks=hooks)
   job = Job(config, data, task, sample, abstract, plan, num_devices, data.num_classes,
             train_data, hooks)
-  check_memory(job)   # before any compilation
+  if not config.run.fit_memory:   # fit_memory measured the compiled step instead
+    check_memory(job)   # before any compilation
   phase('building the plan')
   return job
 
@@ -194,22 +196,6 @@ def run_hooks(config: TrainConfig, task, plan, data, train_data) -> tuple:
                if getattr(config.run, field) not in (None, 0, False))
 
 
-def available_bytes(device) -> int | None:
-  """Memory the step may use on ``device``: the accelerator's limit, or on a
-  CPU the host's available memory (None when unknown)."""
-  stats = device.memory_stats() if hasattr(device, 'memory_stats') else None
-  if stats and stats.get('bytes_limit'):
-    return int(stats['bytes_limit'])
-  try:
-    with open('/proc/meminfo') as f:
-      for line in f:
-        if line.startswith('MemAvailable:'):
-          return int(line.split()[1]) * 1024
-  except OSError:    # not Linux: no estimate, no refusal
-    return None
-  return None
-
-
 def check_memory(job: Job) -> None:
   """Refuses a transformer run whose activations cannot fit, before compiling."""
   config, model = job.config, job.task.model
@@ -223,7 +209,7 @@ def check_memory(job: Job) -> None:
       vocab=model.vocab_size if hasattr(model, 'vocab_size') else 0,
       bytes_per_value=jnp.dtype(model.dtype).itemsize, remat=config.model.remat,
       microbatches=config.optimizer.microbatches) + state_bytes // n
-  have = available_bytes(jax.devices()[0])
+  have = budget.available_bytes(jax.devices()[0])
   expect(have is None or need <= have, 'batch_size',
          f'a step that fits the {have / 2**30:.1f} GiB available on {jax.devices()[0].device_kind} '
          '(use a smaller --batch-size or --seq-len, --microbatches, or --remat full)',

@@ -1,4 +1,5 @@
-"""``purax plot --workdir DIR``: learning curves of a run or a sweep, as a PNG.
+"""``purax plot --workdir DIR``: learning curves of a run or a sweep, as a PNG;
+and the curve of a learning-rate range test (``purax tune lr``, :func:`plot_lr_range`).
 
 Four panels against the step: loss and accuracy (train solid, eval dashed),
 the learning-rate schedule (recomputed from the saved config: it is not
@@ -224,3 +225,47 @@ def plot(workdir: str, out: str | None = None) -> str:
          'a run directory (metrics.jsonl) or a sweep directory (sweep.json)',
          repr(workdir), ConfigError)
   return plot_run(workdir, out)
+
+
+def plot_lr_range(result, path: str, title: str = 'learning-rate range test') -> str:
+  """A learning-rate range test (:class:`purax.tune.LRRange`) into the PNG ``path``.
+
+  Left: each member's smoothed loss against its learning rate (log scale),
+  diverged members marked on the top edge, the suggestion a vertical line;
+  right: each member's training loss against the step, coloured by its rate.
+  Returns ``path``.
+  """
+  plt = _pyplot()
+  fig, (curve, steps) = plt.subplots(1, 2, figsize=(11, 4.5))
+  lrs, smoothed = np.asarray(result.lrs, np.float64), np.asarray(result.smoothed, np.float64)
+  ok = np.isfinite(smoothed)
+  curve.plot(lrs[ok], smoothed[ok], 'o-', label=f'mean loss, last {result.window} steps')
+  if (~ok).any():
+    top = smoothed[ok].max() if ok.any() else 1.0
+    curve.plot(lrs[~ok], np.full((~ok).sum(), top), 'rx', label='diverged')
+  curve.axvline(result.suggestion, color='tab:green', linestyle='--',
+                label=f'suggested {result.suggestion:.3g} ({result.rule})')
+  curve.set_xscale('log')
+  curve.set_xlabel('learning rate')
+  curve.set_ylabel('training loss')
+  curve.legend(fontsize=8)
+  curve.grid(alpha=0.3)
+  colors = plt.get_cmap('viridis')
+  losses = np.asarray(result.losses, np.float64)
+  for i, lr in enumerate(lrs):
+    steps.plot(np.arange(1, len(losses) + 1), losses[:, i], linewidth=1,
+               color=colors(i / max(len(lrs) - 1, 1)), label=f'{lr:.2g}')
+  steps.set_xlabel('step')
+  steps.set_title('loss per member (colour: learning rate)')
+  steps.grid(alpha=0.3)
+  finite = losses[np.isfinite(losses)]
+  if finite.size and finite.min() > 0:
+    steps.set_yscale('log')
+  fig.suptitle(title)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=100)
+  plt.close(fig)
+  write_atomic(path, png.getvalue())
+  return path

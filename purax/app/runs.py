@@ -29,6 +29,7 @@ from jax.experimental import multihost_utils
 from purax import hooks as hooks_lib
 from purax import parallel
 from purax.app import job as job_lib
+from purax.app import memory
 from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
 from purax.app.dry_run import print_summary
@@ -43,6 +44,7 @@ from purax.io.signals import StopOnSignal
 from purax.loop import evaluate, fit
 from purax.nn.generate import generate
 from purax.plan import SingleDevicePlan
+from purax.plan import memory as plan_memory
 
 
 class StoppedBeforeStart(Exception):
@@ -75,6 +77,10 @@ def train(config: TrainConfig) -> dict:
   with StopOnSignal() as stop, rundir_lib.RunDir(config) as rundir:
     starting = _start_phases(stop)
     starting('checking the run directory')
+    if config.run.fit_memory and not rundir.resuming:   # a resumed run keeps its choice
+      config, _ = memory.fit_config(config, stream=sys.stderr if rundir.primary else None)
+      rundir.config = config
+      starting('fitting the step in memory')
     job = job_lib.build(config, phase=starting)
     if rundir.primary:
       print_summary(job.abstract['state'], shardings=job.plan.state_sharding)
@@ -184,7 +190,10 @@ def _fit(job, rundir, checkpointer, restored, stop):
         profile_dir=rundir.path, profile_memory=run.profile_memory,
         replay_dir=rundir.file(replay.DIRECTORY) if rundir.primary else None,
         debug_nans=run.debug_nans)
-    with profile.memory_profile_on_oom(rundir.path):
+    mesh = getattr(job.plan, 'mesh', None)
+    with plan_memory.explain_out_of_memory(
+        job.task, job.sample, mesh=mesh, spell=lambda c: memory.flags(c, mesh),
+        **memory.choices(job.config)), profile.memory_profile_on_oom(rundir.path):
       return fit(job.task, restored, job.train_data, plan=job.plan,
                  hooks=hooks + list(job.hooks), steps_per_call=run.steps_per_call)
   finally:

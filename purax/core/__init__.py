@@ -11,6 +11,7 @@ from purax.core import population as population
 from purax.core.errors import ConfigError as ConfigError
 from purax.core.errors import ContractError as ContractError
 from purax.core.errors import DataError as DataError
+from purax.core.errors import OutOfMemoryError as OutOfMemoryError
 from purax.core.errors import PuraxError as PuraxError
 from purax.core.model import Functions as Functions
 from purax.core.model import Linen as Linen

@@ -36,6 +36,14 @@ class NonFiniteWarning(RuntimeWarning):
   (:class:`purax.hooks.NonFiniteReplay`), or why it could not be replayed."""
 
 
+class OutOfMemoryError(PuraxError):
+  """A train step does not fit the device's memory: no configuration that
+  :func:`purax.plan.fit_memory` tried fits the budget (the message names the
+  smallest), or a step failed with XLA's ``RESOURCE_EXHAUSTED`` (the message
+  names the configurations that would fit:
+  :func:`purax.plan.memory.explain_out_of_memory`)."""
+
+
 def expect(condition: bool, field: str, expected: str, actual, cls=DataError) -> None:
   """Raises ``cls(f"{field}: expected {expected}, got {actual}")`` unless ``condition``."""
   if not condition:

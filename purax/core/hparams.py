@@ -175,9 +175,13 @@ def all_finite(state) -> jax.Array:
 
 def _value(name: str, value) -> jax.Array:
   """``value`` as a new float32 array (a caller's array never becomes a state
-  leaf, so a donating step cannot delete it), :func:`check`-ed."""
+  leaf, so a donating step cannot delete it), :func:`check`-ed. A concrete
+  value is copied on the host and put on the device (nothing compiled); a
+  traced one is converted in the trace."""
   check(name, value)
-  return jnp.array(value, jnp.float32, copy=True)
+  if isinstance(value, jax.core.Tracer):
+    return jnp.array(value, jnp.float32, copy=True)
+  return jax.device_put(np.array(value, np.float32))
 
 
 def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: disable=redefined-builtin

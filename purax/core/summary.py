@@ -149,13 +149,15 @@ def compiled_cost(compiled: Any) -> dict[str, float]:
 
   Returns:
     ``flops`` (XLA's count for one call; absent if the backend gives none),
-    and bytes: ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (outputs
-    reusing donated inputs), ``temp_bytes`` (scratch), ``code_bytes``, and
+    ``bytes_accessed`` (XLA's count of bytes read and written by the
+    program's operations, when given), and bytes of memory:
+    ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (outputs reusing
+    donated inputs), ``temp_bytes`` (scratch), ``code_bytes``, and
     ``peak_bytes`` = arguments + outputs - aliased + temporaries;
     ``loops``: 1.0 when the program has a while loop (``lax.scan``,
     ``nn.scan`` layers, gradient accumulation), whose body XLA's cost
-    analysis counts once, not once per iteration, so ``flops`` is then a
-    lower bound.
+    analysis counts once, not once per iteration, so ``flops`` and
+    ``bytes_accessed`` are then lower bounds.
   """
   out: dict[str, float] = {}
   cost = compiled.cost_analysis()
@@ -163,6 +165,8 @@ def compiled_cost(compiled: Any) -> dict[str, float]:
     cost = cost[0] if cost else None
   if cost and 'flops' in cost:
     out['flops'] = float(cost['flops'])
+  if cost and 'bytes accessed' in cost:
+    out['bytes_accessed'] = float(cost['bytes accessed'])
   memory = compiled.memory_analysis()
   if memory is not None:
     fields = {'argument_bytes': 'argument_size_in_bytes',

@@ -12,6 +12,10 @@ to one device; :mod:`purax.parallel.plan` states it):
 - :class:`PopulationPlan` — a stacked :class:`purax.core.population.Population`:
   every member's step vmapped in one compiled program, metrics ``[members]``.
 
+:func:`fit_memory` (:mod:`purax.plan.memory`) compiles a task's step in
+candidate configurations (remat, microbatches, FSDP, precision) and keeps the
+fastest whose compiled memory fits the device.
+
 A new plan (pipeline parallel, say) is one subclass of :class:`Plan` that
 overrides ``place``, ``train_step`` and what else differs.
 """
@@ -22,8 +26,11 @@ from purax.parallel.plan import host_batch_transfer as host_batch_transfer
 from purax.parallel.plan import to_step as to_step
 from purax.parallel.step import ShardedPlan as ShardedPlan
 from purax.plan import auto as auto
+from purax.plan import memory as memory
 from purax.plan.auto import PROBE_STEPS as PROBE_STEPS
 from purax.plan.auto import choose_steps_per_call as choose_steps_per_call
+from purax.plan.memory import MemoryFit as MemoryFit
+from purax.plan.memory import fit_memory as fit_memory
 from purax.plan.population import PopulationPlan as PopulationPlan
 from purax.plan.single import SingleDevicePlan as SingleDevicePlan
 from purax.plan.single import Stacked as Stacked

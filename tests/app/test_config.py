@@ -95,6 +95,8 @@ def test_which_fields_may_change_on_resume_is_read_from_the_fields():
       'run.mesh', 'run.coordinator', 'run.num_processes', 'run.process_id',
       'optimizer.max_consecutive_skips', 'run.debug_nans', 'run.dry_run', 'run.profile',
       'run.profile_memory', 'run.wandb_project', 'run.steps_per_call', 'run.histograms',
-      'run.steps', 'run.decay_steps'}
+      'run.steps', 'run.decay_steps',
+      # --fit-memory's choice lives in model/optimizer/run fields that must match
+      'run.fit_memory', 'run.memory_budget', 'run.fit_memory_precisions'}
   assert purax_fields.names(config_lib.RunConfig, purax_fields.CADENCE) == (
       'log_every', 'eval_every', 'checkpoint_every', 'ema_every', 'histograms')

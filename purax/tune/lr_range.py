@@ -1,0 +1,252 @@
+"""The learning-rate range test, every rate of the grid in one compiled program.
+
+The range test (Smith 2017, "Cyclical Learning Rates for Training Neural
+Networks", sec. 3.3) trains briefly at many learning rates and reads a good
+one off the curve of loss against rate; fastai's ``lr_find`` and Lightning's
+``Tuner.lr_find`` run it as one run whose rate grows step by step. purax runs
+each rate of a log-spaced grid as its own short training run, all at once:
+the members of a :class:`purax.core.population.Population` start from the
+same state and differ only in their peak learning rate (a float32 leaf of the
+state), and :func:`purax.core.population.train_step` — each member's
+:meth:`purax.Task.step`, vmapped (or chunked, ``strategy``) — trains them in
+one compiled program, which a second grid of the same size reuses. Member
+``i`` computes what a run with rate ``i`` alone computes (bitwise on the CPU
+under ``strategy='auto'``); a member whose update goes non-finite is frozen
+and counts as diverged. The task's schedule applies to every member: the
+suggestion is a peak rate for the task's warmup and decay.
+
+Each member's curve point is its smoothed loss: the mean of its training loss
+over the last ``window`` steps of the budget (a quarter by default), ``+inf``
+once it diverged. A rule then suggests a rate (:data:`RULES`):
+
+- ``'steepest'`` (default): the rate where the smoothed loss falls fastest
+  as the rate grows — the most negative slope of loss against ``log10(lr)``
+  (``np.gradient``: central differences) among the rates below the one of
+  least loss (the first rate when fewer than two lie below it). This is
+  Lightning's ``Tuner.lr_find`` suggestion (the steepest gradient of the
+  smoothed loss curve) and fastai's ``steep``: a rate at which training is
+  fast, below the edge where it gets unstable.
+- ``'minimum'``: one tenth of the rate of least smoothed loss (fastai's
+  ``minimum``, "Minimum/10"): a step back from the best short-run rate.
+
+Batch size has no population rule here, and why not: the members of one
+program share its shapes, so a batch-size population pads every member to
+the largest batch (with weight 0 on the padding, which purax makes exact)
+and each member costs the largest batch's compute, so nothing is saved
+against separate runs; at a fixed number of steps the larger batches see
+more data and win by construction, and at a fixed number of examples the
+members would need different step counts, which lockstep members cannot
+take; and the best rate moves with the batch size (Goyal et al. 2017,
+"Accurate, Large Minibatch SGD"), so batch sizes compare only each at its own
+tuned rate. The batch-size question is answered by the gradient noise scale
+(McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"),
+measured from gradient norms at two batch sizes, then a range test at the
+chosen size.
+
+Example::
+
+  state = jax.jit(task.init)(jax.random.key(0), batches[0])
+  result = purax.tune.lr_range_test(task, state, batches, steps=50,
+                                    lrs=purax.tune.log_grid(1e-5, 1.0, 16))
+  print(result.suggestion)               # e.g. 0.00126
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Iterable, Literal
+
+import jax
+import numpy as np
+
+from purax.core import hparams as hparams_lib
+from purax.core import metrics as metrics_lib
+from purax.core import population as pop_lib
+from purax.core.errors import ConfigError, DataError, expect, expect_kind
+from purax.core.state import TrainState
+from purax.core.task import Task
+from purax.parallel.plan import host_batch_transfer
+
+#: The suggestion rules (see the module doc).
+RULES = ('steepest', 'minimum')
+
+Rule = Literal['steepest', 'minimum']
+
+
+def log_grid(min_lr: float = 1e-5, max_lr: float = 1.0, num: int = 16) -> np.ndarray:
+  """``num`` learning rates from ``min_lr`` to ``max_lr``, evenly spaced in
+  ``log10``, float32 ``[num]``.
+
+  Raises:
+    ConfigError: not ``0 < min_lr < max_lr``, or ``num < 2``.
+  """
+  expect(0 < min_lr < max_lr, 'min_lr, max_lr', '0 < min_lr < max_lr',
+         f'{min_lr}, {max_lr}', ConfigError)
+  expect(isinstance(num, (int, np.integer)) and num >= 2, 'num', 'an integer >= 2', num,
+         ConfigError)
+  return np.geomspace(min_lr, max_lr, int(num)).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class LRRange:
+  """What :func:`lr_range_test` found.
+
+  Attributes:
+    lrs: float32 ``[members]``, the grid, ascending.
+    losses: float64 ``[steps, members]``: each member's training loss per
+      step; NaN from the step a member diverged.
+    smoothed: float64 ``[members]``: the mean loss over the last
+      :attr:`window` steps; ``+inf`` for a member that diverged.
+    diverged: bool ``[members]``.
+    window: the steps :attr:`smoothed` averages.
+    rule: the rule of :attr:`suggestion`.
+    suggestion: the suggested learning rate.
+  """
+
+  lrs: np.ndarray
+  losses: np.ndarray
+  smoothed: np.ndarray
+  diverged: np.ndarray
+  window: int
+  rule: str
+  suggestion: float
+
+  @classmethod
+  def of(cls, lrs, losses, diverged, *, window: int, rule: Rule = 'steepest') -> 'LRRange':
+    """The curve and the suggestion of per-step losses ``[steps, members]``
+    of the rates ``lrs`` (ascending); a member with a non-finite loss, or
+    flagged in ``diverged`` (``[members]``), counts as diverged. How
+    :func:`lr_range_test` ends, and how a sweep of separate runs is read the
+    same way (``benchmarks/lr_range.py``).
+
+    Raises:
+      ConfigError: fewer than two rates trained without diverging.
+    """
+    lrs, losses = np.asarray(lrs, np.float32), np.asarray(losses, np.float64)
+    diverged = np.asarray(diverged, bool) | ~np.isfinite(losses).all(axis=0)
+    smoothed = np.where(diverged, np.inf, losses[-window:].mean(axis=0))
+    return cls(lrs, losses, smoothed, diverged, int(window), rule, suggest(lrs, smoothed, rule))
+
+  def suggest(self, rule: Rule) -> float:
+    """The learning rate ``rule`` suggests from this curve (:func:`suggest`)."""
+    return suggest(self.lrs, self.smoothed, rule)
+
+  def as_dict(self) -> dict[str, Any]:
+    """JSON-ready: lists of numbers (non-finite values as strings)."""
+    number = lambda v: float(v) if np.isfinite(v) else str(float(v))   # noqa: E731
+    return {'lrs': [float(v) for v in self.lrs],
+            'smoothed': [number(v) for v in self.smoothed],
+            'losses': [[number(v) for v in row] for row in self.losses],
+            'diverged': [bool(v) for v in self.diverged], 'window': self.window,
+            'rule': self.rule, 'suggestion': self.suggestion}
+
+
+def suggest(lrs, smoothed, rule: Rule = 'steepest') -> float:
+  """The learning rate a rule suggests from a range test's curve (module doc).
+
+  Args:
+    lrs: ``[members]`` learning rates, ascending.
+    smoothed: ``[members]`` smoothed losses; non-finite: diverged (left out).
+    rule: ``'steepest'`` or ``'minimum'``.
+
+  Raises:
+    ConfigError: an unknown rule; fewer than two rates that trained without
+      diverging (lower the grid).
+  """
+  expect(rule in RULES, 'rule', f'one of {list(RULES)}', repr(rule), ConfigError)
+  lrs, smoothed = np.asarray(lrs, np.float64), np.asarray(smoothed, np.float64)
+  finite = np.isfinite(smoothed)
+  expect(int(finite.sum()) >= 2, 'lrs', 'at least two learning rates that train without '
+         'diverging (lower the grid)', f'{int(finite.sum())} of {len(lrs)}', ConfigError)
+  x, y = np.log10(lrs[finite]), smoothed[finite]
+  best = int(np.argmin(y))
+  if rule == 'minimum':
+    return float(10 ** x[best] / 10)
+  if best <= 1:            # no descent before the minimum: the grid starts too high
+    return float(10 ** x[0])
+  slopes = np.gradient(y[:best + 1], x[:best + 1])[:best]   # the minimum ends the descent
+  return float(10 ** x[int(np.argmin(slopes))])
+
+
+def population_of(state: TrainState, values: dict[str, np.ndarray]) -> pop_lib.Population:
+  """A population whose members are copies of ``state`` but for ``values``
+  (name -> ``[members]``, :func:`purax.core.hparams.set`). Assembled on the
+  host and put on the device: nothing is compiled."""
+  members = len(next(iter(values.values())))
+
+  def stack(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      data = np.asarray(jax.random.key_data(x))
+      return jax.random.wrap_key_data(np.broadcast_to(data, (members, *data.shape)).copy(),
+                                      impl=jax.random.key_impl(x))
+    x = np.asarray(x)
+    return np.broadcast_to(x, (members, *x.shape)).copy()
+
+  stacked = hparams_lib.set(jax.tree.map(stack, state), values)
+  return jax.device_put(pop_lib.Population(
+      state=stacked, diverged=np.zeros(members, bool), stopped=np.zeros(members, bool),
+      best=np.full(members, np.inf, np.float32), stale=np.zeros(members, np.int32)))
+
+
+def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
+                  steps: int = 100, rule: Rule = 'steepest', window: int | None = None,
+                  hparam: str = 'peak_learning_rate',
+                  strategy: pop_lib.Strategy = 'auto') -> LRRange:
+  """Trains ``state`` at every learning rate of ``lrs`` at once for ``steps``
+  updates, in one compiled program, and suggests a rate (module doc).
+
+  Args:
+    task: the task; its schedule applies to every member.
+    state: the state every member starts from (e.g. ``task.init(key, batch)``).
+    batches: at least ``steps`` batches, shared by every member (a sequence
+      or an iterator of ``{'x': [batch, ...], ...}``).
+    lrs: ``[members]`` learning rates; default :func:`log_grid`'s 16 from
+      1e-5 to 1. Sorted ascending.
+    steps: updates per member.
+    rule: ``'steepest'`` or ``'minimum'`` (:data:`RULES`).
+    window: the last steps whose mean loss is a member's point; default
+      ``max(1, steps // 4)``.
+    hparam: the state's learning-rate hyperparameter
+      (:func:`purax.adamw`'s ``'peak_learning_rate'``).
+    strategy: how members share the machine
+      (:func:`purax.core.population.chunk_size`); the values are the same.
+
+  Returns:
+    An :class:`LRRange`: the grid, each member's losses, the curve, the suggestion.
+
+  Raises:
+    ConfigError: bad ``lrs`` / ``steps`` / ``window`` / ``rule`` / ``hparam``;
+      fewer than two rates that trained without diverging.
+    DataError: fewer than ``steps`` batches.
+  """
+  expect_kind(task, 'task', Task, 'a purax.Task')
+  expect_kind(state, 'state', TrainState, 'a purax.TrainState (task.init(key, batch))')
+  expect(rule in RULES, 'rule', f'one of {list(RULES)}', repr(rule), ConfigError)
+  expect(isinstance(steps, (int, np.integer)) and steps >= 1, 'steps', 'an integer >= 1',
+         steps, ConfigError)
+  window = max(1, steps // 4) if window is None else window
+  expect(isinstance(window, (int, np.integer)) and 1 <= window <= steps, 'window',
+         f'an integer in [1, steps={steps}]', window, ConfigError)
+  lrs = np.sort(np.asarray(log_grid() if lrs is None else lrs, np.float32).ravel())
+  expect(lrs.size >= 2, 'lrs', 'at least two learning rates', lrs.tolist(), ConfigError)
+  expect(hparam in hparams_lib.names(state), 'hparam', f'one of {list(hparams_lib.names(state))}',
+         repr(hparam), ConfigError)
+  hparams_lib.check(hparam, lrs)
+  batches = list(itertools.islice(iter(batches), steps))
+  expect(len(batches) == steps, 'batches', f'at least steps={steps} batches', len(batches),
+         DataError)
+  pop = population_of(state, {hparam: lrs})
+  abstract = jax.eval_shape(lambda p, b: pop_lib.step(task, p, b, strategy='vmap')[1], pop,
+                            batches[0])
+  windows = []
+  for batch in batches:     # one program, every call; no host sync until the end
+    with host_batch_transfer():
+      pop, acc = pop_lib.train_step(task, pop, metrics_lib.zeros_like(abstract), batch,
+                                    strategy=strategy)
+    windows.append(acc['loss'])
+  # A member frozen by a non-finite update counts nothing from that step on
+  # (its metrics are zero): its loss is NaN there, and it counts as diverged.
+  losses = [np.asarray(loss.total, np.float64) / np.where(loss.count > 0, loss.count, np.nan)
+            for loss in jax.device_get(windows)]
+  return LRRange.of(lrs, np.stack(losses), np.zeros(len(lrs), bool), window=window, rule=rule)

@@ -1,0 +1,59 @@
+"""`purax tune lr`: the range test of a `purax train` job on the command line."""
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from purax import tune
+from purax.app import cli
+from tests.helpers import compilations
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LM = ['--model', 'lm', '--d-model', '16', '--num-layers', '1', '--num-heads', '2',
+      '--seq-len', '16', '--batch-size', '8', '--warmup-steps', '0']
+
+
+def corpus(tmp_path):
+  path = tmp_path / 'corpus.txt'
+  with open(os.path.join(ROOT, 'purax', 'core', 'errors.py'), encoding='utf-8') as f:
+    path.write_text(f.read())
+  return f'text:{path}'
+
+
+def test_tune_lr_on_the_small_lm_compiles_one_program_for_the_grid(tmp_path, capsys):
+  """Two compilations in all, whatever the grid: the initial state's and the
+  grid's one program; the plot, the curve and the suggestion in the run
+  directory, the suggestion printed as the flag to pass."""
+  workdir = tmp_path / 'lr'
+  jax.random.key(0)      # the seed's key: jax's own small programs, compiled once per process
+  with compilations() as compiles:
+    assert cli.main(['tune', 'lr', *LM, '--dataset', corpus(tmp_path), '--steps', '6',
+                     '--num-lrs', '4', '--min-lr', '1e-4', '--max-lr', '1.0',
+                     '--strategy', 'vmap', '--workdir', str(workdir)]) == 0
+  assert len(compiles) == 2, compiles
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['lr_range']
+  assert sorted(os.listdir(workdir)) == ['lr_range.json', 'lr_range.png']
+  assert out['plot'] == str(workdir / 'lr_range.png') and out['rule'] == 'steepest'
+  with open(workdir / 'lr_range.png', 'rb') as f:
+    assert f.read(4) == b'\x89PNG'
+  saved = json.loads((workdir / 'lr_range.json').read_text())
+  lrs = np.asarray(saved['lrs'])
+  np.testing.assert_allclose(lrs, np.geomspace(1e-4, 1.0, 4), rtol=1e-6)
+  assert np.asarray(saved['losses'], dtype=float).shape == (6, 4)
+  smoothed = np.asarray(saved['smoothed'], dtype=float)
+  assert out['suggestion'] == saved['suggestion'] == tune.suggest(lrs, smoothed, 'steepest')
+  assert out['flags'] == f"--learning-rate {out['suggestion']:.3g}"
+  assert saved['config']['model'] == 'lm' and saved['config']['steps'] == 6
+
+
+def test_tune_lr_refuses_an_existing_directory_and_bad_grids_before_any_work(tmp_path, capsys):
+  (tmp_path / 'taken').mkdir()
+  assert cli.main(['tune', 'lr', '--workdir', str(tmp_path / 'taken')]) == 2
+  assert 'workdir: expected a directory that does not exist yet' in capsys.readouterr().err
+  assert cli.main(['tune', 'lr', '--min-lr', '1e-2', '--max-lr', '1e-3']) == 2
+  assert 'min_lr, max_lr: expected 0 < min_lr < max_lr' in capsys.readouterr().err
+  assert cli.main(['tune', 'lr', '--max-lr', '20']) == 2
+  assert 'max_lr: expected <= 10' in capsys.readouterr().err
+  assert os.listdir(tmp_path) == ['taken']
