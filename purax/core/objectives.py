@@ -153,7 +153,7 @@ def reduce(fn: Callable, outputs, batch, hparams) -> tuple[jax.Array, dict, jax.
 
 def _describe(x) -> str:
   if hasattr(x, 'shape') and hasattr(x, 'dtype'):
-    return f'{jnp.result_type(x)}{list(jnp.shape(x))}'
+    return f'{jnp.dtype(x.dtype)}{list(x.shape)}'
   return type(x).__name__
 
 
@@ -193,7 +193,7 @@ def _labels(batch, outputs, *, expect_shape, what: str):
   y = batch['y']
   expect(jnp.shape(y) == tuple(expect_shape), "batch['y'].shape",
          f'{list(expect_shape)} ({what}, matching the model outputs '
-         f'{list(jnp.shape(outputs))})', list(jnp.shape(y)))
+         f'{list(getattr(outputs, "shape", jnp.shape(outputs)))})', list(jnp.shape(y)))
   return y
 
 
@@ -280,7 +280,9 @@ def language_model(logits, batch, hparams):
   """Per-token cross-entropy of next-token logits, in float32.
 
   Args:
-    logits: ``[batch, seq, vocab]``.
+    logits: ``[batch, seq, vocab]``, or a :class:`purax.core.losses.ChunkedLogits`
+      (hidden states and output projection: the loss is then computed a chunk
+      of tokens at a time, :func:`purax.core.losses.chunked_token_losses`).
     batch: ``{'y': int next tokens [batch, seq], 'weight': optional [batch] or
       [batch, seq]}``.
     hparams: ``{'label_smoothing': float32 []}``.
@@ -291,15 +293,17 @@ def language_model(logits, batch, hparams):
     ``bits_per_byte`` (the plain negative log-likelihood / ln 2, without label
     smoothing: bits per token, per byte for byte-level data), ``tokens``.
   """
-  expect(hasattr(logits, 'shape') and jnp.ndim(logits) == 3, 'model outputs',
+  chunked = isinstance(logits, losses.ChunkedLogits)
+  expect(hasattr(logits, 'shape') and len(logits.shape) == 3, 'model outputs',
          '[batch, seq, vocab] logits', _describe(logits))
-  y = _labels(batch, logits, expect_shape=jnp.shape(logits)[:2], what='next-token ids')
+  y = _labels(batch, logits, expect_shape=tuple(logits.shape[:2]), what='next-token ids')
   expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
          'an integer dtype (token ids)', jnp.result_type(y))
   weight = _weight(batch, 2, y.shape)
   # The loss, the plain NLL and the accuracy (label logit == max; ties count)
   # from one shifted copy of the logits: no argmax pass.
-  values, nll, correct = losses.token_losses(logits, y, hparams['label_smoothing'])
+  values, nll, correct = (losses.chunked_token_losses if chunked else losses.token_losses)(
+      logits, y, hparams['label_smoothing'])
   token_weight = (jnp.ones(y.shape, jnp.float32) if weight is None else
                   jnp.broadcast_to(jnp.reshape(weight, weight.shape + (1,) * (2 - weight.ndim)),
                                    y.shape).astype(jnp.float32))
