@@ -1,57 +1,91 @@
 #!/bin/sh
-# Every GPU measurement of purax in one call, for a timed device lease.
+# The large-model GPU measurement of purax in one timed call (issue 33).
 #
-#   sh benchmarks/gpu.sh              # results in $OUT (or benchmarks/results)
+#   sh benchmarks/gpu.sh                 # on the GPU machine; results in $OUT
+#   GPU_SMOKE=1 sh benchmarks/gpu.sh     # the same steps at tiny sizes, any machine
 #
-# Runs from the repository root under the machine's own python3 and the
-# packages there (jax with CUDA, flax, optax, orbax, numpy, scikit-learn);
-# nothing is downloaded. The Python packages the image lacks (grain, tyro and
-# their needs) travel as wheels in .whl/ and are installed into a folder on
-# PYTHONPATH before this runs (README, "GPU"); carry no flax: this repository's
-# pinned flax does not import under the image's newer jax. Order: what the
-# open targets need first.
-#   1. benchmarks/lm.py: GPT-2 small and 1.3B, purax vs hand-written flax
-#      (cuDNN, then XLA attention), MFU, temp memory, compile time 4 vs 48
-#      layers, then purax with the layers unrolled; it writes its JSON after
-#      every measurement and starts none after LM_BUDGET_S seconds (default:
-#      45% of TOTAL_S).
-#   2. benchmarks/population.py: K members vmapped vs sequential.
-#   3. benchmarks/step_overhead.py: the small CNN (and MLP) with many steps per
-#      call vs the tutorial loop that reads the loss every step (JSON after
-#      each model).
-#   4. benchmarks/memory.py --time: remat/microbatch memory, bf16 vs fp32 step.
-# All output is kept in $OUT/gpu.log (2 and 4 write their JSON at the end).
-# TOTAL_S bounds the whole script (default 520 s: a 600 s device call).
+# Runs from the repository root under the machine's own python3 and its
+# packages (jax with CUDA, flax, optax, orbax, numpy); nothing is downloaded.
+# The packages the GPU image lacks (grain, tyro and their needs) travel as
+# wheels in .whl/ (carried with the working tree: benchmarks/README.md, "GPU")
+# and are installed here into a folder on PYTHONPATH; carry no flax: this
+# repository's pinned flax does not import under the image's newer jax.
+#
+# In order, most-needed first, each under a timeout of what is left:
+#   1. benchmarks/lm.py: GPT-2 small (124M: 12 layers, seq 1024, batch 16)
+#      and 1.3B (24 layers, seq 2048, batch 8) in bfloat16: purax by default
+#      and the hand-written flax + optax loop with cuDNN attention at both
+#      shapes, then purax with float8 matmuls (purax_fp8) at both, then the
+#      diagnostics at GPT-2 small (no guard, the hand-written loss, the
+#      chunked loss); MFU, temporary memory, compile time, the compiled
+#      program's op counts (conditionals: 0 expected for purax on a GPU). It
+#      writes its JSON after every measurement and starts none after
+#      LM_BUDGET_S seconds.
+#   2. benchmarks/lm_memory.py --config gpt2: the step's temporary memory with
+#      full logits and with the chunked loss, on the device.
+#   3. with GPU_EXTRAS=1 only: population.py, step_overhead.py, memory.py --time
+#      (issue 28's measurements, if time is left).
+# Files in $OUT (a device call brings back at most 8): gpu.log (all output),
+# lm_gpu.json, lm_memory_gpu.json (and with GPU_EXTRAS the three extras').
+# TOTAL_S bounds the whole script (default 540 s: a 600 s device call).
 set -u
 OUT=${OUT:-benchmarks/results}
-TOTAL_S=${TOTAL_S:-520}
-LM_BUDGET_S=${LM_BUDGET_S:-$(( TOTAL_S * 45 / 100 ))}
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+TOTAL_S=${TOTAL_S:-540}
+LM_BUDGET_S=${LM_BUDGET_S:-$(( TOTAL_S * 70 / 100 ))}
 PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+if [ "${GPU_SMOKE:-0}" = 1 ]; then
+  CONFIGS=tiny DIAG_CONFIG=tiny MEMORY_CONFIG=tiny MEMORY_CHUNKS=64 STEPS=2 TRIALS=1
+  VARIANTS=purax,flax_cudnn,purax_fp8,flax_xla,purax_noguard,purax_plain_loss,purax_chunked
+else
+  CONFIGS=gpt2,1.3b DIAG_CONFIG=gpt2 MEMORY_CONFIG=gpt2 MEMORY_CHUNKS=1024,4096 STEPS=10 TRIALS=3
+  VARIANTS=purax,flax_cudnn,purax_fp8
+fi
 start=$(date +%s)
 left() { echo $(( TOTAL_S - ($(date +%s) - start) )); }
+mkdir -p "$OUT"
+LOG="$OUT/gpu.log"
 # run NAME SECONDS_KEPT_FOR_LATER CMD...: CMD under a timeout of what is left
-# minus SECONDS_KEPT_FOR_LATER, its output appended to $OUT/gpu.log (one log:
-# a device call brings back few files); skipped under 30 s.
+# minus SECONDS_KEPT_FOR_LATER, its output appended to $LOG; skipped under 20 s.
 run() {
   name=$1 keep=$2; shift 2
   t=$(( $(left) - keep ))
-  if [ "$t" -lt 30 ]; then
-    echo "gpu.sh: $name skipped: ${t}s left" | tee -a "$OUT/gpu.log"
+  if [ "$t" -lt 20 ]; then
+    echo "gpu.sh: $name skipped: ${t}s left" | tee -a "$LOG"
     return
   fi
-  echo "== $name: $*" >>"$OUT/gpu.log"
-  timeout "$t" "$@" >>"$OUT/gpu.log" 2>&1
-  echo "gpu.sh: $name exit $? after $(( $(date +%s) - start ))s" | tee -a "$OUT/gpu.log"
-  tail -n 12 "$OUT/gpu.log"
+  echo "== $name (timeout ${t}s): $*" >>"$LOG"
+  timeout "$t" "$@" >>"$LOG" 2>&1
+  echo "gpu.sh: $name exit $? after $(( $(date +%s) - start ))s" | tee -a "$LOG"
+  tail -n 14 "$LOG"
 }
 
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv >>"$OUT/gpu.log" 2>&1
-run jax 0 $PY -c 'import jax, flax, optax, orbax.checkpoint, purax; print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, jax.devices())'
-run lm_gpu 200 $PY benchmarks/lm.py --budget-s "$LM_BUDGET_S" \
-  --variants purax,flax_cudnn,flax_xla,purax_unrolled --out "$OUT/lm_gpu.json"
-run population_gpu 140 $PY benchmarks/population.py --out "$OUT/population_gpu.json"
-run step_overhead_gpu 45 $PY benchmarks/step_overhead.py --trials 3 --out "$OUT/step_overhead_gpu.json"
-run memory_gpu 5 $PY benchmarks/memory.py --time --out "$OUT/memory_gpu.json"
-echo "gpu.sh: $(( $(date +%s) - start ))s; results in $OUT"
+# The wheels the image lacks, into a folder of their own (no network: --no-index).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  SITE=${SITE:-/tmp/purax-site}
+  $PY -m pip install -q --no-index --no-deps --target "$SITE" .whl/*.whl >>"$LOG" 2>&1
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv >>"$LOG" 2>&1
+run versions 0 $PY -c 'import jax, flax, optax, purax; print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, jax.devices())'
+
+# 1. The comparison, then float8, at both shapes; the diagnostics at GPT-2 small.
+run lm 60 $PY benchmarks/lm.py --config "$CONFIGS" --variants "$VARIANTS" --no-depth \
+  --interleave no --steps "$STEPS" --trials "$TRIALS" --budget-s "$LM_BUDGET_S" \
+  --out "$OUT/lm_gpu.json"
+if [ "${GPU_SMOKE:-0}" != 1 ]; then
+  run lm_diagnostics 60 $PY benchmarks/lm.py --config "$DIAG_CONFIG" --no-depth \
+    --variants purax_noguard,purax_plain_loss,purax_chunked --interleave no \
+    --steps "$STEPS" --trials "$TRIALS" --out "$OUT/lm_gpu_diagnostics.json"
+fi
+# 2. The chunked loss's memory on the device.
+run lm_memory 5 $PY benchmarks/lm_memory.py --config "$MEMORY_CONFIG" --chunks "$MEMORY_CHUNKS" \
+  --out "$OUT/lm_memory_gpu.json"
+# 3. Issue 28's measurements, when asked for.
+if [ "${GPU_EXTRAS:-0}" = 1 ]; then
+  run population 60 $PY benchmarks/population.py --out "$OUT/population_gpu.json"
+  run step_overhead 30 $PY benchmarks/step_overhead.py --trials 3 --out "$OUT/step_overhead_gpu.json"
+  run memory 5 $PY benchmarks/memory.py --time --out "$OUT/memory_gpu.json"
+fi
+echo "gpu.sh: $(( $(date +%s) - start ))s; results in $OUT" | tee -a "$LOG"

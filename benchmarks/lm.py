@@ -15,7 +15,11 @@ fixed random batch (compute only, no input pipeline):
   in a Python loop, ``jax.nn.dot_product_attention`` with its default XLA
   kernel, ``optax.adamw``), jitted with donation.
 - ``flax_cudnn`` (GPU only): the same code with ``implementation='cudnn'``.
-- diagnostics: ``purax_scanned`` (``scan_layers=True``), ``purax_unrolled``
+- ``purax_fp8``: purax with the blocks' matmuls in float8 (``DecoderLM(fp8=True)``,
+  :mod:`purax.nn.fp8`; the ``fp8`` precision preset), bfloat16 elsewhere.
+- diagnostics: ``purax_chunked`` (the chunked loss, ``logits_chunk=4096``:
+  what not holding the logits costs in time and saves in memory),
+  ``purax_scanned`` (``scan_layers=True``), ``purax_unrolled``
   (``scan_layers=False``), ``purax_remat`` (``remat='dots_saveable'``),
   ``purax_noguard`` (``Task(skip_nonfinite=False)``: what the non-finite guard
   costs), ``purax_plain_loss`` (the hand-written loop's loss, optax's
@@ -38,7 +42,14 @@ heads, seq 2048, batch 8), bfloat16 compute, float32 params; on CPU ``cpu``
 (d 128, 4 layers, 4 heads, seq 128, batch 16, vocab 256, float32).
 
 ``attention_kernel`` records the kernel the compiled step really calls (cuDNN's
-fused-attention custom calls found in its HLO, or XLA's), not the one asked for.
+fused-attention custom calls found in its HLO, or XLA's), not the one asked for;
+``hlo_ops`` counts the compiled program's instructions by opcode (fusions,
+custom calls, conditionals, copies, ...: what XLA made of the step on this
+device; ``benchmarks/hlo_diff.py`` compares the programs before XLA).
+
+``--config tiny`` (bfloat16, 2 layers, vocab 512) is the smoke form of the
+GPU measurement that ``benchmarks/gpu.sh`` runs with ``GPU_SMOKE=1`` on any
+machine.
 
 Usage (on a GPU machine ``sh benchmarks/gpu.sh`` runs this and the other GPU
 measurements within one timed call)::
@@ -59,6 +70,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import time
 
@@ -74,6 +86,7 @@ from purax.nn.attention import attention_implementation, kernels_in_hlo
 from purax.nn.transformer import DecoderLM, count_params
 
 CONFIGS = {
+    'tiny': dict(vocab=512, d=64, layers=2, heads=2, seq=64, batch=4, dtype='bfloat16'),
     'cpu': dict(vocab=256, d=128, layers=4, heads=4, seq=128, batch=16, dtype='float32'),
     'gpt2': dict(vocab=50304, d=768, layers=12, heads=12, seq=1024, batch=16, dtype='bfloat16'),
     '1.3b': dict(vocab=50304, d=2048, layers=24, heads=16, seq=2048, batch=8, dtype='bfloat16'),
@@ -187,7 +200,9 @@ class Run:
     self.compiled = jitted.lower(self.state, self.batch).compile()
     self.compile_s = time.perf_counter() - start
     self.memory = self.compiled.memory_analysis()
-    self.cudnn_calls = kernels_in_hlo(self.compiled.as_text())
+    text = self.compiled.as_text()
+    self.cudnn_calls = kernels_in_hlo(text)
+    self.hlo_ops = hlo_ops(text)
     for _ in range(2):   # warm-up
       self.state, out = self.compiled(self.state, self.batch)
     jax.block_until_ready(self.state)
@@ -219,11 +234,26 @@ class Run:
         # what the compiled step really calls, not what was asked for
         'attention_kernel': 'cudnn' if self.cudnn_calls else 'xla',
         'cudnn_calls': self.cudnn_calls,
+        'hlo_ops': self.hlo_ops,
     }
 
   def close(self):
     del self.state, self.compiled
     gc.collect()
+
+
+#: Opcodes of compiled HLO counted by :func:`hlo_ops` (the rest are summed as 'other').
+HLO_OPS = ('fusion', 'custom-call', 'conditional', 'while', 'copy', 'transpose', 'convert',
+           'all-reduce', 'all-gather', 'reduce-scatter', 'copy-start', 'send', 'recv')
+
+
+def hlo_ops(text: str) -> dict:
+  """Instructions of a compiled module's text by opcode (those of :data:`HLO_OPS`;
+  ``'instructions'``: all), over every computation (a fusion's body included)."""
+  found = re.findall(r'^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) ([a-z][\w-]*)\(', text, re.M)
+  counts = {op: found.count(op) for op in HLO_OPS if op in found}
+  counts['instructions'] = len(found)
+  return counts
 
 
 def measure(build, cfg, *, steps, trials):
@@ -269,11 +299,13 @@ def plan(names, chosen, depth_variants):
   """The measurements in the order they run: purax and the strongest baseline
   first, so that a run cut short by ``--budget-s`` (or a device lease) still
   has the comparison that matters."""
-  order = ['purax', 'flax_cudnn', 'flax_xla', 'purax_scanned', 'purax_unrolled', 'purax_remat',
-           'purax_noguard', 'purax_plain_loss']
+  order = ['purax', 'flax_cudnn', 'purax_fp8', 'flax_xla', 'purax_noguard', 'purax_plain_loss',
+           'purax_chunked', 'purax_scanned', 'purax_unrolled', 'purax_remat']
   first = [v for v in order[:2] if v in chosen]
-  rest = [v for v in order[2:] if v in chosen]
+  second = [v for v in order[2:3] if v in chosen]
+  rest = [v for v in order[3:] if v in chosen]
   items = [('step', n, v) for n in names for v in first]
+  items += [('step', n, v) for n in names for v in second]
   items += [('depth', None, v) for v in depth_variants if v == 'purax']
   items += [('step', n, v) for n in names for v in rest]
   items += [('depth', None, v) for v in depth_variants if v != 'purax']
@@ -290,9 +322,10 @@ def main():
   parser.add_argument('--depths', default='4,48', help='layer counts for compile time')
   parser.add_argument('--no-depth', action='store_true', help='skip the compile-time sweep')
   parser.add_argument('--variants', default=None,
-                      help='comma-separated among purax, flax_xla, flax_cudnn (GPU), and the '
-                           'diagnostic purax_scanned, purax_unrolled, purax_remat, '
-                           'purax_noguard, purax_plain_loss (default: the first three)')
+                      help='comma-separated among purax, flax_xla, flax_cudnn (GPU), purax_fp8, '
+                           'and the diagnostic purax_chunked, purax_scanned, purax_unrolled, '
+                           'purax_remat, purax_noguard, purax_plain_loss (default: purax, '
+                           'flax_xla and on a GPU flax_cudnn)')
   parser.add_argument('--budget-s', type=float, default=None,
                       help='start no new measurement after this many seconds (they are '
                            'recorded as skipped); for a timed device lease')
@@ -309,6 +342,8 @@ def main():
   interleave = args.interleave == 'yes' or (args.interleave == 'auto' and not gpu)
   names = (['gpt2', '1.3b'] if gpu else ['cpu']) if args.config == 'auto' \
       else args.config.split(',')
+  if sorted(set(names) - set(CONFIGS)):
+    parser.error(f'--config: expected names from {sorted(CONFIGS)}, got {names}')
   steps = args.steps or (10 if gpu else 5)
   out = args.out or f"benchmarks/results/lm_{'gpu' if gpu else 'cpu'}.json"
   results = {'platform': device.platform, 'device_kind': device.device_kind,
@@ -333,7 +368,9 @@ def main():
               'purax_unrolled': lambda c, d: purax_task(c, d, scan_layers=False),
               'purax_remat': lambda c, d: purax_task(c, d, remat='dots_saveable'),
               'purax_noguard': lambda c, d: purax_task(c, d, skip_nonfinite=False),
-              'purax_plain_loss': lambda c, d: purax_task(c, d, loss=plain_loss)}
+              'purax_plain_loss': lambda c, d: purax_task(c, d, loss=plain_loss),
+              'purax_fp8': lambda c, d: purax_task(c, d, fp8=True),
+              'purax_chunked': lambda c, d: purax_task(c, d, logits_chunk=4096)}
   chosen = (args.variants.split(',') if args.variants
             else ['purax', 'flax_xla'] + (['flax_cudnn'] if gpu else []))
   unknown = sorted(set(chosen) - set(builders))
@@ -391,20 +428,21 @@ def main():
 def summary(results) -> str:
   """A short table of the step measurements (the end of a device call's output)."""
   lines = [f"{results['device_kind']} jax {results['jax']}",
-           f"{'config':6} {'variant':15} {'step ms':>8} {'tok/s':>9} {'MFU':>6} "
-           f"{'temp GiB':>8} {'compile s':>9} kernel"]
+           f"{'config':6} {'variant':16} {'step ms':>8} {'tok/s':>9} {'MFU':>6} "
+           f"{'temp GiB':>8} {'compile s':>9} {'conds':>5} kernel"]
   for name, entry in results['configs'].items():
     for variant, m in entry.items():
       if not isinstance(m, dict) or variant == 'shape':
         continue
       if 'error' in m:
-        lines.append(f'{name:6} {variant:15} {m["error"][:60]}')
+        lines.append(f'{name:6} {variant:16} {m["error"][:60]}')
         continue
       mfu = '-' if m['mfu'] is None else f"{100 * m['mfu']:.1f}%"
       temp = '-' if m['temp_bytes'] is None else f"{m['temp_bytes'] / 2**30:.2f}"
-      lines.append(f"{name:6} {variant:15} {1e3 * m['step_time_s']:8.1f} "
+      conds = m.get('hlo_ops', {}).get('conditional', 0)
+      lines.append(f"{name:6} {variant:16} {1e3 * m['step_time_s']:8.1f} "
                    f"{m['tokens_per_sec']:9.0f} {mfu:>6} {temp:>8} {m['compile_s']:9.1f} "
-                   f"{m['attention_kernel']}")
+                   f"{conds:>5} {m['attention_kernel']}")
   for variant, row in results['compile_by_depth'].items():
     if 'ratio_last_to_first' in row:
       lines.append(f"compile {variant}: " + ', '.join(

@@ -37,6 +37,9 @@ def test_half_save_new_process_half_equals_straight_bitwise(tmp_path, straight_r
       'next_step': 40, 'batch_size': 32}
   assert_bitwise(a, b)     # params, opt_state, rng, model_state, metrics window
   assert logged(straight) == logged(split)
+  # precision 'auto' (the default) is recorded as what it resolved to here.
+  with open(os.path.join(split, 'config.json')) as f:
+    assert json.load(f)['model']['precision'] == 'fp32'
   assert batches(straight) == batches(split) and sorted(batches(split)) == list(range(40))
 
 
@@ -129,6 +132,8 @@ def test_resuming_with_a_changed_model_config_names_the_difference(tmp_path):
       (dict(model='cnn'), "model: expected 'mlp' (as in the run being resumed"),
       (dict(dropout_rate=0.5), 'dropout_rate: expected 0.0 (as in the run being resumed'),
       (dict(learning_rate=1.0), 'learning_rate: expected 0.002'),
+      # 'auto' was recorded as what it resolved to (fp32 on the CPU)
+      (dict(precision='bf16'), "precision: expected 'fp32' (as in the run being resumed"),
   ]:
     with pytest.raises(Exception, match=message.replace('(', r'\(')):
       runs.train(TrainConfig.of(**{**config.flat(), **change}))

@@ -21,7 +21,7 @@ import flax.linen as nn
 import tyro
 
 from purax.core.errors import ConfigError, expect
-from purax.core.precision import get_policy
+from purax.core.precision import canonical, get_policy
 from purax.nn.cnn import CNN
 from purax.nn.mlp import MLP
 from purax.nn.remat import check_remat
@@ -45,9 +45,14 @@ class ModelSpec:
   tokens: bool = False
 
   @property
+  def fields(self) -> frozenset[str]:
+    """The model class's fields."""
+    return frozenset(f.name for f in dataclasses.fields(self.cls))
+
+  @property
   def options(self) -> frozenset[str]:
     """The :class:`ModelConfig` options this model takes."""
-    return frozenset(f.name for f in dataclasses.fields(self.cls)) & frozenset(OPTIONS)
+    return self.fields & frozenset(OPTIONS)
 
 
 #: The model table: ``--model`` name -> :class:`ModelSpec` (flax class, help).
@@ -80,9 +85,12 @@ class ModelConfig:
       time flat in depth), False unrolls them (faster when shallow); when unset
       scanned above purax.nn.transformer.SCAN_LAYERS_ABOVE layers. A run
       records the choice in config.json.
-    precision: 'fp32', 'bf16' (params float32, compute bfloat16), 'fp16' (with
-      dynamic loss scaling) or 'params=DTYPE,compute=DTYPE' (',output=float32'
-      is accepted: losses are computed in float32).
+    precision: 'auto' (bf16 on a GPU or TPU, fp32 on the CPU; config.json
+      records the one chosen), 'fp32', 'bf16' (params float32, compute
+      bfloat16), 'fp16' (with dynamic loss scaling), 'fp8' (bf16 with the
+      transformer/lm matmuls in float8, for H100/H200) or
+      'params=DTYPE,compute=DTYPE[,matmul=float8]' (',output=float32' is
+      accepted: losses are computed in float32).
   """
 
   name: Annotated[Literal[tuple(MODELS)], tyro.conf.arg(name='model')] = 'cnn'
@@ -92,7 +100,7 @@ class ModelConfig:
   num_heads: int | None = None
   remat: str = 'none'
   scan_layers: bool | None = None
-  precision: str = 'fp32'
+  precision: str = 'auto'
 
   @property
   def spec(self) -> ModelSpec:
@@ -108,7 +116,10 @@ class ModelConfig:
       value = getattr(self, name)
       expect(value is None or 1 <= value < 2 ** 31, name, '>= 1 or unset', value, ConfigError)
     check_remat(self.remat)
-    get_policy(self.precision)
+    fp8_models = [n for n, m in MODELS.items() if 'fp8' in m.fields]
+    expect(not get_policy(self.precision).fp8 or self.name in fp8_models, 'precision',
+           f'a policy without float8 matmuls for --model {self.name} (float8 matmuls: '
+           f"{', '.join(fp8_models)})", repr(self.precision), ConfigError)
     takes = self.spec.options
     defaults = {f.name: f.default for f in dataclasses.fields(self)}
     for name in OPTIONS:
@@ -119,14 +130,18 @@ class ModelConfig:
     return self
 
   def with_sizes(self) -> 'ModelConfig':
-    """Sizes left unset taken from the model class's defaults, and an unset
-    ``scan_layers`` resolved by :func:`purax.nn.transformer.scans`, so that a
-    saved config records the parameter structure trained (a later change of a
-    model default or of the scan rule cannot change what a saved run restores)."""
+    """Sizes left unset taken from the model class's defaults, an unset
+    ``scan_layers`` resolved by :func:`purax.nn.transformer.scans` and the
+    precision by :func:`purax.core.precision.canonical` (``auto`` for this
+    platform; one name per policy), so that a saved config records the
+    parameter structure and precision trained (a later change of a model
+    default, of the scan rule or of the platform cannot change what a saved
+    run restores, and a resume elsewhere is compared with what it trained)."""
     defaults = {f.name: f.default for f in dataclasses.fields(self.spec.cls)}
     config = dataclasses.replace(self, **{k: defaults[k] for k in ('d_model', 'num_layers',
                                                                    'num_heads')
-                                          if getattr(self, k) is None and k in defaults})
+                                          if getattr(self, k) is None and k in defaults},
+                                 precision=canonical(self.precision))
     if config.scan_layers is None and 'scan_layers' in defaults:
       config = dataclasses.replace(config, scan_layers=scans(config.num_layers,
                                                              defaults['scan_layers']))

@@ -1,4 +1,5 @@
-"""Loops that run the user's step: unrolled where XLA:CPU would run them slowly.
+"""Loops that run the user's step, unrolled where XLA:CPU would run them slowly;
+and :func:`branch`, a conditional that does not stop an NVIDIA GPU.
 
 purax puts the user's step inside a loop in three places: ``k`` steps per call
 (:func:`purax.plan` ``steps_per_call``), microbatch accumulation
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
@@ -72,6 +74,55 @@ def fori_loop(lower: int, upper: int, body: Callable, init: Any):
   unrolled when :func:`unrolls` (``body(i, carry)``)."""
   unroll = unrolls(body, lower, init) and upper > lower
   return jax.lax.fori_loop(lower, upper, body, init, unroll=True if unroll else None)
+
+
+#: Platforms on which :func:`branch` computes both branches and selects: XLA's
+#: GPU runtime runs a conditional by copying the predicate to the host and
+#: blocking the host until the device has finished all work queued before it
+#: (``ConditionalThunk::ExecuteOnStream`` in
+#: ``xla/backends/gpu/runtime/conditional_thunk.cc``: ``Memcpy``, then
+#: ``BlockHostUntilDone``), so a ``lax.cond`` in a train step stops the host
+#: from queueing the next step while this one runs.
+SELECT_PLATFORMS = ('cuda', 'rocm')
+
+
+def branch(pred, true_fn: Callable, false_fn: Callable, *operands):
+  """``jax.lax.cond(pred, true_fn, false_fn, *operands)``, except on an NVIDIA
+  or AMD GPU (:data:`SELECT_PLATFORMS`), where both branches are computed and
+  each leaf of the result selected with ``jnp.where(pred, ...)``.
+
+  The choice follows the platform the program is lowered for
+  (``jax.lax.platform_dependent``), not the machine that traces it. On the
+  CPU (and TPU) a conditional runs only the branch taken, and on the CPU it
+  updates a large state in place where a select would copy it
+  (``benchmarks/README.md``, "the guard's forms"); on a GPU the select fuses
+  into the elementwise work that produces its operands, where a conditional
+  would block the host. Both branches must return the same pytree structure,
+  shapes and dtypes (as for ``lax.cond``).
+
+  Args:
+    pred: bool ``[]``.
+    true_fn, false_fn: functions of ``*operands``.
+    *operands: their arguments.
+
+  Returns:
+    ``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from purax.core import loops
+    >>> f = jax.jit(lambda x: loops.branch(x.sum() > 0, lambda x: x - 1, lambda x: x, x))
+    >>> f(jnp.ones(2)).tolist()
+    [0.0, 0.0]
+  """
+  def cond(*ops):
+    return jax.lax.cond(pred, true_fn, false_fn, *ops)
+
+  def select(*ops):
+    return jax.tree.map(lambda t, f: jnp.where(pred, t, f), true_fn(*ops), false_fn(*ops))
+
+  return jax.lax.platform_dependent(*operands, default=cond,
+                                    **{p: select for p in SELECT_PLATFORMS})
 
 
 #: XLA:CPU compiler options for a program that holds unrolled steps: the

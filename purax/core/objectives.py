@@ -163,7 +163,7 @@ def reduce(fn: Callable, outputs, batch, hparams) -> tuple[jax.Array, dict, jax.
 
 def _describe(x) -> str:
   if hasattr(x, 'shape') and hasattr(x, 'dtype'):
-    return f'{jnp.result_type(x)}{list(jnp.shape(x))}'
+    return f'{jnp.dtype(x.dtype)}{list(x.shape)}'
   return type(x).__name__
 
 
@@ -203,7 +203,7 @@ def _labels(batch, outputs, *, expect_shape, what: str):
   y = batch['y']
   expect(jnp.shape(y) == tuple(expect_shape), "batch['y'].shape",
          f'{list(expect_shape)} ({what}, matching the model outputs '
-         f'{list(jnp.shape(outputs))})', list(jnp.shape(y)))
+         f'{list(getattr(outputs, "shape", jnp.shape(outputs)))})', list(jnp.shape(y)))
   return y
 
 
@@ -287,16 +287,21 @@ def regression(predictions, batch, hparams):
 
 def _language_model(logits, batch, hparams, z_loss: float | None = None):
   """:func:`language_model`'s body; ``z_loss``: add ``z_loss * log(Z)**2``."""
-  expect(hasattr(logits, 'shape') and jnp.ndim(logits) == 3, 'model outputs',
+  chunked = isinstance(logits, losses.ChunkedLogits)
+  expect(hasattr(logits, 'shape') and len(logits.shape) == 3, 'model outputs',
          '[batch, seq, vocab] logits', _describe(logits))
-  y = _labels(batch, logits, expect_shape=jnp.shape(logits)[:2], what='next-token ids')
+  y = _labels(batch, logits, expect_shape=tuple(logits.shape[:2]), what='next-token ids')
   expect(jnp.issubdtype(jnp.result_type(y), jnp.integer), "batch['y'].dtype",
          'an integer dtype (token ids)', jnp.result_type(y))
+  expect(not (chunked and z_loss is not None), 'z_loss',
+         'a model returning full logits (a chunked loss has no z-loss)',
+         f'z_loss={z_loss} with logits_chunk={getattr(logits, "chunk", None)}', ConfigError)
   weight = _weight(batch, 2, y.shape)
   # The loss, the plain NLL and the accuracy (label logit == max; ties count)
   # from one shifted copy of the logits: no argmax pass.
   if z_loss is None:
-    values, nll, correct = losses.token_losses(logits, y, hparams['label_smoothing'])
+    values, nll, correct = (losses.chunked_token_losses if chunked else losses.token_losses)(
+        logits, y, hparams['label_smoothing'])
   else:
     values, nll, correct, log_z = losses.token_losses(logits, y, hparams['label_smoothing'],
                                                       log_z=True)
@@ -317,7 +322,9 @@ def language_model(logits, batch, hparams):
   """Per-token cross-entropy of next-token logits, in float32.
 
   Args:
-    logits: ``[batch, seq, vocab]``.
+    logits: ``[batch, seq, vocab]``, or a :class:`purax.core.losses.ChunkedLogits`
+      (hidden states and output projection: the loss is then computed a chunk
+      of tokens at a time, :func:`purax.core.losses.chunked_token_losses`).
     batch: ``{'y': int next tokens [batch, seq], 'weight': optional [batch] or
       [batch, seq]}``.
     hparams: ``{'label_smoothing': float32 []}``.

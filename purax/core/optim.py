@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from purax.core import loops
 from purax.core.errors import ConfigError, expect, expect_kind
 
 
@@ -104,9 +105,15 @@ def global_norm(tree) -> jax.Array:
 
   ``optax.global_norm`` squares the values: gradients of ~1e20 give ``inf``
   (the square overflows float32) and values below ~1e-23 give 0 (it
-  underflows). Here the values are divided by the largest magnitude first,
-  so the norm is right (to float32 rounding) whenever it is itself a finite
-  float32; it is ``inf`` / NaN when a value is.
+  underflows). Here the norm is right (to float32 rounding) whenever it is
+  itself a finite float32; it is ``inf`` / NaN when a value is. On the CPU
+  (and TPU) the values are divided by the largest magnitude and summed
+  again, in a branch taken at run time only when the plain sum of squares
+  overflowed or underflowed; on a GPU (where a conditional blocks the host,
+  :func:`purax.core.loops.branch`) the sums of squares of the values scaled
+  by ``2**-66`` and ``2**66`` are taken in the same pass as the plain one
+  (three reductions of one read, which XLA fuses) and the right one chosen:
+  exact to rounding unless every value is below ~``1e-36``.
 
   Args:
     tree: a pytree of float arrays, any float dtype (computed in float32).
@@ -114,19 +121,44 @@ def global_norm(tree) -> jax.Array:
   leaves = [jnp.asarray(x).astype(jnp.float32) for x in jax.tree.leaves(tree)]
   if not leaves:
     return jnp.zeros((), jnp.float32)
+  # The plain sum of squares is exact enough unless it overflowed or underflowed.
+  plain = _sum_squares(leaves)
+  usable = jnp.isfinite(plain) & (plain > 1e-30)
 
   def rescaled():
     biggest = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in leaves]))
     scale = jnp.where(jnp.isfinite(biggest) & (biggest > 0), biggest, 1.0)
-    total = sum(jnp.sum(jnp.square(x / scale)) for x in leaves)
     # A non-finite value: x / 1.0 keeps it, and the norm is inf or NaN as it should be.
-    return scale * jnp.sqrt(total)
+    return scale * jnp.sqrt(_sum_squares(leaves, 1.0 / scale))
 
-  # The plain sum of squares is exact enough unless it overflowed or
-  # underflowed; only then (a branch taken at run time) is the second pass paid.
-  plain = sum(jnp.sum(jnp.square(x)) for x in leaves)
-  usable = jnp.isfinite(plain) & (plain > 1e-30)
-  return jax.lax.cond(usable, lambda: jnp.sqrt(plain), rescaled)
+  def on_cpu():
+    return jax.lax.cond(usable, lambda: jnp.sqrt(plain), rescaled)
+
+  def on_gpu():
+    return _one_pass_norm(leaves, plain, usable)
+
+  return jax.lax.platform_dependent(default=on_cpu,
+                                    **{p: on_gpu for p in loops.SELECT_PLATFORMS})
+
+
+def _sum_squares(leaves, scale=None) -> jax.Array:
+  return sum(jnp.sum(jnp.square(x if scale is None else x * scale)) for x in leaves)
+
+
+def _one_pass_norm(leaves, plain, usable) -> jax.Array:
+  """:func:`global_norm` without a branch: the sums of squares of the values
+  scaled by ``2**-66`` (right when the plain sum overflowed: any finite norm
+  fits) and ``2**66`` (when it underflowed: ``plain <= 1e-30`` bounds every
+  value by 1e-15), reductions of the same read as ``plain``."""
+  big = _sum_squares(leaves, 2.0 ** -66)
+  small = _sum_squares(leaves, 2.0 ** 66)
+  overflowed = jnp.logical_not(jnp.isfinite(plain))
+  # where() inside each sqrt: the branches not chosen get no infinite derivative
+  # (a meta-gradient through the norm stays finite).
+  root = lambda x, chosen: jnp.sqrt(jnp.where(chosen, x, 1.0))   # noqa: E731
+  return jnp.where(usable, root(plain, usable),
+                   jnp.where(overflowed, 2.0 ** 66 * root(big, overflowed),
+                             2.0 ** -66 * root(small, jnp.logical_not(overflowed))))
 
 
 def clip_by_global_norm(max_norm, *, use_given_norm: bool = False

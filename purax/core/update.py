@@ -298,10 +298,12 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
   # updates (a pass over every parameter) would have to run before the cond.
   finite = (jnp.isfinite(grad_norm) & jnp.isfinite(metrics['loss'].total)
             & hparams_lib.all_finite(state))
-  # A branch taken at run time, not a select over every leaf: a select keeps
-  # the old params/opt_state alive next to the new ones, which makes XLA copy
-  # the optimizer's moments before updating them in place (a third of a small
-  # model's step on CPU). The skip branch returns the fields as they were.
+  # A branch taken at run time, not a select over every leaf: on the CPU a
+  # select keeps the old params/opt_state alive next to the new ones, which
+  # makes XLA copy the optimizer's moments before updating them in place (a
+  # third of a small model's step). On a GPU it is the select (loops.branch):
+  # a conditional there blocks the host until the step's work is done. The
+  # skip branch returns the fields as they were.
   fields = ('params', 'opt_state', 'model_state')
 
   def updated(state):
@@ -317,7 +319,7 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
                                  / jnp.maximum(metrics['loss'].count, 1e-12), grad_norm)
     take = take & jnp.logical_not(spike)
   new_state = state.replace(step=state.step + 1,
-                            **dict(zip(fields, jax.lax.cond(take, updated, kept, state))))
+                            **dict(zip(fields, loops.branch(take, updated, kept, state))))
   # A skipped update counts in 'skipped' and nowhere else (its loss metrics
   # are zeroed so the window's averages stay finite); a frozen member's step
   # counts nowhere at all.

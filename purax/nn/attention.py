@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purax.nn import fp8
+
 Implementation = Literal['xla', 'cudnn']
 
 #: Initialisation of every projection (GPT-2: normal, standard deviation 0.02).
@@ -183,6 +185,8 @@ class SelfAttention(nn.Module):
     implementation: the attention kernel; None chooses for the device
       (:func:`attention_implementation`).
     out_stddev: initial standard deviation of the output projection.
+    fp8: the query/key/value and output projections in float8
+      (:func:`purax.nn.fp8.matmul`); attention itself stays in ``dtype``.
     dtype: compute dtype; param_dtype: storage dtype.
   """
 
@@ -193,6 +197,7 @@ class SelfAttention(nn.Module):
   implementation: Implementation | None = None
   out_stddev: float = INIT_STD
   rope_base: float = 10000.0
+  fp8: bool = False
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -217,7 +222,11 @@ class SelfAttention(nn.Module):
     out_bias = self.param('out_bias', nn.with_logical_partitioning(
         nn.initializers.zeros_init(), ('embed',)), (embed,), self.param_dtype)
     x = x.astype(self.dtype)
-    qkv = jnp.einsum('bsd,dkhf->kbshf', x, qkv_kernel.astype(self.dtype))
+    if self.fp8:
+      qkv = fp8.matmul(x, qkv_kernel.astype(self.dtype).reshape(embed, -1))
+      qkv = jnp.moveaxis(qkv.reshape(batch, seq, 3, self.num_heads, head_dim), 2, 0)
+    else:
+      qkv = jnp.einsum('bsd,dkhf->kbshf', x, qkv_kernel.astype(self.dtype))
     qkv = qkv + qkv_bias.astype(self.dtype)[:, None, None]
     q, k, v = qkv[0], qkv[1], qkv[2]
     if self.rope:
@@ -230,7 +239,11 @@ class SelfAttention(nn.Module):
                    implementation=self.implementation
                    or attention_implementation(self.dtype, head_dim, seq_len=seq),
                    fallback=self.implementation is None)
-    out = jnp.einsum('bshf,hfd->bsd', out, out_kernel.astype(self.dtype))
+    if self.fp8:
+      out = fp8.matmul(out.reshape(batch, seq, embed),
+                       out_kernel.astype(self.dtype).reshape(embed, embed))
+    else:
+      out = jnp.einsum('bshf,hfd->bsd', out, out_kernel.astype(self.dtype))
     return out + out_bias.astype(self.dtype)[None, None]
 
   def _decode(self, q, k, v, cache_index):

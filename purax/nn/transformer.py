@@ -27,6 +27,7 @@ Su et al. 2021, RoFormer (rotary positions).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -34,7 +35,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from purax.core import losses
 from purax.core.errors import ConfigError, DataError, expect
+from purax.nn import fp8
 from purax.nn.attention import INIT_STD, Implementation, SelfAttention, param_with_names
 from purax.nn.remat import REMAT_POLICIES, check_remat
 
@@ -105,10 +108,12 @@ def layer_norm(dtype, param_dtype, name=None) -> LayerNorm:
 
 
 class MLP(nn.Module):
-  """``Dense(ratio * embed)``-GELU-``Dense(embed)`` on ``[batch, seq, embed]``."""
+  """``Dense(ratio * embed)``-GELU-``Dense(embed)`` on ``[batch, seq, embed]``
+  (both matmuls in float8 with ``fp8``: :func:`purax.nn.fp8.matmul`)."""
 
   ratio: int = 4
   out_stddev: float = INIT_STD
+  fp8: bool = False
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -123,9 +128,10 @@ class MLP(nn.Module):
                           self.out_stddev)
     b2 = self.param('bo', nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                        ('embed',)), (embed,), self.param_dtype)
-    h = jnp.einsum('bsd,dh->bsh', x.astype(self.dtype), w1.astype(self.dtype))
+    dot = fp8.matmul if self.fp8 else functools.partial(jnp.einsum, '...d,dh->...h')
+    h = dot(x.astype(self.dtype), w1.astype(self.dtype))
     h = nn.gelu(h + b1.astype(self.dtype)[None, None])
-    out = jnp.einsum('bsh,hd->bsd', h, w2.astype(self.dtype))
+    out = dot(h, w2.astype(self.dtype))
     return out + b2.astype(self.dtype)[None, None]
 
 
@@ -148,6 +154,7 @@ class Block(nn.Module):
   decode: bool = False
   implementation: Implementation | None = None
   out_stddev: float = INIT_STD
+  fp8: bool = False
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -155,9 +162,10 @@ class Block(nn.Module):
   def __call__(self, x, positions=None, cache_index=None):
     attention = SelfAttention(self.num_heads, causal=self.causal, rope=self.rope,
                               decode=self.decode, implementation=self.implementation,
-                              out_stddev=self.out_stddev, dtype=self.dtype,
+                              out_stddev=self.out_stddev, fp8=self.fp8, dtype=self.dtype,
                               param_dtype=self.param_dtype, name='attention')
-    mlp = MLP(self.mlp_ratio, self.out_stddev, self.dtype, self.param_dtype, name='mlp')
+    mlp = MLP(self.mlp_ratio, self.out_stddev, self.fp8, self.dtype, self.param_dtype,
+              name='mlp')
     drop = lambda h: nn.Dropout(self.dropout_rate, deterministic=self.deterministic)(h)
     norm1 = layer_norm(self.dtype, self.param_dtype, 'norm1')
     norm2 = layer_norm(self.dtype, self.param_dtype, 'norm2')
@@ -228,6 +236,8 @@ class TransformerEncoder(nn.Module):
     remat: a key of :data:`purax.nn.remat.REMAT_POLICIES` (``'none'``,
       ``'full'``, ``'dots_saveable'``, ...).
     implementation: attention kernel (None: chosen for the device).
+    fp8: the blocks' projections and MLP matmuls in float8
+      (:mod:`purax.nn.fp8`; for H100/H200, with ``dtype`` bfloat16).
     dtype: compute dtype; param_dtype: storage dtype.
 
   Raises:
@@ -244,6 +254,7 @@ class TransformerEncoder(nn.Module):
   scan_layers: bool | None = None
   remat: str = 'none'
   implementation: Implementation | None = None
+  fp8: bool = False
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -264,7 +275,7 @@ class TransformerEncoder(nn.Module):
     kwargs = dict(num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
                   dropout_rate=self.dropout_rate, deterministic=not train,
                   pre_norm=self.pre_norm, implementation=self.implementation,
-                  dtype=self.dtype, param_dtype=self.param_dtype)
+                  fp8=self.fp8, dtype=self.dtype, param_dtype=self.param_dtype)
     x = stack(kwargs, num_layers=self.num_layers, scan_layers=self.scan_layers,
               remat=self.remat, x=x)
     if self.pre_norm:
@@ -298,8 +309,15 @@ class DecoderLM(nn.Module):
     max_len: longest sequence with ``positions='learned'``.
     positions: ``'rope'`` or ``'learned'``.
     dropout_rate: dropout on embeddings and residual branches in training.
-    scan_layers, remat, implementation, dtype, param_dtype: as in
+    scan_layers, remat, implementation, fp8, dtype, param_dtype: as in
       :class:`TransformerEncoder`.
+    logits_chunk: 0 (default): the output is the logits. ``> 0``: in training
+      and evaluation the output is a :class:`purax.core.losses.ChunkedLogits`
+      (the final hidden states and the embedding table) and
+      :func:`purax.core.objectives.language_model` computes the loss this
+      many tokens at a time, never holding the ``[batch, seq, vocab]``
+      logits (for when they dominate the step's temporary memory: a large
+      vocabulary); decoding still returns logits.
 
   Raises:
     ConfigError: inconsistent sizes, unknown ``positions`` or ``remat``.
@@ -318,6 +336,8 @@ class DecoderLM(nn.Module):
   scan_layers: bool | None = None
   remat: str = 'none'
   implementation: Implementation | None = None
+  fp8: bool = False
+  logits_chunk: int = 0
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -327,6 +347,9 @@ class DecoderLM(nn.Module):
   def __call__(self, tokens: jax.Array, *, train: bool = False,
                decode: bool = False) -> jax.Array:
     _check(self, self.d_model, self.num_heads, self.remat, self.positions == 'rope')
+    expect(isinstance(self.logits_chunk, int) and self.logits_chunk >= 0, 'logits_chunk',
+           'an integer >= 0 (tokens per chunk of the loss; 0: full logits)',
+           repr(self.logits_chunk), ConfigError)
     expect(self.positions in ('rope', 'learned'), 'positions', "'rope' or 'learned'",
            repr(self.positions), ConfigError)
     expect(tokens.ndim == 2 and jnp.issubdtype(tokens.dtype, jnp.integer), 'tokens',
@@ -357,12 +380,14 @@ class DecoderLM(nn.Module):
     kwargs = dict(num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
                   dropout_rate=self.dropout_rate, deterministic=not train, causal=True,
                   rope=self.positions == 'rope', pre_norm=True, decode=decode,
-                  implementation=self.implementation,
+                  implementation=self.implementation, fp8=self.fp8,
                   out_stddev=INIT_STD / math.sqrt(2 * self.num_layers),
                   dtype=self.dtype, param_dtype=self.param_dtype)
     x = stack(kwargs, num_layers=self.num_layers, scan_layers=self.scan_layers,
               remat=self.remat, x=x, positions=positions, cache_index=cache_index)
     x = layer_norm(self.dtype, self.param_dtype, 'final_norm')(x)
+    if self.logits_chunk and not decode:
+      return losses.ChunkedLogits(x.astype(self.dtype), embed.embedding, self.logits_chunk)
     return embed.attend(x)
 
 

@@ -159,7 +159,8 @@ def test_precision_accumulation_and_remat_options(tmp_path, capsys):
   assert sum(r.get('train/skipped', 0) for r in rows) == 0, rows
   assert json.loads((tmp_path / 'h' / 'final_metrics.json').read_text())['step'] == 12
   for args, message in [
-      (['--precision', 'fp8'], "precision: expected one of ['bf16', 'fp16', 'fp32']"),
+      (['--precision', 'fp4'], "precision: expected one of ['bf16', 'fp16', 'fp32', 'fp8', 'auto']"),
+      (['--precision', 'fp8'], 'precision: expected a policy without float8 matmuls for --model cnn'),
       (['--microbatches', '3'], 'batch_size: expected a multiple of microbatches=3, got 64'),
       (['--remat', 'full'], "remat: expected unset for --model cnn (its options: dropout_rate)"),
       (['--remat', 'some'], "remat: expected one of"),

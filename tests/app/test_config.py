@@ -100,3 +100,35 @@ def test_which_fields_may_change_on_resume_is_read_from_the_fields():
       'run.fit_memory', 'run.memory_budget', 'run.fit_memory_precisions'}
   assert purax_fields.names(config_lib.RunConfig, purax_fields.CADENCE) == (
       'log_every', 'eval_every', 'checkpoint_every', 'ema_every', 'histograms')
+
+
+def test_precision_auto_is_recorded_as_the_policy_it_resolved_to_and_a_resume_compares_it(
+    monkeypatch):
+  from purax.core import precision
+  assert TrainConfig().model.precision == 'auto'
+  on_cpu = TrainConfig.of(model='lm', workdir='w').resolved()
+  assert on_cpu.model.precision == 'fp32'
+  assert TrainConfig.from_json(on_cpu.to_json()) == on_cpu
+  monkeypatch.setattr(precision, 'platform', lambda: 'gpu')
+  on_gpu = TrainConfig.of(model='lm', workdir='w').resolved()
+  assert on_gpu.model.precision == 'bf16'
+  monkeypatch.undo()
+  # A run trained on a GPU, resumed on the CPU with the default: named, not
+  # silently continued in another precision.
+  with pytest.raises(ConfigError, match=r"precision: expected 'bf16' \(as in the run being "
+                                        r"resumed.*got 'fp32'"):
+    TrainConfig.of(model='lm', workdir='w').check_resumable(on_gpu)
+  TrainConfig.of(model='lm', workdir='w', precision='bf16').check_resumable(on_gpu)
+  # Runs written before: 'fp32' (the default then) resumes under 'auto' on the
+  # CPU, and a spelled-out policy resumes under its preset's name.
+  TrainConfig.of(model='lm', workdir='w').check_resumable(TrainConfig.of(model='lm',
+                                                                         precision='fp32'))
+  TrainConfig.of(model='lm', workdir='w', precision='bf16').check_resumable(TrainConfig.of(
+      model='lm', precision='params=float32,compute=bfloat16,output=float32'))
+
+
+def test_float8_matmuls_are_refused_for_a_model_without_them():
+  TrainConfig.of(model='lm', precision='fp8').model.validate()
+  with pytest.raises(ConfigError, match=r"precision: expected a policy without float8 matmuls "
+                                        r"for --model mlp \(float8 matmuls: transformer, lm\)"):
+    TrainConfig.of(model='mlp', precision='fp8').model.validate()

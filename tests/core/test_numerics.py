@@ -76,14 +76,23 @@ def test_transformer_layer_norm_value_and_gradients_are_the_exact_two_pass_ones(
   assert low.dtype == jnp.bfloat16
 
 
+@pytest.mark.parametrize('form', ['branch', 'one pass'])
 @pytest.mark.parametrize('magnitude', [1e20, 1e-25, 1.0])
-def test_global_norm_neither_overflows_nor_underflows(magnitude):
+def test_global_norm_neither_overflows_nor_underflows(magnitude, form, monkeypatch):
+  # 'one pass' is the form a GPU runs (purax.core.loops.SELECT_PLATFORMS),
+  # run here on the CPU: the same norm, and no conditional in the program.
+  from purax.core import loops
+  if form == 'one pass':
+    monkeypatch.setattr(loops, 'SELECT_PLATFORMS', loops.SELECT_PLATFORMS + ('cpu',))
   tree = {'a': jnp.asarray(RNG.normal(size=(64,)) * magnitude, jnp.float32),
           'b': jnp.asarray(RNG.normal(size=(3, 5)) * magnitude, jnp.float32)}
   ref = np.sqrt(sum(np.sum(np.asarray(v, np.float64) ** 2) for v in tree.values()))
   np.testing.assert_allclose(optim.global_norm(tree), ref, rtol=1e-5)
   assert not np.isfinite(optim.global_norm({'a': jnp.float32([1.0, np.inf])}))
   assert np.isnan(optim.global_norm({'a': jnp.float32([1.0, np.nan])}))
+  if magnitude == 1.0:
+    hlo = jax.jit(lambda t: optim.global_norm(t)).lower(tree).compile().as_text()
+    assert ('conditional(' in hlo) == (form == 'branch')
 
 
 def test_clipping_a_huge_gradient_gives_max_norm_not_zero():

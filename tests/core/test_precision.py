@@ -4,6 +4,7 @@ cannot (float16 params: the optimizer's arithmetic in float16) is refused."""
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -66,3 +67,33 @@ def test_an_output_dtype_other_than_float32_is_refused_not_ignored(value):
   assert str(get_policy('compute=bf16,output=f32')) == \
       'params=float32,compute=bfloat16,output=float32'
 
+
+
+def test_auto_is_float32_on_the_cpu_and_bf16_compute_with_float32_params_elsewhere(monkeypatch):
+  from purax.core import precision
+  assert precision.platform() == 'cpu'
+  assert get_policy('auto') == Policy() and precision.canonical('auto') == 'fp32'
+  for name in ('gpu', 'tpu'):
+    monkeypatch.setattr(precision, 'platform', lambda: name)
+    policy = get_policy('auto')
+    assert (policy.param_dtype, policy.compute_dtype, policy.fp8) == (np.float32, jnp.bfloat16,
+                                                                      False)
+    assert precision.canonical(' auto') == 'bf16'
+  # One name per policy: a spelled-out preset is recorded as the preset.
+  assert precision.canonical('params=float32,compute=bfloat16,output=float32') == 'bf16'
+  assert precision.canonical('params=bfloat16,compute=bfloat16') == \
+      'params=bfloat16,compute=bfloat16,output=float32'
+
+
+def test_fp8_is_a_preset_and_a_matmul_field_of_a_16_bit_compute_policy():
+  fp8 = get_policy('fp8')
+  assert fp8.fp8 and fp8.compute_dtype == jnp.bfloat16 and fp8.param_dtype == jnp.float32
+  assert fp8.model_kwargs() == {'dtype': jnp.bfloat16, 'param_dtype': jnp.float32, 'fp8': True}
+  assert get_policy(str(fp8)) == fp8 and str(fp8) == \
+      'params=float32,compute=bfloat16,matmul=float8,output=float32'
+  assert 'fp8' not in get_policy('bf16').model_kwargs()
+  with pytest.raises(purax.ConfigError, match=r'precision matmul: expected float8 only with '
+                                              r'compute=bfloat16 or float16'):
+    get_policy('compute=float32,matmul=float8')
+  with pytest.raises(purax.ConfigError, match=r"precision matmul: expected one of"):
+    get_policy('compute=bf16,matmul=int4')

@@ -195,6 +195,42 @@ def test_on_finite_batches_the_guarded_step_is_bitwise_the_unguarded_one(model):
   assert float(g_acc['skipped'].value) == 0 and int(g_acc['skip_streak'].longest) == 0
 
 
+def test_on_a_gpu_the_guard_is_a_select_with_the_same_numbers(monkeypatch):
+  # XLA:GPU's conditional blocks the host (purax.core.loops.branch): lowered
+  # for CUDA the guard and the norm are selects (the program has as many
+  # conditionals as the CPU's with the select forms: only jax's constant
+  # platform switch), and the select forms give bitwise the conditional's
+  # updates and skips, run here on the CPU.
+  from purax.core import loops
+  task = mlp_task()
+  batch = batch_of(8, 0)
+  poisoned = dict(batch, x=np.where(np.arange(6) == 2, np.nan, batch['x']).astype(np.float32))
+  state = task.init(jax.random.key(0), batch)
+
+  def run():
+    lowered = jax.jit(lambda s, b: task.step(s, b)).lower(state, batch)   # a fresh trace
+    compiled = lowered.compile()
+    return [compiled(state, b) for b in (batch, poisoned)], lowered, compiled.as_text()
+
+  with_cond, _, hlo = run()
+  assert 'conditional(' in hlo
+  cuda = jax.jit(lambda s, b: task.step(s, b)).trace(state, batch).lower(
+      lowering_platforms=('cuda',)).as_text()
+  monkeypatch.setattr(loops, 'SELECT_PLATFORMS', loops.SELECT_PLATFORMS + ('cpu',))
+  with_select, lowered, hlo = run()
+  assert 'conditional(' not in hlo
+  cpu_select = lowered.as_text()
+  assert cuda.count('stablehlo.case') == cpu_select.count('stablehlo.case')
+  assert cuda.count('stablehlo.select') == cpu_select.count('stablehlo.select')
+  for (a, metrics_a), (b, metrics_b) in zip(with_cond, with_select):
+    assert_bitwise(a.replace(rng=jax.random.key_data(a.rng)),
+                   b.replace(rng=jax.random.key_data(b.rng)))
+    assert_bitwise(metrics_a, metrics_b, 'metrics')
+  assert metrics_lib.compute(with_select[1][1])['skipped'] == 1
+  assert tree_equal(with_select[1][0].params, state.params)
+  assert not tree_equal(with_select[0][0].params, state.params)
+
+
 @pytest.mark.parametrize('model', ['mlp', 'cnn'])
 def test_the_norm_handed_to_adamws_clipping_is_the_one_it_would_compute(model):
   # The step computes the gradients' global norm once and hands it to

@@ -375,3 +375,24 @@ def test_float16_attention_runs_on_the_cpu():
   out = generate(model, state.params, batch['x'][:, :4], key=jax.random.key(0),
                  max_new_tokens=3, temperature=0.0)
   assert out.shape == (2, 3)                     # the new tokens
+
+
+def test_what_a_gpu_user_gets_without_flags(pretend_cudnn, monkeypatch):
+  # `purax train --model lm` with no precision, layout or kernel named, its
+  # platform faked as a GPU: bf16 compute on float32 params (recorded as
+  # 'bf16'), the layers unrolled at this depth, cuDNN attention (the guard's
+  # select form: tests/core/test_update.py).
+  from purax.app import models
+  from purax.app.config import TrainConfig
+  from purax.core import precision
+  monkeypatch.setattr(precision, 'platform', lambda: 'gpu')
+  config = TrainConfig.of(model='lm', workdir='w', num_layers=2, d_model=64).resolved()
+  assert (config.model.precision, config.model.scan_layers) == ('bf16', False)
+  model = models.build(config.model, num_classes=256, seq_len=32)
+  assert (model.dtype, model.param_dtype) == (jnp.bfloat16, jnp.float32)
+  task = purax.Task(model=model, tx=purax.adamw(learning_rate=1e-3, total_steps=10),
+                    loss=purax.objectives.language_model)
+  batch = {'x': jnp.zeros((2, 32), jnp.int32), 'y': jnp.zeros((2, 32), jnp.int32)}
+  state = jax.eval_shape(task.init, jax.random.key(0), batch)
+  text = jax.jit(task.step).trace(state, batch).lower(lowering_platforms=('cuda',)).as_text()
+  assert kernels_in_hlo(text) == ['__cudnn$fmhaSoftmax', '__cudnn$fmhaSoftmaxBackward']
