@@ -6,7 +6,8 @@ compares:
 
 - the final checkpoint (params, optimizer state, rng, metrics window): bitwise;
 - ``metrics.jsonl``: every record of the straight run, in order, bitwise in
-  every value but ``time`` and ``steps_per_sec`` (no record lost, none doubled).
+  every value but the timings (``purax.io.writers.TIMINGS``: ``time``,
+  ``steps_per_sec``, ``compile_s``; no record lost, none doubled).
 
 Kill moments: some during start-up (a random delay after launch, before the
 first checkpoint or while loading and compiling), the others right after a
@@ -28,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from purax.io import writers
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
 ENV['PYTHONPATH'] = ROOT + os.pathsep + ENV.get('PYTHONPATH', '')
@@ -35,7 +38,7 @@ ENV['PYTHONPATH'] = ROOT + os.pathsep + ENV.get('PYTHONPATH', '')
 
 def records(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [{k: v for k, v in json.loads(l).items() if k not in ('time', 'steps_per_sec')}
+    return [{k: v for k, v in json.loads(l).items() if k not in writers.TIMINGS}
             for l in f if l.strip()]
 
 

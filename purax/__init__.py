@@ -29,6 +29,7 @@ from purax.core import find_nonfinite as find_nonfinite
 from purax.core import loss_function as loss_function
 from purax.core import metrics as metrics
 from purax.core import objectives as objectives
+from purax.core.summary import summary as summary
 from purax.io.checkpoint import Checkpointer as Checkpointer
 from purax.io.checkpoint.run import restore_or_init as restore_or_init
 from purax import hooks as hooks

@@ -36,12 +36,14 @@ from typing import Any, Iterable, Literal
 import jax
 
 from purax.core import metrics as metrics_lib
-from purax.core.errors import ConfigError, expect, expect_kind
+from purax.core import shapes
+from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.population import Population
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.hooks.builtin import standard
 from purax.hooks.loop import Loop, cadences, due, gcd, name_of
+from purax.io import compile_time
 from purax.io.checkpoint import layout
 from purax.io.checkpoint.run import Restored
 from purax.io.pipeline import owned
@@ -273,7 +275,7 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   host_batches = plan.checked(source.batches)
   first = next(host_batches, None)
   if first is not None:
-    _check_model(task, restored.state, first)
+    _check_model(task, restored.state, first, start)
     _check_batch_size(restored, first)
     source.batch_size = leading_size(first)
   loop = Loop(task, plan, plan.place(restored.state), restored.train_metrics, start,
@@ -295,16 +297,22 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   batches = itertools.chain([first], host_batches) if first is not None else iter(())
   try:
     for batch, taken in plan.device_batches(batches, loop):
-      loop.state, loop.metrics = plan.train_step(loop.state, loop.metrics, batch)
+      try:
+        loop.state, loop.metrics = plan.train_step(loop.state, loop.metrics, batch)
+      except DataError as e:    # a batch of another shape, found as the call is traced
+        raise DataError(f'train_data batch of step {loop.step}' + (
+            f' (or one of the {taken} batches of its call)' if taken > 1 else '') + f': {e}'
+                        ) from e
       loop.first, loop.step = loop.step, loop.step + taken
       loop.position = source.position(loop.step, taken)
       loop.at_end, loop.record = loop.step == loop.num_steps, {}
-      loop.began = time.perf_counter()
+      loop.began, loop.began_compile = time.perf_counter(), compile_time.seconds()
       for hook in hooks:
         if due(hook.every, loop.first, loop.step, at_end=loop.at_end and hook.at_end,
                evaluated=hook.every == 0 and loop.evaluated):   # read only where it decides
           loop.run_hook(hook)
       loop.hook_s, loop.began = loop.hook_seconds(), None
+      loop.hook_compile_s, loop.began_compile = loop.hook_compile_seconds(), None
       if loop.stop or loop.at_end:
         break
     else:
@@ -351,13 +359,19 @@ def _check(state, train_data, steps, steps_per_call, hooks) -> None:
            ConfigError)
 
 
-def _check_model(task, state, batch) -> None:
+def _check_model(task, state, batch, step: int) -> None:
   """The state's params are the task's model's (paths, shapes, dtypes), checked
   against the abstract init of the first batch (cached: free): a state of
-  another model is a named ConfigError, not a failure deep in the model."""
+  another model is a named ConfigError, not a failure deep in the model; a
+  first batch of another per-example shape than the one the params were built
+  from (:mod:`purax.core.shapes`) is a DataError naming its field and step."""
   if isinstance(state, Population):   # its batches may carry a members axis: the plan checks
     return
   given = layout.signature(state.params)
-  layout.check_signature(given, layout.signature(task.abstract_state(batch).params),
-                         'fit: state.params', holder='the state', cls=ConfigError,
-                         why="a state of another model than the task's")
+  expected = layout.signature(task.abstract_state(batch).params)
+  if given != expected:
+    message = shapes.mismatch(task, state.params, batch)
+    if message is not None:
+      raise DataError(f'train_data batch of step {step}: {message}')
+  layout.check_signature(given, expected, 'fit: state.params', holder='the state',
+                         cls=ConfigError, why="a state of another model than the task's")

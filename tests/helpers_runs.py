@@ -11,6 +11,7 @@ import numpy as np
 
 from purax.app import job as job_lib
 from purax.app.rundir import read_config
+from purax.io import writers
 from purax.io.checkpoint import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -58,7 +59,7 @@ def logged(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     for line in f:
       rec = json.loads(line)
-      out.append({k: v for k, v in rec.items() if k not in ('time', 'steps_per_sec')})
+      out.append({k: v for k, v in rec.items() if k not in writers.TIMINGS})
   return out
 
 

@@ -211,3 +211,17 @@ def test_fit_rejects_bad_arguments():
   state = task.init(jax.random.key(0), train[0])
   with pytest.raises(purax.ConfigError, match='log_every: expected >= 1, got 0'):
     loop.fit(task, state, train, hooks=purax.hooks.standard(log_every=0, progress=False))
+
+
+@pytest.mark.parametrize('at', [0, 2])
+def test_a_batch_of_another_shape_is_named_with_its_step(at):
+  """Issue 29.5: through fit the DataError also names the step (the first batch
+  too, which fit checks before anything compiles: not 'a state of another model')."""
+  task = tiny_task('mlp')
+  data = [tiny_batch(seed=s) for s in range(4)]
+  data[at] = tiny_batch(seed=at, shape=(4, 4, 1))
+  state = task.init(jax.random.key(0), data[1 - at // 2])
+  with pytest.raises(purax.DataError, match=rf"^train_data batch of step {at}: batch\['x'\]"
+                     r'.shape: expected \[batch, 8, 8, 1\] \(the batch task.init built the '
+                     r'params from\), got \(8, 4, 4, 1\)$'):
+    loop.fit(task, state, data, steps_per_call=1, hooks=[])

@@ -140,24 +140,24 @@ class DebugNanConfig:
   step: int | None = None
 
 
-Command = Union[
-    Annotated[Train, tyro.conf.subcommand('train', description='Train a model.')],
-    Annotated[EvalConfig, tyro.conf.subcommand('eval', description='Evaluate a run.')],
-    Annotated[ExportConfig, tyro.conf.subcommand(
-        'export', description="Export a run's predict function: jax.export, ONNX or SavedModel.")],
-    Annotated[Sweep, tyro.conf.subcommand(
-        'sweep', description='Train a population of runs over hyperparameters and seeds.')],
-    Annotated[GenerateConfig, tyro.conf.subcommand(
-        'generate', description='Sample text from a trained language model.')],
-    Annotated[PlotConfig, tyro.conf.subcommand(
-        'plot', description="Plot a run's or a sweep's learning curves to a PNG.")],
-    Annotated[DebugNanConfig, tyro.conf.subcommand(
-        'debug-nan', description='Replay a skipped non-finite update of a run: where its '
-        'NaN came from.')],
-    Annotated[tyro.conf.OmitSubcommandPrefixes[TuneConfig], tyro.conf.subcommand(
-        'tune', description='Tune a hyperparameter: `purax tune lr` (the learning-rate '
-        'range test).')],
-]
+#: The subcommands: name -> (config type, description). ``purax NAME ...`` is
+#: parsed against its own type only, so an option error names (and suggests)
+#: that subcommand's options, not another's.
+SUBCOMMANDS = {
+    'train': (Train, 'Train a model.'),
+    'eval': (EvalConfig, 'Evaluate a run.'),
+    'export': (ExportConfig, "Export a run's predict function: jax.export, ONNX or SavedModel."),
+    'sweep': (Sweep, 'Train a population of runs over hyperparameters and seeds.'),
+    'generate': (GenerateConfig, 'Sample text from a trained language model.'),
+    'plot': (PlotConfig, "Plot a run's or a sweep's learning curves to a PNG."),
+    'debug-nan': (DebugNanConfig, 'Replay a skipped non-finite update of a run: where its '
+                  'NaN came from.'),
+    'tune': (tyro.conf.OmitSubcommandPrefixes[TuneConfig],
+             'Tune a hyperparameter: `purax tune lr` (the learning-rate range test).'),
+}
+
+Command = Union[tuple(Annotated[kind, tyro.conf.subcommand(name, description=text)]
+                      for name, (kind, text) in SUBCOMMANDS.items())]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -196,7 +196,11 @@ def parse(argv: Sequence[str]):
   argv = list(argv)
   saved = _saved_config(argv)
   if saved is not None:
-    return tyro.cli(Train, args=argv[1:], default=saved, prog='purax train')
+    return tyro.cli(Train, args=argv[1:], default=saved, prog='purax train',
+                    description=SUBCOMMANDS['train'][1])
+  if argv and argv[0] in SUBCOMMANDS:
+    kind, text = SUBCOMMANDS[argv[0]]
+    return tyro.cli(kind, args=argv[1:], prog=f'purax {argv[0]}', description=text)
   return tyro.cli(Command, args=argv, prog='purax',
                   description='purax: a pure-functional training core for JAX.')
 

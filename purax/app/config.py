@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 import types
 import typing
@@ -40,6 +41,7 @@ from purax.app.fields import field
 from purax.app.data import INT32_LIMIT, DataConfig
 from purax.app.models import ModelConfig
 from purax.core.errors import ConfigError, expect
+from purax.core.metrics import Best
 from purax.core.precision import get_policy
 from purax.io import profile
 from purax.io.writers import check_wandb
@@ -72,7 +74,13 @@ class RunConfig:
     checkpoint_interval_s: save at the first log or eval point at least this many
       seconds after the previous save (orbax's continuous policy; 0: off).
     keep_last: keep the newest N checkpoints.
-    keep_best: also keep the best K checkpoints by eval accuracy (0: off).
+    keep_best: also keep the best K checkpoints by --best-metric (0: off).
+    best_metric: the logged metric that ranks checkpoints (--keep-best) and stops
+      training (--patience): eval/accuracy, eval/loss, train/loss, eval_ema/...,
+      any name metrics.jsonl holds.
+    best_mode: max or min: which way --best-metric is better.
+    patience: stop after N checks of --best-metric without improvement (0: off);
+      checked at every evaluation for an eval metric, at every log point otherwise.
     steps_per_call: run K steps per dispatch (lax.scan over K stacked batches;
       bitwise the same training; log/eval/checkpoint cadences must be
       multiples of K; one device only), or 'auto': K from the measured step
@@ -110,9 +118,9 @@ class RunConfig:
       every N steps (0: off; costs a forward and backward pass on a fixed batch).
   """
 
-  steps: int = field(500, resumable=True)
+  steps: int = field(500, resumable=True, computation=True)
   seed: int = 0
-  decay_steps: int | None = field(None, resumable=True)
+  decay_steps: int | None = field(None, resumable=True, computation=True)
   workdir: str | None = field(None, resumable=True)
   log_every: int = field(50, resumable=True, cadence=True)
   eval_every: int = field(250, resumable=True, cadence=True)
@@ -121,6 +129,9 @@ class RunConfig:
   checkpoint_interval_s: float = field(300.0, resumable=True)
   keep_last: int = field(2, resumable=True)
   keep_best: int = field(0, resumable=True)
+  best_metric: str = field('eval/accuracy', resumable=True)
+  best_mode: Literal['max', 'min'] = field('max', resumable=True)
+  patience: int = field(0, resumable=True, computation=True)
   steps_per_call: int | Literal['auto'] = field('auto', resumable=True)
   debug_nans: bool = field(False, resumable=True)
   mesh: str | None = field(None, resumable=True)
@@ -138,14 +149,22 @@ class RunConfig:
   ema_every: int = field(1, cadence=True)
   histograms: int = field(0, resumable=True, cadence=True)
 
+  def best(self) -> Best:
+    """The rule of --keep-best and --patience (:class:`purax.core.metrics.Best`)."""
+    return Best(self.best_metric, self.best_mode)
+
   def validate(self) -> 'RunConfig':
     """Raises ConfigError naming the field, the expected and the actual value."""
     for name in ('steps', 'log_every', 'keep_last'):
       value = getattr(self, name)
       expect(1 <= value < INT32_LIMIT, name, '>= 1 and < 2**31', value, ConfigError)
-    for name in ('eval_every', 'checkpoint_every', 'keep_best'):
+    for name in ('eval_every', 'checkpoint_every', 'keep_best', 'patience'):
       value = getattr(self, name)
       expect(0 <= value < INT32_LIMIT, name, '>= 0 and < 2**31', value, ConfigError)
+    expect(re.fullmatch(r'[\w.-]+(/[\w.-]+)+', self.best_metric) is not None, 'best_metric',
+           "a logged metric name as metrics.jsonl holds it, e.g. 'eval/loss' or 'train/loss'",
+           repr(self.best_metric), ConfigError)
+    Best(self.best_metric, self.best_mode)     # the one rule checks its mode
     expect(0 <= self.checkpoint_interval_s < float('inf'), 'checkpoint_interval_s',
            '>= 0 and finite', self.checkpoint_interval_s, ConfigError)
     expect(self.decay_steps is None or 1 <= self.decay_steps < INT32_LIMIT, 'decay_steps',
@@ -250,6 +269,14 @@ class Sections:
     """The fields under their flat names (the inverse of :meth:`of`)."""
     return {_flag(s.name, f.name): getattr(getattr(self, s.name), f.name)
             for s in dataclasses.fields(self) for f in dataclasses.fields(getattr(self, s.name))}
+
+  def hparams(self) -> dict[str, Any]:
+    """The fields that change the computation (:func:`purax.app.fields.changes_computation`),
+    under their flat names: a run's hyperparameters (TensorBoard's HParams);
+    not the run directory, logging, checkpointing or debugging options."""
+    return {_flag(s.name, f.name): getattr(getattr(self, s.name), f.name)
+            for s in dataclasses.fields(self) for f in dataclasses.fields(getattr(self, s.name))
+            if fields.changes_computation(f)}
 
 
 @dataclasses.dataclass(frozen=True)

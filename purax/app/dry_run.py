@@ -28,12 +28,13 @@ def print_summary(state, *, shardings=None,
                   stream: TextIO | None = None) -> summary_lib.Summary:
   """Prints :func:`purax.core.summary.format_summary` of ``state`` (abstract or
   real; to stderr by default), its bytes per device under ``shardings`` (a tree
-  of ``jax.sharding.Sharding`` like ``state``) when given."""
+  of ``jax.sharding.Sharding`` like ``state``) when given, and then, as
+  ``purax.summary`` shows it, a row per parameter with its PartitionSpec."""
   if shardings is not None:
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         state, shardings)
+    state = summary_lib.with_shardings(state, shardings)
   info = summary_lib.summarize(state)
-  print(summary_lib.format_summary(info), file=sys.stderr if stream is None else stream)
+  print(summary_lib.format_summary(info, per_parameter=shardings is not None),
+        file=sys.stderr if stream is None else stream)
   return info
 
 

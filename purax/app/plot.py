@@ -1,9 +1,15 @@
 """``purax plot --workdir DIR``: learning curves of a run or a sweep, as a PNG;
 and the curve of a learning-rate range test (``purax tune lr``, :func:`plot_lr_range`).
 
-Four panels against the step: loss and accuracy (train solid, eval dashed),
-the learning-rate schedule (recomputed from the saved config: it is not
-logged) and the gradient norm. A run directory is read from its
+Every logged series against the step, one panel per quantity
+(:func:`panels`): loss and accuracy of every family (``train/*`` solid,
+``eval/*`` dashed, ``eval_ema/*`` dotted), the learning rate
+(``train/learning_rate`` as logged; for a run logged before it was, the
+schedule recomputed from ``config.json``), the gradient norm with the
+per-layer ``grad_norm/*`` of ``--histograms``, throughput, and a panel for
+each other quantity (``examples``, ``skipped``, ``compile_s``, ...). PBT's
+exploit steps (:func:`exploit_steps`: a member copied another) are grey
+vertical lines on every panel. A run directory is read from its
 ``metrics.jsonl`` and ``config.json``; a sweep directory from its
 ``sweep.json``, with one colour per member and a legend naming each member
 by the hyperparameters that differ across the sweep (and its seed).
@@ -29,10 +35,59 @@ from purax.app.optimizers import OPTIMIZERS
 from purax.core.optim import SCHEDULES
 from purax.io.safe_files import open_file, write_atomic
 
-#: (panel title, train key, eval key) of the panels besides the learning rate.
-PANELS = (('loss', 'train/loss', 'eval/loss'),
-          ('accuracy', 'train/accuracy', 'eval/accuracy'),
-          ('grad norm', 'train/grad_norm', None))
+#: Line styles of the families (the part of a name before its ``/``).
+STYLES = {'train': '-', 'eval': '--', 'eval_ema': ':'}
+
+#: The panels drawn first, and the quantities (names after the family) each
+#: holds; every other quantity gets a panel of its own, after them.
+MAIN_PANELS = (('loss', ('loss',)), ('accuracy', ('accuracy',)),
+               ('learning rate', ('learning_rate',)), ('grad norm', ('grad_norm',)),
+               ('throughput', ('steps_per_sec', 'tokens_per_sec')))
+
+#: Record keys that are not series.
+NOT_SERIES = ('step', 'time', 'pbt/source')
+
+
+def _quantity(key: str) -> str:
+  return key.split('/', 1)[1] if '/' in key else key
+
+
+def panels(records: Sequence[Mapping]) -> dict[str, list[str]]:
+  """``panel title -> keys``: where each logged series of ``records`` is drawn.
+
+  Every key holding numbers (a number, or a population's ``[members]`` list)
+  is in exactly one panel: the :data:`MAIN_PANELS` by quantity (``eval_ema/loss``
+  beside ``train/loss``; the per-layer ``grad_norm/LAYER`` beside
+  ``train/grad_norm``), any other quantity in a panel of its own.
+  """
+  keys: dict[str, None] = {}
+  for r in records:
+    for k, v in r.items():
+      if k not in NOT_SERIES and (isinstance(v, (int, float, list)) or v is None
+                                  or isinstance(v, str)) and not isinstance(v, bool):
+        keys.setdefault(k)
+  out: dict[str, list[str]] = {title: [] for title, _ in MAIN_PANELS}
+  where = {q: title for title, quantities in MAIN_PANELS for q in quantities}
+  for key in keys:
+    title = 'grad norm' if key.startswith('grad_norm/') else where.get(
+        _quantity(key), _quantity(key).replace('_', ' '))
+    out.setdefault(title, []).append(key)
+  # The learning rate stays: a run logged before it was draws the schedule there.
+  return {t: k for t, k in out.items() if k or t == 'learning rate'}
+
+
+def exploit_steps(records: Sequence[Mapping]) -> list[int]:
+  """The steps where PBT copied a member into another (``pbt/source[i] != i``)."""
+  steps = []
+  for r in records:
+    source = r.get('pbt/source')
+    if source is not None and any(_number(x) != i for i, x in enumerate(np.ravel(source))):
+      steps.append(int(r['step']))
+  return sorted(set(steps))
+
+
+def _style(key: str) -> str:
+  return STYLES.get(key.split('/', 1)[0] if '/' in key else '', '-')
 
 
 def _pyplot():
@@ -83,23 +138,39 @@ def _series(records: Sequence[Mapping], key: str, member: int | None = None):
   steps, values = [], []
   for r in records:
     if key in r:
-      v = r[key] if member is None else r[key][member]
+      v = r[key]
+      if member is not None and isinstance(v, list):   # a value shared by all: the same
+        v = v[member] if len(v) > 1 else v[0]
       steps.append(r['step'])
       values.append(_number(v))
   return np.asarray(steps), np.asarray(values, np.float64)
 
 
-def _finish(fig, axes, path: str, title: str, legend: bool) -> str:
-  for ax in axes.flat:
+def _figure(plt, count: int):
+  """A figure of ``count`` panels, 3 a row."""
+  cols = min(3, count)
+  rows = math.ceil(count / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows + 0.6), squeeze=False)
+  for ax in axes.flat[count:]:
+    ax.set_visible(False)
+  return fig, axes.flat[:count]
+
+
+def _finish(fig, axes, path: str, title: str, legend: bool, exploits=()) -> str:
+  for ax in axes:
     ax.set_xlabel('step')
     ax.grid(alpha=0.3)
-  loss_ax = axes.flat[0]
+    for i, s in enumerate(exploits):
+      ax.axvline(s, color='0.6', linewidth=0.8, linestyle='-.',
+                 label='PBT exploit' if i == 0 else None)
+  loss_ax = axes[0]
   lines = loss_ax.get_lines()
   ys = np.concatenate([l.get_ydata() for l in lines]) if lines else np.array([])
+  ys = ys.astype(np.float64) if ys.size else ys
   if ys.size and np.all(ys[np.isfinite(ys)] > 0):
     loss_ax.set_yscale('log')
   if legend:
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    handles, labels = axes[0].get_legend_handles_labels()
     if handles:
       fig.legend(handles, labels, loc='lower center', ncol=min(4, len(handles)), fontsize=8)
   fig.suptitle(title)
@@ -107,13 +178,16 @@ def _finish(fig, axes, path: str, title: str, legend: bool) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   png = io.BytesIO()
   fig.savefig(png, format='png', dpi=100)
+  plt = _pyplot()
+  plt.close(fig)
   write_atomic(path, png.getvalue())
   return path
 
 
 def plot_run(workdir: str, out: str | None = None) -> str:
   """Curves of one run (``metrics.jsonl`` + ``config.json``) into ``out``
-  (default ``WORKDIR/curves.png``); returns the path.
+  (default ``WORKDIR/curves.png``): every logged series (:func:`panels`);
+  returns the path.
 
   Raises:
     ConfigError: ``workdir`` has no ``metrics.jsonl``, or it has no records.
@@ -132,23 +206,22 @@ def plot_run(workdir: str, out: str | None = None) -> str:
     except ConfigError:
       config = {}    # an unreadable config: curves without the schedule
   plt = _pyplot()
-  fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-  for ax, (title, train_key, eval_key) in zip(axes.flat[[0, 1, 3]], PANELS):
-    for key, style, label in ((train_key, '-', 'train'), (eval_key, '--', 'eval')):
-      if key is None:
-        continue
+  layout = panels(records)
+  fig, axes = _figure(plt, len(layout))
+  for ax, (title, keys) in zip(axes, layout.items()):
+    for key in keys:
       steps, values = _series(records, key)
       if steps.size:
-        ax.plot(steps, values, style, marker='.' if steps.size < 3 else None, label=label)
+        ax.plot(steps, values, _style(key), marker='.' if steps.size < 3 else None, label=key)
+    if title == 'learning rate' and not keys and {'steps', 'learning_rate',
+                                                   'warmup_steps'} <= set(config):
+      ax.plot(*learning_rates(config), label='schedule (config.json)')
     ax.set_title(title)
     if ax.get_lines():
-      ax.legend(fontsize=8)
-  lr_ax = axes.flat[2]
-  if {'steps', 'learning_rate', 'warmup_steps'} <= set(config):
-    lr_ax.plot(*learning_rates(config))
-  lr_ax.set_title('learning rate')
+      ax.legend(fontsize=7)
   name = f"{config.get('model', '?')} on {config.get('dataset', '?')}" if config else workdir
-  return _finish(fig, axes, out or os.path.join(workdir, 'curves.png'), name, legend=False)
+  return _finish(fig, list(axes), out or os.path.join(workdir, 'curves.png'), name,
+                 legend=False, exploits=exploit_steps(records))
 
 
 def member_labels(rows: Sequence[Mapping[str, Any]],
@@ -169,40 +242,43 @@ def member_labels(rows: Sequence[Mapping[str, Any]],
 
 
 def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int = 12) -> str:
-  """Per-member curves of a sweep's summary (what ``sweep.json`` holds) into ``path``."""
+  """Per-member curves of a sweep's summary (what ``sweep.json`` holds) into
+  ``path``: every logged series (:func:`panels`), PBT's exploit steps marked."""
   history = summary['history']
   rows = summary['members']
   config = summary.get('config', {})
   labels = member_labels(rows, summary.get('swept', ()))
   members = len(rows)
   plt = _pyplot()
-  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+  layout = panels(history)
+  fig, axes = _figure(plt, len(layout))
   colors = plt.get_cmap('tab10' if members <= 10 else 'viridis')
   color = lambda i: colors(i if members <= 10 else i / max(members - 1, 1))  # noqa: E731
-  for ax, (title, train_key, eval_key) in zip(axes.flat[[0, 1, 3]], PANELS):
+  shared = {k for k in set().union(*history) if all(
+      not isinstance(r.get(k), list) or len(r[k]) == 1 for r in history if k in r)}
+  for ax, (title, keys) in zip(axes, layout.items()):
     for i in range(members):
-      for key, style in ((train_key, '-'), (eval_key, '--')):
-        if key is None:
-          continue
+      for n, key in enumerate(keys):
+        if key in shared and i:
+          continue           # one value for the whole population (steps_per_sec): once
         steps, values = _series(history, key, member=i)
         if steps.size:
-          ax.plot(steps, values, style, color=color(i), linewidth=1,
+          ax.plot(steps, values, _style(key), color=color(i), linewidth=1,
                   marker='.' if steps.size < 3 else None,
-                  label=labels.get(i, f'member {i}') if key == train_key else None)
-    ax.set_title(f'{title} (train solid, eval dashed)' if eval_key else title)
-  lr_ax = axes.flat[2]
-  sched = {'steps': config.get('steps'), 'warmup_steps': config.get('warmup_steps'),
-           'decay_steps': config.get('decay_steps'), 'learning_rate': 0.0}
-  if None not in (sched['steps'], sched['warmup_steps']) and not config.get('pbt_every'):
-    for r in rows:
-      if 'peak_learning_rate' in r:
-        lr_ax.plot(*learning_rates(sched, peak=r['peak_learning_rate']),
-                   color=color(int(r['member'])), linewidth=1)
-    lr_ax.set_title('learning rate')
-  else:
-    lr_ax.set_title('learning rate (changed by PBT: see sweep.json)')
+                  label=labels.get(i, f'member {i}') if n == 0 and title == 'loss' else None)
+    families = sorted({k.split('/', 1)[0] for k in keys if '/' in k})
+    ax.set_title(title + (f" ({', '.join(families)})" if len(families) > 1 else ''))
+    if title == 'learning rate' and not keys:
+      sched = {'steps': config.get('steps'), 'warmup_steps': config.get('warmup_steps'),
+               'decay_steps': config.get('decay_steps'), 'learning_rate': 0.0}
+      if None not in (sched['steps'], sched['warmup_steps']) and not config.get('pbt_every'):
+        for r in rows:
+          if 'peak_learning_rate' in r:
+            ax.plot(*learning_rates(sched, peak=r['peak_learning_rate']),
+                    color=color(int(r['member'])), linewidth=1)
   title = f"{members} members, {config.get('model', '?')} on {config.get('dataset', '?')}"
-  return _finish(fig, axes, path, title, legend=members <= max_legend)
+  return _finish(fig, list(axes), path, title, legend=members <= max_legend,
+                 exploits=exploit_steps(history))
 
 
 def plot_sweep(workdir: str, out: str | None = None) -> str:

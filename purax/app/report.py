@@ -21,6 +21,7 @@ from purax.app import job as job_lib
 from purax.app import plot
 from purax.app import rundir as rundir_lib
 from purax.core import hparams as core_hparams
+from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.io.checkpoint import Checkpointer
 
@@ -108,8 +109,8 @@ def write(config, job, pop, seeds, history, *, console: bool = True) -> dict:
   status = pop_lib.status(pop)
   steps = np.asarray(jax.device_get(pop.state.step))
   metric = config.population.metric
-  sign = 1.0 if metric == 'loss' else -1.0
-  scores = sign * final.get(metric, np.full(len(seeds), np.nan))
+  scores = metrics_lib.to_minimise(final.get(metric, np.full(len(seeds), np.nan)),
+                                   config.population.best().mode)
   order = rank(scores, status)
   columns = swept(hparams)
   rows = []

@@ -88,7 +88,8 @@ def train(config: TrainConfig) -> dict:
     if rundir.primary:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
     with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
-                      keep_best=config.run.keep_best, metadata=job.metadata(),
+                      keep_best=config.run.keep_best, best_metric=config.run.best().key,
+                      best_mode=config.run.best_mode, metadata=job.metadata(),
                       interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
       try:
         state, history = _fit(job, rundir, checkpointer,
@@ -175,7 +176,7 @@ def _fit(job, rundir, checkpointer, restored, stop):
       writer = writers.create_default_writer(rundir.path, console=True,
                                              wandb_project=run.wandb_project,
                                              resume_step=restored.step)
-      writers.write_run_info(writer, job.config.flat(), job.config.to_json())
+      writers.write_run_info(writer, job.config.hparams(), job.config.to_json())
       writer = job_lib.with_throughput(writer, job)
     multihost = jax.process_count() > 1
     hooks = hooks_lib.standard(
@@ -190,6 +191,11 @@ def _fit(job, rundir, checkpointer, restored, stop):
         profile_dir=rundir.path, profile_memory=run.profile_memory,
         replay_dir=rundir.file(replay.DIRECTORY) if rundir.primary else None,
         debug_nans=run.debug_nans)
+    if run.patience:    # the rule --keep-best ranks by
+      best = run.best()
+      hooks.append(hooks_lib.EarlyStopping(
+          metric=best.key, mode=best.mode, patience=run.patience,
+          every=0 if best.key.startswith('eval') else run.log_every))
     mesh = getattr(job.plan, 'mesh', None)
     with plan_memory.explain_out_of_memory(
         job.task, job.sample, mesh=mesh, spell=lambda c: memory.flags(c, mesh),

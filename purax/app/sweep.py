@@ -38,6 +38,7 @@ from purax.app.hparams import BY_STATE
 from purax.app.search import members_from_specs, parse_seeds
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
+from purax.core.metrics import Best
 from purax import hooks as hooks_lib
 from purax.loop import fit
 
@@ -64,6 +65,11 @@ class PopulationConfig:
   patience: int = 0
   pbt_every: int = 0
   pbt_fraction: float = 0.25
+
+  def best(self) -> Best:
+    """The ranking rule of ``--metric``: eval loss minimised, accuracy maximised
+    (:class:`purax.core.metrics.Best`, as ``purax train --best-metric``)."""
+    return Best(f'eval/{self.metric}', 'min' if self.metric == 'loss' else 'max')
 
   def validate(self, eval_every: int) -> 'PopulationConfig':
     for name in ('patience', 'pbt_every', 'sample_seed'):
@@ -206,7 +212,7 @@ def population_hooks(config: SweepConfig, hparams: dict, eval_data) -> list:
     ConfigError: ``pbt_every`` not a multiple of ``eval_every``.
   """
   population, run = config.population, config.run
-  mode = 'min' if population.metric == 'loss' else 'max'
+  mode = population.best().mode
   hooks = hooks_lib.standard(log_every=run.log_every, eval_data=eval_data,
                              eval_every=run.eval_every, max_consecutive_skips=None,
                              progress=run.progress)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from purax.core.errors import ConfigError, expect
+from purax.core.optim import ScheduledTransformation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +106,7 @@ def _check_state(state) -> None:
          'hparams)', type(state).__name__, ConfigError)
 
 
-def get(state, tx=None) -> dict[str, jax.Array]:
+def get(state, tx=None, *, applied: bool = False) -> dict[str, jax.Array]:
   """Every hyperparameter of a state, the current learning rate included.
 
   Args:
@@ -113,13 +114,17 @@ def get(state, tx=None) -> dict[str, jax.Array]:
       ``hparams``); a stacked (population) state gives ``[members]`` values.
     tx: the state's optax transformation (``task.tx``); needed only for
       ``'learning_rate'`` under :func:`purax.adamw`'s schedule.
+    applied: ``'learning_rate'`` of :func:`purax.adamw` is the rate the last
+      update applied (what a log point reports), not the next one. An
+      ``inject_hyperparams`` schedule's value in ``opt_state`` is always the
+      last update's (optax stores the value it applied).
 
   Returns:
     ``name -> float32 array``: the optimizer's injected hyperparameters (of
     every ``inject_hyperparams`` in ``opt_state``; a name injected twice reads
     the outermost), the loss and model ones (``state.hparams``), and, with a
     ``tx`` that has ``learning_rate(opt_state)``, ``'learning_rate'``: the rate
-    the next update applies.
+    the next update applies (``applied``: the last update applied).
   """
   _check_state(state)
   found = {}
@@ -127,7 +132,9 @@ def get(state, tx=None) -> dict[str, jax.Array]:
     found.update(node.hyperparams)
   found.update(dict(getattr(state, 'hparams', None) or {}))
   if tx is not None and callable(getattr(tx, 'learning_rate', None)):
-    found['learning_rate'] = tx.learning_rate(state.opt_state)
+    found['learning_rate'] = (tx.learning_rate(state.opt_state, applied=True)
+                              if applied and isinstance(tx, ScheduledTransformation)
+                              else tx.learning_rate(state.opt_state))
   return found
 
 

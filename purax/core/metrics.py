@@ -9,12 +9,15 @@ device inside the training loop, and become Python numbers only in
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from purax.core.errors import ConfigError, expect
 
 
 class Average(struct.PyTreeNode):
@@ -148,3 +151,62 @@ def compute(metrics: Metrics) -> dict[str, float | np.ndarray]:
     value = metric.compute()
     out[name] = float(value) if np.ndim(value) == 0 else value
   return out
+
+
+#: The directions a metric can be better in.
+MODES = ('min', 'max')
+
+
+def to_minimise(value, mode: str):
+  """float32 scores to minimise: ``value`` negated for ``mode='max'``,
+  non-finite values ``+inf`` (worst). A number or numpy array gives numpy (no
+  device work); a jax array (traced too) gives a jax array."""
+  xp = jnp if isinstance(value, jax.Array) else np
+  value = xp.asarray(value, xp.float32)
+  value = -value if mode == 'max' else value
+  return xp.where(xp.isfinite(value), value, xp.float32(np.inf))
+
+
+@dataclasses.dataclass(frozen=True)
+class Best:
+  """Which logged metric ranks, and which way is better: the one rule of
+  ``--keep-best`` (:class:`purax.io.checkpoint.Checkpointer`), early stopping
+  (:class:`purax.hooks.EarlyStopping`, ``--patience``), and the ranking of
+  population members (:func:`purax.core.population.score`, PBT).
+
+  Example: ``Best('eval/loss', 'min').score({'eval/loss': 0.3})`` is ``0.3``;
+  ``Best('eval/accuracy', 'max')`` scores ``-accuracy``; NaN scores ``+inf``.
+
+  Attributes:
+    metric: a logged name (``'eval/loss'``, ``'train/loss'``,
+      ``'eval_ema/accuracy'``, anything a hook writes); a bare name
+      (``'loss'``) means ``'eval/' + name``.
+    mode: ``'min'`` or ``'max'``.
+
+  Raises:
+    ConfigError: an empty metric name or an unknown mode.
+  """
+
+  metric: str = 'eval/loss'
+  mode: str = 'min'
+
+  def __post_init__(self):
+    expect(isinstance(self.metric, str) and bool(self.metric.strip('/')), 'best_metric',
+           "a logged metric name, e.g. 'eval/loss'", repr(self.metric), ConfigError)
+    expect(self.mode in MODES, 'best_mode', "'min' or 'max'", repr(self.mode), ConfigError)
+
+  @property
+  def key(self) -> str:
+    """The full logged name (``'eval/loss'`` for ``'loss'``)."""
+    return self.metric if '/' in self.metric else f'eval/{self.metric}'
+
+  def score(self, record: Mapping[str, Any]):
+    """The score to minimise of ``record[key]`` (a number, or ``[members]``),
+    by :func:`to_minimise`.
+
+    Raises:
+      ConfigError: ``record`` has no ``key`` (naming what it has).
+    """
+    expect(self.key in record, 'best_metric', f'one of {sorted(record)} (written at this step)',
+           repr(self.key), ConfigError)
+    return to_minimise(np.asarray(record[self.key], np.float32), self.mode)

@@ -210,7 +210,11 @@ def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
 
 class ScheduledTransformation(NamedTuple):
   """An optax transformation (``init``, ``update``) that can also say its
-  current learning rate: ``learning_rate(opt_state) -> float32 []``.
+  learning rate: ``learning_rate(opt_state) -> float32 []``, the rate the next
+  update applies; ``learning_rate(opt_state, applied=True)``: the rate the
+  last update applied (the one a log point reports; 0 before any: optax's
+  schedule is read at the count before its increment, so after ``n``
+  updates the last one applied ``schedule(n - 1)``).
 
   ``update`` takes optax extra arguments (``grad_norm=``: the gradients'
   :func:`global_norm`, computed once by the step; see
@@ -241,7 +245,7 @@ def scheduled(inner: Callable, *, schedule: str = 'cosine', warmup_steps: int,
 
   Returns:
     A :class:`ScheduledTransformation`; ``learning_rate(opt_state)`` is
-    ``peak_learning_rate * schedule(count)``. The same arguments (when
+    ``peak_learning_rate * schedule(count)`` (``applied=True``: at ``count - 1``). The same arguments (when
     hashable) give the same object: a Task rebuilt with the same values is
     equal to the first and its jitted step is not compiled again.
   """
@@ -268,9 +272,13 @@ def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
                                      hyperparam_dtype=jnp.float32)
   tx = factory(**dict(hyperparams), schedule=curve, **static)
 
-  def current(opt_state):
-    return (opt_state.hyperparams['peak_learning_rate'] * unit(opt_state.count)
-            ).astype(jnp.float32)
+  def current(opt_state, *, applied: bool = False):
+    # The schedule's count is the updates applied (a skipped update leaves it).
+    count = jnp.maximum(opt_state.count - 1, 0) if applied else opt_state.count
+    rate = opt_state.hyperparams['peak_learning_rate'] * unit(count)
+    if applied:
+      rate = jnp.where(opt_state.count > 0, rate, 0.0)
+    return rate.astype(jnp.float32)
 
   return ScheduledTransformation(tx.init, tx.update, current)
 
@@ -306,7 +314,8 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   Returns:
     An optax transformation whose state holds the six float hyperparameters
     as float32 ``[]`` arrays in ``opt_state.hyperparams``; its
-    ``learning_rate(opt_state)`` is the rate the next update applies.
+    ``learning_rate(opt_state)`` is the rate the next update applies
+    (``applied=True``: the last update's; :class:`ScheduledTransformation`).
 
   Raises:
     ConfigError: a value out of range or not finite (NaN, ``inf``), naming

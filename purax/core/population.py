@@ -339,7 +339,8 @@ def score(metrics, name: str = 'loss', mode: Literal['min', 'max'] = 'min') -> j
 
   ``metrics[name]`` is a :mod:`purax.core.metrics` value (``Average``, ``Sum``)
   or an array of values. ``mode='max'`` negates (e.g. accuracy). A member with
-  no count or a non-finite value scores ``+inf`` (worst).
+  no count or a non-finite value scores ``+inf`` (worst): the rule of
+  :class:`purax.core.metrics.Best` (:func:`purax.core.metrics.to_minimise`).
 
   Raises:
     ConfigError: ``name`` not among the metrics, or ``mode`` unknown.
@@ -351,8 +352,7 @@ def score(metrics, name: str = 'loss', mode: Literal['min', 'max'] = 'min') -> j
     value = m.total / jnp.where(m.count > 0, m.count, jnp.nan)
   else:
     value = getattr(m, 'value', m)
-  value = -value if mode == 'max' else value
-  return jnp.where(jnp.isfinite(value), value, jnp.inf).astype(jnp.float32)
+  return metrics_lib.to_minimise(jnp.asarray(value), mode)
 
 
 def early_stopping(pop: Population, scores: jax.Array, *, patience: int,

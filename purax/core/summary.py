@@ -1,9 +1,12 @@
-"""Model summaries from shapes alone: parameters per module, state bytes per device.
+"""Model summaries from shapes alone: parameters per module, each parameter's
+shape, dtype and sharding, state bytes per device.
 
 Everything here reads shapes, dtypes and shardings, never values, so it works
 on an abstract state (``jax.eval_shape(task.init, key, batch)``, whose leaves
 are ``jax.ShapeDtypeStruct``, optionally with a ``sharding``) as well as on a
-real one, and costs nothing on the device.
+real one, and costs nothing on the device. :func:`summary` (``purax.summary``)
+is the one call, like ``nnx.tabulate`` with the sharding: on a plan's mesh
+each parameter's PartitionSpec and bytes per device.
 
 Example:
   >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
@@ -32,8 +35,30 @@ import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
+class Param:
+  """One parameter array of a :class:`Summary`.
+
+  Attributes:
+    path: its path in the params tree, ``'Dense_0/kernel'``.
+    shape: its global shape.
+    dtype: its dtype name, ``'float32'``.
+    spec: its ``jax.sharding.PartitionSpec`` (``PartitionSpec()``: replicated
+      on every device of the mesh), or None without a mesh (one device).
+    bytes_per_device: the bytes of it on the device holding the largest
+      piece (the whole array when replicated or on one device).
+  """
+
+  path: str
+  shape: tuple[int, ...]
+  dtype: str
+  spec: Any
+  bytes_per_device: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Summary:
-  """What :func:`summarize` finds.
+  """What :func:`summarize` finds; ``str()`` of it is :func:`format_summary`'s
+  table with a row per parameter.
 
   Attributes:
     modules: ``(name, parameters, bytes)`` per top-level entry of the params
@@ -44,11 +69,16 @@ class Summary:
       ``model_state``, ..., and ``total``), the bytes the most loaded device
       holds: a leaf with a sharding counts its shard, one without counts whole
       (it lives on one device).
+    params: a :class:`Param` per parameter array, in the tree's order.
   """
 
   modules: tuple[tuple[str, int, int], ...]
   total_params: int
   bytes_per_device: Mapping[str, int]
+  params: tuple[Param, ...] = ()
+
+  def __str__(self) -> str:
+    return format_summary(self, per_parameter=True)
 
 
 def _size(leaf) -> int:
@@ -91,6 +121,22 @@ def param_counts(params: Any) -> list[tuple[str, int, int]]:
   return [(name, count, nbytes) for name, (count, nbytes) in rows.items()]
 
 
+def param_rows(params: Any) -> tuple[Param, ...]:
+  """A :class:`Param` per leaf of ``params`` (arrays or ``ShapeDtypeStruct``)."""
+  rows = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    sharding = getattr(leaf, 'sharding', None)
+    spec = getattr(sharding, 'spec', None) if sharding is not None else None
+    if sharding is not None and spec is None and getattr(sharding, 'is_fully_replicated', False):
+      spec = jax.sharding.PartitionSpec()
+    if sharding is not None and len(getattr(sharding, 'device_set', ())) <= 1:
+      spec = None                     # one device: nothing is split or copied
+    rows.append(Param(jax.tree_util.keystr(path, simple=True, separator='/') or 'params',
+                      tuple(np.shape(leaf)), str(getattr(leaf, 'dtype', '')), spec,
+                      _shard_bytes(leaf)))
+  return tuple(rows)
+
+
 def tree_bytes_per_device(tree: Any) -> int:
   """Bytes of ``tree`` on its most loaded device (shards for sharded leaves)."""
   return sum(_shard_bytes(leaf) for leaf in jax.tree.leaves(tree))
@@ -113,7 +159,51 @@ def summarize(state: Any) -> Summary:
       parts[field.name] = tree_bytes_per_device(getattr(state, field.name))
   parts['total'] = sum(parts.values())
   return Summary(modules=modules, total_params=sum(m[1] for m in modules),
-                 bytes_per_device=parts)
+                 bytes_per_device=parts, params=param_rows(params))
+
+
+def with_shardings(state: Any, shardings: Any) -> Any:
+  """``state``'s shapes and dtypes (``ShapeDtypeStruct`` leaves) carrying
+  ``shardings`` (a tree of ``jax.sharding.Sharding`` like ``state``)."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
+                      state, shardings)
+
+
+def summary(task: Any, batch: Any, plan: Any = None) -> Summary:
+  """The summary of ``task``'s state for ``batch``'s shapes, placed as ``plan`` places it.
+
+  Per parameter: its path, shape, dtype, ``PartitionSpec`` and bytes per
+  device; per module: parameters and bytes; per part of the state (params,
+  optimizer state, ...): bytes on the most loaded device. Like
+  ``nnx.tabulate``, with the sharding: a parameter left replicated by
+  :func:`purax.parallel.fsdp`'s ``min_size`` shows ``PartitionSpec()`` and
+  its whole size per device. From ``jax.eval_shape``: nothing is allocated
+  or compiled.
+
+  Example::
+
+    mesh = purax.parallel.make_mesh(data=4, fsdp=2)
+    plan = purax.parallel.sharded(task, mesh, purax.parallel.for_mesh(mesh), batch)
+    print(purax.summary(task, batch, plan))
+
+  Args:
+    task: a :class:`purax.Task`.
+    batch: a sample batch (arrays or ``jax.ShapeDtypeStruct``; only shapes
+      and dtypes matter).
+    plan: None (one device), or a plan with ``state_sharding`` (a tree of
+      shardings like the state: :func:`purax.parallel.sharded`).
+
+  Returns:
+    A :class:`Summary`; ``print`` it for the table.
+
+  Raises:
+    DataError: the batch does not suit the model (as :meth:`purax.Task.init`).
+  """
+  state = task.abstract_state(batch)
+  shardings = getattr(plan, 'state_sharding', None)
+  if shardings is not None:
+    state = with_shardings(state, shardings)
+  return summarize(state)
 
 
 def human_bytes(n: float) -> str:
@@ -125,10 +215,33 @@ def human_bytes(n: float) -> str:
   raise AssertionError('unreachable')
 
 
-def format_summary(summary: Summary, *, max_rows: int = 30) -> str:
-  """A table: one row per module, the total, and the state bytes per device."""
+def _spec_text(spec) -> str:
+  if spec is None:
+    return '-'
+  return 'P(' + ', '.join(repr(a) if not isinstance(a, tuple) else
+                          '(' + ', '.join(map(repr, a)) + ')' for a in spec) + ')'
+
+
+def format_params(params: tuple[Param, ...], *, max_rows: int = 200) -> str:
+  """A table, one row per parameter: path, shape, dtype, PartitionSpec, bytes per device."""
+  rows = [(p.path, '[' + ', '.join(map(str, p.shape)) + ']', p.dtype, _spec_text(p.spec),
+           human_bytes(p.bytes_per_device)) for p in params[:max_rows]]
+  head = ('parameter', 'shape', 'dtype', 'PartitionSpec', 'per device')
+  widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
+  fmt = lambda r: '  '.join(c.ljust(w) if i < 4 else c.rjust(w)   # noqa: E731
+                            for i, (c, w) in enumerate(zip(r, widths)))
+  lines = [fmt(head), *map(fmt, rows)]
+  if len(params) > max_rows:
+    lines.append(f'... {len(params) - max_rows} more')
+  return '\n'.join(lines)
+
+
+def format_summary(summary: Summary, *, max_rows: int = 30, per_parameter: bool = False) -> str:
+  """A table: one row per module, the total, and the state bytes per device;
+  with ``per_parameter``, first one row per parameter (:func:`format_params`)."""
   width = max([len('module'), *(len(m[0]) for m in summary.modules[:max_rows])])
-  lines = [f"{'module':<{width}}  {'parameters':>12}  {'bytes':>10}"]
+  lines = [format_params(summary.params), ''] if per_parameter and summary.params else []
+  lines.append(f"{'module':<{width}}  {'parameters':>12}  {'bytes':>10}")
   for name, count, nbytes in summary.modules[:max_rows]:
     lines.append(f'{name:<{width}}  {count:>12,}  {human_bytes(nbytes):>10}')
   if len(summary.modules) > max_rows:

@@ -50,6 +50,7 @@ import optax
 
 from purax.core import loss_scale as loss_scale_lib
 from purax.core import objectives
+from purax.core import shapes
 from purax.core import update
 from purax.core.spikes import SpikeGuard
 from purax.core.errors import ConfigError, DataError, expect, expect_kind
@@ -259,6 +260,7 @@ class Task:
     """
     init_key, rng = jax.random.split(as_typed_key(key))
     params, model_state = self.pure_model.init(init_key, batch)
+    shapes.record(self, params, batch)      # to name a later batch of another shape
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -299,7 +301,7 @@ class Task:
       hparams = self.default_hparams()
     # numpy leaves (outside jit) as jax arrays, so a loss may index them with traced values
     batch = jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, batch)
-    outputs, new_model_state = self.pure_model.apply(
+    outputs, new_model_state = self._apply(
         params, model_state, batch, train=train, rng=key if train else None, hparams=hparams)
     loss, metrics, values, weight = objectives.reduce(self.loss, outputs, batch, hparams)
     return loss, {'model_state': new_model_state, 'metrics': metrics, 'outputs': outputs,
@@ -389,9 +391,22 @@ class Task:
     inputs = getattr(self.pure_model, 'inputs', None)
     if isinstance(inputs, str) and not isinstance(batch, Mapping):
       batch = {inputs: batch}
-    outputs, _ = self.pure_model.apply(self.evaluation_params(state), state.model_state, batch,
-                                       train=False, rng=None, hparams=state.hparams)
+    outputs, _ = self._apply(self.evaluation_params(state), state.model_state, batch,
+                             train=False, rng=None, hparams=state.hparams)
     return outputs
+
+  def _apply(self, params, model_state, batch, **kwargs):
+    """The model's ``apply``; where it fails on a batch whose per-example shape
+    differs from the one the params were built from, a DataError naming that
+    field and both shapes (:mod:`purax.core.shapes`) instead of the model's
+    error about a parameter."""
+    try:
+      return self.pure_model.apply(params, model_state, batch, **kwargs)
+    except Exception as e:
+      message = shapes.mismatch(self, params, batch)
+      if message is None:
+        raise
+      raise DataError(message) from e
 
   def inputs_of(self, batch: PyTree) -> PyTree:
     """What the model reads from ``batch`` (for tools: summaries, export)."""

@@ -22,9 +22,10 @@ and optionally
 
 - ``order``: hooks run in increasing ``order`` (default 0; the loop's own:
   :class:`Log` -20, :class:`NonFiniteReplay` -16, :class:`NonFiniteStreak` -15,
-  :class:`Evaluate` -10, :class:`Stop` 10, :class:`Checkpoint` 20, :class:`Progress` 30,
-  :class:`Profile` 100), so a user hook sees this step's logs and evaluation
-  and its state is in this step's checkpoint;
+  :class:`Evaluate` -10, :class:`EarlyStopping` 5, :class:`Stop` 10,
+  :class:`Checkpoint` 20, :class:`Progress` 30, :class:`Profile` 100), so a
+  user hook sees this step's logs and evaluation and its state is in this
+  step's checkpoint;
 - ``name``: its key in the checkpoint (default: the class name); ``option``:
   what an error about its ``every`` calls it (default ``NAME.every``);
 - ``state_dict() -> JSON`` and ``load_state_dict(d)``: what a later decision

@@ -12,19 +12,49 @@ from typing import Any, Callable, Iterable
 import jax
 import numpy as np
 
+from purax.core import hparams as hparams_lib
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, NonFiniteError, expect, expect_kind
+from purax.core.population import Population
 from purax.hooks.loop import due
+from purax.io import compile_time
 from purax.hooks.nonfinite import NonFiniteReplay
 from purax.io import profile as profile_lib
 from purax.io import progress as progress_lib
+from purax.io import writers
 from purax.io.checkpoint.run import checkpoint_extra, checkpoint_tree
+
+
+def _train_state(state):
+  """The :class:`TrainState` of ``state`` (a Population's stacked one)."""
+  return state.state if isinstance(state, Population) else state
+
+
+# The hyperparameters the last update applied, on the device (one small
+# program per task, compiled at the start of a fit; read at log points).
+_applied = jax.jit(lambda task, state: hparams_lib.get(state, task.tx, applied=True),
+                   static_argnums=0)
 
 
 class Log:
   """Fetches and writes the training metrics every ``every`` steps and at the
-  end: ``train/*`` and ``steps_per_sec`` (training time only: the hooks' time
-  is left out). The loop's one host sync.
+  end. The loop's one host sync.
+
+  Each log point writes:
+
+  - ``train/*``: the metrics of the steps since the last log point;
+  - ``train/learning_rate``: the rate the last update applied (from the
+    state's ``opt_state``: :func:`purax.core.hparams.get` with
+    ``applied=True``), when the optimizer says it (:func:`purax.adamw`, or a
+    ``learning_rate`` injected with ``optax.inject_hyperparams``);
+    ``train/NAME`` for every other hyperparameter of the state once it has
+    changed during the fit (an injected schedule, PBT, a hook that sets it);
+  - ``steps_per_sec``: training throughput, with the hooks' time and the
+    compilation of the training programs (:mod:`purax.io.compile_time`)
+    left out;
+  - ``compile_s``: those compilation seconds, at the log points whose window
+    compiled (the first; another when ``steps_per_call='auto'`` builds its
+    ``k``-step program).
 
   Attributes:
     every: steps between log points (>= 1).
@@ -41,22 +71,52 @@ class Log:
              'a MetricWriter (with write_scalars(step, scalars))', type(writer).__name__,
              ConfigError)
     self.every, self.writer = every, writer
+    self.varying: set[str] = set()
+
+  def _clock(self, step: int) -> tuple:
+    loop = self.loop
+    return (time.perf_counter(), step, loop.hook_seconds(), compile_time.seconds(),
+            loop.hook_compile_seconds())
 
   def start(self, loop) -> None:
     self.loop, self.logged = loop, None
     if self.writer is not None:
       loop.writers.append(self.writer)
-    self.clock = (time.perf_counter(), loop.step, loop.hook_seconds())
+    state = _train_state(loop.state)
+    # On the device, read with the first log point: no host sync here.
+    self.initial = _applied(loop.task, state) if hasattr(state, 'opt_state') else None
+    self.clock = self._clock(loop.step)
 
   def __call__(self, step, state, record):
     loop = self.loop
     scalars = {f'train/{k}': v for k, v in metrics_lib.compute(loop.metrics).items()}
-    now, hook_s = time.perf_counter(), loop.hook_seconds()
-    seconds = (now - self.clock[0]) - (hook_s - self.clock[2])
+    now, _, hook_s, compiled, hook_compiled = self._clock(step)
+    compile_s = (compiled - self.clock[3]) - (hook_compiled - self.clock[4])
+    seconds = (now - self.clock[0]) - (hook_s - self.clock[2]) - compile_s
+    scalars.update(self._hyperparams(state))
     scalars['steps_per_sec'] = (step - self.clock[1]) / max(seconds, 1e-9)
-    self.clock, self.logged = (time.perf_counter(), step, loop.hook_seconds()), step
+    if compile_s > 0:
+      scalars['compile_s'] = compile_s
+    self.clock, self.logged = self._clock(step), step
     loop.metrics = metrics_lib.zeros_like(loop.metrics)
     return state, scalars
+
+  def _hyperparams(self, state) -> dict:
+    """``train/learning_rate`` and the hyperparameters that have changed (host numbers)."""
+    if self.initial is None:
+      return {}
+    values, initial = jax.device_get((_applied(self.loop.task, _train_state(state)),
+                                      self.initial))
+    self.varying |= {k for k, v in values.items()
+                     if k in initial and not np.array_equal(v, initial[k])}
+    return {f'train/{k}': v if np.ndim(v) else float(v) for k, v in sorted(values.items())
+            if k == 'learning_rate' or k in self.varying}
+
+  def state_dict(self) -> dict:
+    return {'varying': sorted(self.varying)}
+
+  def load_state_dict(self, d: dict) -> None:
+    self.varying = set(d.get('varying', ()))
 
   def end(self, loop) -> None:
     if loop.at_end and not loop.failed and self.logged != loop.step and loop.step > loop.start:
@@ -161,9 +221,10 @@ class Checkpoint:
   metrics window, the hooks' arrays; the data position and the hooks' state in
   the JSON) every ``every`` steps, at log and evaluation points where the
   checkpointer's wall-clock cadence says so (:meth:`Checkpointer.should_save`),
-  at the last step, and when the run stops; asynchronously, with the
-  evaluation metrics of the step (for keep-best). At the end it waits for the
-  commit.
+  at the last step, and when the run stops; asynchronously, with every
+  number written at the step (``eval/*``, and ``train/*`` at a log point: what
+  keep-best ranks by, :class:`purax.io.checkpoint.Checkpointer`'s
+  ``best_metric``). At the end it waits for the commit.
 
   Attributes:
     checkpointer: a :class:`purax.Checkpointer`.
@@ -186,11 +247,14 @@ class Checkpoint:
     self.loop, self.saved = loop, None
 
   def save(self, loop) -> None:
-    evaluated = {k: v for k, v in loop.record.items() if k.startswith('eval/')}
-    scalar = evaluated and np.ndim(next(iter(evaluated.values()))) == 0
+    # Every number written at this step (eval/*, train/* at a log point, ...):
+    # keep-best ranks by any of them (a population's [members] values: none).
+    numbers = {k: float(v) for k, v in loop.record.items()
+               if np.ndim(v) == 0 and isinstance(v, (int, float, np.number))
+               and not isinstance(v, bool)}
     self.checkpointer.save(
         loop.step, checkpoint_tree(loop.state, loop.metrics, loop.hook_arrays()),
-        metrics=evaluated if scalar else None,
+        metrics=numbers or None,
         extra=checkpoint_extra(loop.position, loop.hook_states()))
     self.saved = loop.step
 
@@ -295,8 +359,14 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
 
   Args:
     log_every: :class:`Log` cadence (>= 1).
-    writer: :class:`Log`'s writer (None: the records go to ``fit``'s history
-      only; nothing is printed).
+    writer: :class:`Log`'s writer. None: a
+      :class:`purax.io.writers.ConsoleWriter`, one plain line per log point
+      as a record of the ``purax`` logger (printed on stdout where
+      ``logging`` is not configured; silence it with
+      ``logging.getLogger('purax').setLevel(logging.WARNING)``, route it with
+      a handler). To keep the line next to files:
+      ``writers.MultiWriter([writers.create_default_writer(workdir), ...])``
+      (which holds a ConsoleWriter); ``writers.MultiWriter([])``: nothing.
     eval_data, eval_every: :class:`Evaluate` (when ``eval_data`` is given;
       ``eval_every=0``: only at the end).
     checkpointer, checkpoint_every: :class:`Checkpoint` (when a checkpointer is given).
@@ -326,6 +396,7 @@ def standard(*, log_every: int = 50, writer=None, eval_data: Iterable | None = N
            '(start, stop): two steps', reprlib.repr(profile), ConfigError)
     expect_kind(profile_dir, 'profile_dir', str, 'a directory for the trace')
   # No bar asked for: no hook that would run after every call to draw nothing.
+  writer = writers.ConsoleWriter() if writer is None else writer
   hooks: list[Any] = [Log(log_every, writer)] + ([Progress()] if progress else [])
   if eval_data is not None:
     hooks.append(Evaluate(eval_data, eval_every))

@@ -12,34 +12,40 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purax.core import metrics as metrics_lib
 from purax.core import pbt
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 
 
 def scores(record: dict, metric: str, mode: str) -> jax.Array:
-  """float32 scores to minimise from ``record['eval/' + metric]`` (a number, or
-  ``[members]``), by :func:`purax.core.population.score`'s rule.
+  """float32 scores to minimise from ``record[metric]`` (a number, or
+  ``[members]``; a bare name means ``eval/NAME``), by the one rule of
+  :class:`purax.core.metrics.Best`.
 
   Raises:
-    ConfigError: the metric was not evaluated at this step.
+    ConfigError: the metric was not written at this step.
   """
-  evaluated = {k[5:]: np.asarray(v, np.float32) for k, v in record.items() if k.startswith('eval/')}
-  expect(metric in evaluated, 'metric', f'one of {sorted(evaluated)} (evaluated at this step)',
-         repr(metric), ConfigError)
-  return pop_lib.score(evaluated, metric, mode)
+  return jnp.asarray(metrics_lib.Best(metric, mode).score(record))
 
 
 @dataclasses.dataclass
 class EarlyStopping:
-  """Stops a run after ``patience`` evaluations without an improvement of more
+  """Stops a run after ``patience`` checks without an improvement of more
   than ``min_delta`` in ``metric``; its best score and counter are checkpointed.
 
+  Which metric and which direction is :class:`purax.core.metrics.Best`, the
+  rule ``--keep-best`` ranks checkpoints by (``purax train --best-metric
+  eval/loss --best-mode min --patience 3`` uses one for both).
+
   Attributes:
-    metric: an eval metric name (``'loss'``, ``'accuracy'``, ...).
+    metric: a logged name (``'eval/loss'``, ``'train/loss'``, ...; a bare
+      ``'loss'`` means ``'eval/loss'``).
     mode: ``'min'`` or ``'max'``.
-    patience: evaluations without improvement before stopping (>= 1).
+    patience: checks without improvement before stopping (>= 1).
     min_delta: the improvement that counts.
+    every: when it checks: 0 after every evaluation (an ``eval/*`` metric),
+      or the log cadence for a ``train/*`` one.
   """
 
   metric: str = 'loss'
@@ -51,13 +57,14 @@ class EarlyStopping:
   best: float = math.inf
   stale: int = 0
   name: str = 'early_stopping'
+  order: int = 5          # after evaluation, EMA and your hooks; before the checkpoint
 
   def __post_init__(self):
     expect(self.patience >= 1, 'patience', '>= 1', self.patience, ConfigError)
-    expect(self.mode in ('min', 'max'), 'mode', "'min' or 'max'", repr(self.mode), ConfigError)
+    self.rule = metrics_lib.Best(self.metric, self.mode)    # checks both
 
   def __call__(self, step, state, record):
-    score = float(scores(record, self.metric, self.mode))
+    score = float(self.rule.score(record))
     if score < self.best - self.min_delta:
       self.best, self.stale = score, 0
     else:
@@ -66,9 +73,12 @@ class EarlyStopping:
     return state, {'early_stopping/stale': self.stale, **({'stop': True} if stop else {})}
 
   def state_dict(self) -> dict:
-    return {'best': self.best if math.isfinite(self.best) else None, 'stale': self.stale}
+    return {'best': self.best if math.isfinite(self.best) else None, 'stale': self.stale,
+            'metric': self.rule.key, 'mode': self.mode}
 
   def load_state_dict(self, d: dict) -> None:
+    if (d.get('metric', self.rule.key), d.get('mode', self.mode)) != (self.rule.key, self.mode):
+      return      # another rule: its best and count mean nothing for this one
     self.best = math.inf if d.get('best') is None else float(d['best'])
     self.stale = int(d['stale'])
 

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 
 from purax.core.errors import ConfigError, expect
+from purax.io import compile_time
 
 
 def name_of(hook) -> str:
@@ -82,6 +83,10 @@ class Loop:
     hook_s: seconds spent in the hooks' runs that ended (not training time).
     began: ``time.perf_counter()`` when the hooks of this step began (None
       outside them).
+    hook_compile_s, began_compile: the same for the compilation seconds
+      (:mod:`purax.io.compile_time`) spent inside the hooks (an evaluation
+      step's first compilation), so that compilation outside them is the
+      training programs'.
     ranges: ranges of ``state.step`` whose updates must run one per call
       (the hooks' ``alone``).
     fresh_batches: the data's batches need no private copy
@@ -112,6 +117,8 @@ class Loop:
   failed: bool = False
   hook_s: float = 0.0
   began: float | None = None
+  hook_compile_s: float = 0.0
+  began_compile: float | None = None
   ranges: list = dataclasses.field(default_factory=list)
   fresh_batches: bool = False
   source: Any = None
@@ -119,6 +126,11 @@ class Loop:
   def hook_seconds(self) -> float:
     """Seconds spent in the hooks since ``fit`` started, up to now."""
     return self.hook_s + (time.perf_counter() - self.began if self.began is not None else 0.0)
+
+  def hook_compile_seconds(self) -> float:
+    """Compilation seconds spent inside the hooks since ``fit`` started, up to now."""
+    return self.hook_compile_s + (compile_time.seconds() - self.began_compile
+                                  if self.began_compile is not None else 0.0)
 
   def alone(self, step: int) -> bool:
     """Whether the update from ``state.step == step`` must run in a call of its own."""

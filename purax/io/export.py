@@ -250,16 +250,28 @@ def read_verified(path: str, artifact: str, what: str, *, verify: bool = True
 def load_predict(path: str, *, verify: bool = True) -> Callable[[np.ndarray], jax.Array]:
   """Loads an exported artifact (file or its directory) as ``x -> outputs``.
 
+  The function says what it takes: ``predict.input_shape`` (the per-example
+  shape, e.g. ``(8, 8, 1)`` for digits, ``(64,)`` for flat features) and
+  ``predict.dtype``, so code that feeds it needs no knowledge of the run::
+
+    predict = load_predict('runs/mine/export')
+    x = np.zeros((5, *predict.input_shape), predict.dtype)   # any batch size
+    logits = predict(x)                                       # [5, num_classes]
+
   Args:
     path: ``predict.jaxexport`` or the directory holding it.
     verify: check the bytes against the SHA-256 in ``signature.json`` beside
       it (required: a missing signature is an error); ``False`` waives it.
 
+  Returns:
+    ``predict(x)``: ``x`` ``[batch, *predict.input_shape]`` to the model's
+    outputs, with the attributes ``input_shape`` and ``dtype``.
+
   Raises:
     DataError: the file is missing; with ``verify``, ``signature.json`` or its
       ``sha256`` is missing, or the bytes differ from it (flipped, truncated,
       replaced); the file is not a jax.export artifact; or inputs have the
-      wrong per-example shape.
+      wrong per-example shape (naming ``predict.input_shape``).
   """
   path, payload = read_verified(path, ARTIFACT, 'export artifact', verify=verify)
   try:
@@ -273,7 +285,8 @@ def load_predict(path: str, *, verify: bool = True) -> Callable[[np.ndarray], ja
   def predict(x):
     x = jnp.asarray(x, dtype)
     expect(tuple(x.shape[1:]) == expected, 'x.shape',
-           f'[batch, {", ".join(map(str, expected))}]', tuple(x.shape))
+           f'[batch, {", ".join(map(str, expected))}] (predict.input_shape)', tuple(x.shape))
     return exported.call(x)
 
+  predict.input_shape, predict.dtype = tuple(int(d) for d in expected), np.dtype(dtype)
   return predict

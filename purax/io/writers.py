@@ -40,9 +40,10 @@ import importlib.util
 import json
 import math
 import os
-import sys
 import time
 from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
 
 from purax.core.errors import ConfigError, expect
 from purax.io import progress, safe_files, wandb_writer
@@ -121,10 +122,6 @@ class JsonlWriter:
     self._file.close()
 
 
-#: Scalars the HParams tab shows per run (written by ``fit`` under these tags).
-HPARAM_METRICS = ('eval/accuracy', 'eval/loss', 'train/loss')
-
-
 class TensorBoardWriter:
   """TensorBoard event files in ``logdir``, written synchronously.
 
@@ -155,13 +152,19 @@ class TensorBoardWriter:
                                            summary=scalar(name, float(value))))
     self._events.flush()
 
-  def write_hparams(self, hparams, metrics: Sequence[str] = HPARAM_METRICS):
-    """The HParams plugin's experiment and session records, in this run's own
-    event file (not a sub-run, as ``SummaryWriter.add_hparams`` would make),
-    so the HParams tab shows this run's ``metrics`` scalars next to ``hparams``."""
+  def write_hparams(self, hparams):
+    """The HParams plugin's session-start record of ``hparams``, in this run's
+    own event file (not a sub-run, as ``SummaryWriter.add_hparams`` would make).
+
+    No experiment record: with none, TensorBoard builds the experiment from
+    every run's session-start record, so its HParams tab marks the columns
+    whose values differ between runs and offers every logged scalar as a
+    metric column (an experiment record per run would fix the columns to the
+    first run's and mark none as differing).
+    """
     from tensorboardX.summary import hparams as hparams_summary
-    for summary in hparams_summary(hparam_values(hparams), {m: 0.0 for m in metrics}):
-      self._events.write_event(self._event(wall_time=time.time(), summary=summary))
+    _, session_start, _ = hparams_summary(hparam_values(hparams), {})
+    self._events.write_event(self._event(wall_time=time.time(), summary=session_start))
     self._events.flush()
 
   def write_text(self, tag, text, step: int = 0):
@@ -176,7 +179,6 @@ class TensorBoardWriter:
     """One TensorBoard histogram per ``{tag: array}`` (values flattened;
     non-finite values are left out, their count written as the scalar
     ``<tag>/nonfinite`` when there are any: TensorBoard's buckets cannot hold them)."""
-    import numpy as np
     from tensorboardX.summary import histogram, scalar
     for tag, values in histograms.items():
       values = np.asarray(values, np.float64).ravel()
@@ -197,16 +199,57 @@ class TensorBoardWriter:
     self._events.close()
 
 
-class ConsoleWriter:
-  """One line per call: ``[step 200] train/loss=0.1234 ...``, flushed (through
-  ``tqdm.write`` when tqdm is installed, so a live progress bar stays intact)."""
+#: The values of a record that measure the machine, not the training: they
+#: differ between two runs that train alike (a resumed and a straight one).
+TIMINGS = ('time', 'steps_per_sec', 'compile_s', 'tokens_per_sec', 'mfu')
 
-  def __init__(self, stream=None):
-    self._stream = stream
+#: Counters shown in a log line only when non-zero (they still go to every
+#: file writer at every log point, so ``metrics.jsonl`` and TensorBoard keep
+#: one column each): skipped updates, the current streak of them, the
+#: compilation seconds of the window, early stopping's evaluations without
+#: improvement, non-finite values left out of a histogram.
+QUIET_WHEN_ZERO = ('train/skipped', 'train/skip_streak', 'compile_s', 'early_stopping/stale')
+
+
+def _quiet(name: str, value) -> bool:
+  counter = name in QUIET_WHEN_ZERO or name.endswith('/nonfinite')
+  return counter and not np.any(np.asarray(value))
+
+
+def _number(value) -> str:
+  """``0.1234``; a population's ``[members]`` values as ``min..max``."""
+  values = np.ravel(np.asarray(value, np.float64))
+  if values.size == 1:
+    return f'{values[0]:.4g}'
+  finite = values[np.isfinite(values)]
+  if not finite.size:
+    return f'{values[0]:.4g}'
+  return f'{finite.min():.4g}..{finite.max():.4g}'
+
+
+def format_line(step: int, scalars: Mapping[str, Any]) -> str | None:
+  """``[step 200] train/loss=0.1234 ...``: one log point as one line;
+  :data:`QUIET_WHEN_ZERO` counters only when non-zero, a population's values
+  as ``min..max`` over the members; None when nothing is left to show."""
+  text = ' '.join(f'{k}={_number(v)}' for k, v in scalars.items() if not _quiet(k, v))
+  return f'[step {int(step)}] {text}' if text else None
+
+
+class ConsoleWriter:
+  """One line per call (:func:`format_line`), a record of the ``purax`` logger
+  at INFO (:func:`purax.io.progress.log_line`): printed on stdout where
+  logging is not configured (through ``tqdm.write`` when tqdm is installed, so
+  a live progress bar stays intact), routed or silenced by ``logging``
+  otherwise (``logging.getLogger('purax').setLevel(logging.WARNING)``).
+
+  The default writer of :func:`purax.hooks.standard` and of ``purax train``
+  and ``purax sweep``.
+  """
 
   def write_scalars(self, step, scalars):
-    text = ' '.join(f'{k}={v:.4g}' for k, v in scalars.items())
-    progress.write(f'[step {int(step)}] {text}', self._stream or sys.stdout)
+    line = format_line(step, scalars)
+    if line is not None:
+      progress.log_line(line)
 
   def flush(self):
     pass

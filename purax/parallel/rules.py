@@ -115,7 +115,26 @@ def data_parallel() -> Rules:
 
 
 def fsdp(min_size: int = 1024) -> Rules:
-  """Params and optimizer state of ``>= min_size`` elements split over ``'fsdp'``."""
+  """Params and optimizer state of ``>= min_size`` elements split over ``'fsdp'``.
+
+  Smaller arrays (biases, norms' scales, a small model's whole weights) stay
+  replicated on every device: splitting them saves less memory than their
+  all-gathers cost. So a small model may come out mostly unsharded;
+  :func:`purax.summary` shows which arrays were split (a ``PartitionSpec``
+  naming ``'fsdp'``) and which stayed whole (``PartitionSpec()``), and the
+  bytes each takes per device::
+
+    plan = purax.parallel.sharded(task, mesh, purax.parallel.fsdp(), batch)
+    print(purax.summary(task, batch, plan))
+
+  Args:
+    min_size: the fewest elements an array needs to be split (default 1024;
+      1 splits every array with a dimension the ``'fsdp'`` axis size divides;
+      each is split along its largest such dimension).
+
+  Returns:
+    The :class:`Rules`.
+  """
   return Rules(fsdp_axis='fsdp', fsdp_min_size=min_size)
 
 

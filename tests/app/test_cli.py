@@ -186,7 +186,12 @@ def test_export_and_generate_need_no_data_file_and_eval_names_it(tmp_path, capsy
   text.unlink()
   capsys.readouterr()
   assert run('export', '--workdir', cls) == 0
-  assert os.path.isfile(json.loads(capsys.readouterr().out.strip().splitlines()[-1])['exported'])
+  exported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['exported']
+  assert os.path.isfile(exported)
+  from purax.io.export import load_predict     # issue 29.5: [n, 64] data, not digits' shape
+  predict = load_predict(os.path.join(cls, 'export'))
+  x = np.zeros((5, *predict.input_shape), predict.dtype)
+  assert predict.input_shape == (64,) and predict(x).shape == (5, 4)
   assert run('generate', '--workdir', lm, '--prompt', 'def ', '--max-new-tokens', '4') == 0
   assert capsys.readouterr().out.startswith('def ')
   assert run('eval', '--workdir', cls) == 2
@@ -217,3 +222,21 @@ def test_steps_per_call_trains_the_same_run(tmp_path):
   assert final('one') == final('ten')
   assert run('train', *common[:-1], '--steps-per-call', '3', '--workdir',
              str(tmp_path / 'bad')) == 2
+
+
+@pytest.mark.parametrize('command, typo, suggested', [
+    ('train', ['--learning-rat', '1e-3'], '--learning-rate FLOAT'),
+    ('sweep', ['--learning-rat', '1e-3'], '--learning-rate STR'),
+    ('eval', ['--workdir', 'w', '--batch-sise', '3'], '--batch-size'),
+])
+def test_a_mistyped_option_suggests_the_options_of_its_own_subcommand(command, typo, suggested,
+                                                                      capsys):
+  """Issue 29.5: `purax train --learning-rat` suggests train's option, not
+  sweep's (`... in purax sweep --help`)."""
+  with pytest.raises(SystemExit) as e:
+    cli.main([command, *typo])
+  assert e.value.code == 2
+  err = re.sub(r'[│╭╰─╮╯]', ' ', capsys.readouterr().err)
+  assert suggested in err and f'purax {command} --help' in err
+  others = set(cli.SUBCOMMANDS) - {command}
+  assert not [o for o in others if f'purax {o}' in err], err

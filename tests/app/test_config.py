@@ -95,7 +95,7 @@ def test_which_fields_may_change_on_resume_is_read_from_the_fields():
       'run.mesh', 'run.coordinator', 'run.num_processes', 'run.process_id',
       'optimizer.max_consecutive_skips', 'run.debug_nans', 'run.dry_run', 'run.profile',
       'run.profile_memory', 'run.wandb_project', 'run.steps_per_call', 'run.histograms',
-      'run.steps', 'run.decay_steps',
+      'run.steps', 'run.decay_steps', 'run.best_metric', 'run.best_mode', 'run.patience',
       # --fit-memory's choice lives in model/optimizer/run fields that must match
       'run.fit_memory', 'run.memory_budget', 'run.fit_memory_precisions'}
   assert purax_fields.names(config_lib.RunConfig, purax_fields.CADENCE) == (
@@ -132,3 +132,21 @@ def test_float8_matmuls_are_refused_for_a_model_without_them():
   with pytest.raises(ConfigError, match=r"precision: expected a policy without float8 matmuls "
                                         r"for --model mlp \(float8 matmuls: transformer, lm\)"):
     TrainConfig.of(model='mlp', precision='fp8').model.validate()
+
+
+def test_hparams_are_the_fields_that_change_the_computation():
+  """Issue 29.4: TensorBoard's HParams come from the same metadata: the fields
+  that must match on resume, plus --steps, --decay-steps and --patience (which
+  may change on resume, to train on, and still change what is computed)."""
+  from purax.app import config as config_lib
+  config = config_lib.TrainConfig()
+  hparams = config.hparams()
+  assert set(hparams) == {
+      'model', 'dropout_rate', 'd_model', 'num_layers', 'num_heads', 'remat', 'scan_layers',
+      'precision', 'dataset', 'batch_size', 'seq_len', 'num_classes', 'learning_rate',
+      'weight_decay', 'b1', 'b2', 'clip_norm', 'label_smoothing', 'warmup_steps',
+      'microbatches', 'loss_scale', 'seed', 'ema_decay', 'ema_every', 'steps', 'decay_steps',
+      'patience'}
+  resumable = {name.split('.')[1] for name in config_lib.resumable_changes()}
+  assert set(config.flat()) - set(hparams) == resumable - {'steps', 'decay_steps', 'patience'}
+  assert {'dry_run', 'progress', 'workdir', 'debug_nans', 'profile_memory'}.isdisjoint(hparams)

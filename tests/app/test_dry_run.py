@@ -1,6 +1,7 @@
 """`purax train --dry-run`: summary, compiled FLOPs and memory, exit 0, nothing written."""
 
 import json
+import re
 import os
 
 import pytest
@@ -24,9 +25,16 @@ def test_dry_run_prints_the_summary_and_cost_and_writes_nothing(tmp_path, capsys
 def test_dry_run_on_a_mesh_counts_bytes_per_device(capsys, tmp_path):
   assert cli.main(['train', '--dry-run', '--model', 'mlp', '--mesh', 'fsdp=8',
                    '--workdir', str(tmp_path / 'x')]) == 0
-  sharded = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['dry_run']
+  out = capsys.readouterr().out
+  sharded = json.loads(out.strip().splitlines()[-1])['dry_run']
+  # Issue 29.6: on a mesh the summary has a row per parameter with its
+  # PartitionSpec (the same table as purax.summary): split and replicated ones.
+  assert re.search(r"\nDense_0/kernel +\[64, 256\] +float32 +P\(None, 'fsdp'\) +8.00 KiB\n", out)
+  assert re.search(r'\nDense_0/bias +\[256\] +float32 +P\(\) +1.00 KiB\n', out)
   assert cli.main(['train', '--dry-run', '--model', 'mlp', '--workdir', str(tmp_path / 'y')]) == 0
-  single = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['dry_run']
+  out = capsys.readouterr().out
+  single = json.loads(out.strip().splitlines()[-1])['dry_run']
+  assert 'PartitionSpec' not in out
   assert sharded['params'] == single['params']
   assert sharded['state_bytes_per_device'] < single['state_bytes_per_device'] / 2
   assert os.listdir(tmp_path) == []

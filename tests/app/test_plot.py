@@ -92,3 +92,55 @@ def test_the_png_replaces_a_link_and_is_never_written_through_one(tmp_path):
   assert victim.read_bytes() == b'precious'
   assert not (run / 'curves.png').is_symlink()
   assert (run / 'curves.png').read_bytes().startswith(PNG)
+
+
+RECORDS = [
+    {'step': 10, 'time': 0.0, 'train/loss': 1.0, 'train/accuracy': 0.5, 'train/grad_norm': 1.0,
+     'train/learning_rate': 1e-3, 'train/skipped': 0.0, 'steps_per_sec': 50.0, 'compile_s': 2.0},
+    {'step': 10, 'grad_norm/Dense_0': 0.5, 'grad_norm/Dense_1': 0.25},
+    {'step': 20, 'train/loss': 0.5, 'train/learning_rate': 5e-4, 'steps_per_sec': 60.0},
+    {'step': 20, 'eval/loss': 0.6, 'eval/accuracy': 0.8, 'eval_ema/loss': 0.55,
+     'eval_ema/accuracy': 0.82, 'early_stopping/stale': 0},
+]
+
+
+def test_every_logged_series_has_its_panel():
+  """Issue 29.4: eval_ema/* beside eval/*, the per-layer grad_norm/* of
+  --histograms beside train/grad_norm, the logged learning rate; any other
+  series in a panel of its own. Nothing is left out."""
+  layout = plot.panels(RECORDS)
+  keys = [k for r in RECORDS for k in r if k not in ('step', 'time')]
+  assert sorted(k for ks in layout.values() for k in ks) == sorted(set(keys))
+  assert layout['loss'] == ['train/loss', 'eval/loss', 'eval_ema/loss']
+  assert layout['accuracy'] == ['train/accuracy', 'eval/accuracy', 'eval_ema/accuracy']
+  assert layout['grad norm'] == ['train/grad_norm', 'grad_norm/Dense_0', 'grad_norm/Dense_1']
+  assert layout['learning rate'] == ['train/learning_rate']
+  assert layout['compile s'] == ['compile_s'] and layout['skipped'] == ['train/skipped']
+
+
+def test_the_run_plot_draws_every_series_and_a_sweep_marks_pbt_exploits(tmp_path,
+                                                                         monkeypatch):
+  from matplotlib.axes import Axes
+  from matplotlib.figure import Figure
+  monkeypatch.setattr(Figure, 'savefig', lambda self, *a, **k: None)   # what is drawn, not
+  monkeypatch.setattr(Figure, 'tight_layout', lambda self, *a, **k: None)   # its pixels
+  drawn, marks = [], []
+  real_plot, real_axvline = Axes.plot, Axes.axvline
+  monkeypatch.setattr(Axes, 'plot', lambda self, *a, **k: drawn.append(k.get('label'))
+                      or real_plot(self, *a, **k))
+  monkeypatch.setattr(Axes, 'axvline', lambda self, x, **k: marks.append(x)
+                      or real_axvline(self, x, **k))
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in RECORDS) + '\n')
+  plot.plot(str(run))
+  assert set(drawn) == {k for r in RECORDS for k in r if k not in ('step', 'time')}
+  assert marks == []
+  sweep = write_sweep(tmp_path / 'sweep')
+  summary = json.loads((sweep / 'sweep.json').read_text())
+  summary['history'] += [{'step': 10, 'pbt/source': [0, 1, 2, 3]},      # nobody copied
+                         {'step': 20, 'pbt/source': [0, 1, 0, 3]}]      # member 2 <- 0
+  assert plot.exploit_steps(summary['history']) == [20]
+  (sweep / 'sweep.json').write_text(json.dumps(summary))
+  plot.plot(str(sweep))
+  assert set(marks) == {20} and len(marks) == len(plot.panels(summary['history']))

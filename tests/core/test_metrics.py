@@ -43,3 +43,23 @@ def test_a_streak_counts_the_longest_run_of_consecutive_flagged_steps():
   for flag in [1, 1]:
     carried = carried.merge(Streak.of(True))
   assert int(carried.longest) == 3 and int(carried.current) == 3
+
+
+def test_best_is_one_rule_of_which_metric_and_which_way():
+  """Issue 29.7: keep-best, early stopping and the population's ranking all
+  score by purax.core.metrics.Best: lower is better, max negated, NaN worst."""
+  import pytest
+  from purax.core.errors import ConfigError
+  record = {'eval/loss': 0.3, 'eval/accuracy': 0.9, 'train/loss': float('nan')}
+  assert metrics.Best('eval/loss', 'min').score(record) == np.float32(0.3)
+  assert metrics.Best('eval/accuracy', 'max').score(record) == np.float32(-0.9)
+  assert metrics.Best('train/loss', 'min').score(record) == np.inf
+  assert metrics.Best('loss').key == 'eval/loss'               # a bare name is an eval metric
+  np.testing.assert_array_equal(metrics.to_minimise(np.array([1.0, np.nan, -2.0]), 'max'),
+                                [-1.0, np.inf, 2.0])
+  traced = jax.jit(lambda v: metrics.to_minimise(v, 'max'))(jnp.array([1.0, np.inf]))
+  np.testing.assert_array_equal(traced, [-1.0, np.inf])        # jit-safe: populations use it
+  with pytest.raises(ConfigError, match=r"best_metric: expected one of \['eval/accuracy', "):
+    metrics.Best('eval/bleu', 'max').score(record)
+  with pytest.raises(ConfigError, match=r"best_mode: expected 'min' or 'max', got 'up'"):
+    metrics.Best('eval/loss', 'up')

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import purax
@@ -68,3 +69,34 @@ def test_human_bytes():
   assert summary.human_bytes(512) == '512 B'
   assert summary.human_bytes(1536) == '1.50 KiB'
   assert summary.human_bytes(3 * 2 ** 30) == '3.00 GiB'
+
+
+@pytest.mark.parametrize('min_size', [1024, 1])
+def test_summary_shows_each_parameters_partition_spec_and_bytes_per_device(min_size):
+  """Issue 29.6 on 8 host devices: purax.summary(task, batch, plan) gives, per
+  parameter, the PartitionSpec and bytes per device the plan really places
+  (checked against the placed state's shards); fsdp()'s min_size leaves the
+  small arrays replicated, and the summary shows it."""
+  task = purax.Task(model=purax.nn.MLP(num_classes=10, features=(64,)),
+                    tx=purax.adamw(learning_rate=1e-3, total_steps=10))
+  batch = {'x': np.zeros((8, 40), np.float32), 'y': np.zeros((8,), np.int32)}
+  mesh = purax.parallel.make_mesh(data=2, fsdp=4)
+  plan = purax.parallel.sharded(task, mesh, purax.parallel.fsdp(min_size), batch)
+  rows = {p.path: p for p in purax.summary(task, batch, plan).params}
+  assert {k: (r.shape, r.dtype, r.spec, r.bytes_per_device) for k, r in rows.items()} == {
+      'Dense_0/kernel': ((40, 64), 'float32', P(None, 'fsdp'), 40 * 64 * 4 // 4),   # 2560 >= 1024
+      'Dense_0/bias': ((64,), 'float32', P() if min_size > 1 else P('fsdp'),
+                       64 * 4 // (1 if min_size > 1 else 4)),
+      'Dense_1/kernel': ((64, 10), 'float32', P() if min_size > 1 else P('fsdp', None),
+                         64 * 10 * 4 // (1 if min_size > 1 else 4)),       # 640 < 1024
+      'Dense_1/bias': ((10,), 'float32', P(), 10 * 4)}                     # 4 does not divide 10
+  placed = plan.init_state(jax.random.key(0), batch).params
+  for path, leaf in jax.tree_util.tree_leaves_with_path(placed):
+    row = rows[jax.tree_util.keystr(path, simple=True, separator='/')]
+    assert leaf.sharding.spec == row.spec
+    assert max(s.data.nbytes for s in leaf.addressable_shards) == row.bytes_per_device
+  alone = {p.path: p for p in purax.summary(task, batch).params}     # one device: no spec
+  assert alone['Dense_0/kernel'].spec is None
+  assert alone['Dense_0/kernel'].bytes_per_device == 40 * 64 * 4
+  text = str(purax.summary(task, batch, plan))
+  assert 'PartitionSpec' in text and "Dense_0/kernel  [40, 64]  float32  P(" in text

@@ -141,6 +141,33 @@ def test_malformed_batches_raise_named_errors(mutate, match):
     task.init(jax.random.key(0), mutate(tiny_batch()))
 
 
+@pytest.mark.parametrize('model, built, given', [
+    ('cnn', (8, 8, 1), (8, 8, 3)),           # flax: ScopeParamShapeError for Conv_0's kernel
+    ('mlp', (8, 8, 1), (4, 4, 1)),           # flax: the same for Dense_0's kernel
+    ('functions', (6,), (5,)),               # plain functions: a dot_general shape error
+])
+def test_a_batch_of_another_shape_on_the_jit_path_is_a_data_error_naming_the_field(
+    model, built, given):
+  """Issue 29.5: the README's `jax.jit(task.step)` path names the batch field and
+  both shapes, not the model's error about a parameter (kept as the cause)."""
+  if model == 'functions':
+    net = purax.Functions(lambda key, x: {'w': jnp.zeros((x.shape[-1], 10))},
+                          lambda params, x: x @ params['w'])
+    task = purax.Task(model=net, tx=purax.adamw(learning_rate=1e-3, total_steps=10))
+  else:
+    task = tiny_task(model)
+  state = jax.jit(task.init)(jax.random.key(0), tiny_batch(shape=built))
+  wrong = tiny_batch(n=5, shape=given)
+  dims = ', '.join(map(str, built))
+  for fn in (jax.jit(task.step), jax.jit(task.evaluate), jax.jit(task.predict)):
+    with pytest.raises(purax.DataError) as e:
+      fn(state, wrong)
+    assert str(e.value) == (f"batch['x'].shape: expected [batch, {dims}] (the batch task.init "
+                            f'built the params from), got {(5, *given)}')
+    assert e.value.__cause__ is not None
+  assert task.predict(state, tiny_batch(n=3, shape=built)['x']).shape == (3, 10)  # any batch size
+
+
 def test_bad_task_config_raises():
   with pytest.raises(purax.ConfigError, match='loss: expected a function'):
     purax.Task(model=pnn.MLP(num_classes=2), tx=purax.adamw(total_steps=1), loss='rank')

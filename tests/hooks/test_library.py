@@ -3,6 +3,7 @@ samples and is evaluable; Histograms writes TensorBoard histograms that
 TensorBoard's own reader reads; the user hook of the hooks module docstring
 runs as written. (Resume of each: tests/hooks/test_resume.py.)"""
 
+import math
 import re
 
 import jax
@@ -202,3 +203,21 @@ def test_early_stopping_counts_an_improvement_of_exactly_min_delta_as_stale(mode
   assert hook.best == (1.0 if mode == 'min' else -0.25)
   hook(0, None, {'eval/loss': scores[0] - 0.5 if mode == 'min' else scores[0] + 0.5})
   assert hook.stale == 0       # an improvement of more than min_delta resets the count
+
+
+def test_early_stopping_by_a_train_metric_and_its_state_belongs_to_its_rule():
+  """Issue 29.7: any logged metric, the rule of keep-best; a saved best and
+  count of another metric or direction are not taken over on resume."""
+  hook = hooks_lib.EarlyStopping(metric='train/loss', mode='min', patience=2, every=10)
+  out = [hook(s, None, {'train/loss': v})[1] for s, v in ((10, 1.0), (20, 0.5), (30, 0.7))]
+  assert [o['early_stopping/stale'] for o in out] == [0, 0, 1]
+  saved = hook.state_dict()
+  assert saved == {'best': 0.5, 'stale': 1, 'metric': 'train/loss', 'mode': 'min'}
+  same = hooks_lib.EarlyStopping(metric='train/loss', mode='min', patience=2)
+  same.load_state_dict(saved)
+  assert (same.best, same.stale) == (0.5, 1)
+  other = hooks_lib.EarlyStopping(metric='eval/accuracy', mode='max', patience=2)
+  other.load_state_dict(saved)
+  assert (other.best, other.stale) == (math.inf, 0)
+  with pytest.raises(purax.ConfigError, match=r"best_mode: expected 'min' or 'max'"):
+    hooks_lib.EarlyStopping(metric='train/loss', mode='lowest')

@@ -13,11 +13,17 @@ run_ema = functools.partial(script, 'ema_run.py')
 
 
 @pytest.mark.slow
-def test_early_stopping_state_survives_a_restart_in_a_fresh_process(tmp_path):
+def test_early_stopping_state_and_keep_best_survive_a_restart_in_a_fresh_process(tmp_path):
+  """The early-stopping counter, and keep-best by a train metric (issue 29.7:
+  any logged metric, a mode): saves at 2, 4, 6, 8 compete by train/loss
+  (min); a run stopped at 6 and resumed in a fresh process keeps what the
+  straight run keeps, its ranking continued from the recorded numbers."""
   straight = run(tmp_path / 'straight', 0)
-  assert straight == 'final step 8 stale 3'     # evals at 2 (best), 4, 6, 8 (3 stale)
-  assert run(tmp_path / 'split', 6) == 'final step 6 stale 2'
-  # A fresh process: without the saved counter it would run on to step 12.
+  # evals at 2 (best), 4, 6, 8 (3 stale); the best save by train/loss is step 4.
+  assert straight == 'final step 8 stale 3 kept [4, 8]'
+  assert run(tmp_path / 'split', 6) == 'final step 6 stale 2 kept [4, 6]'
+  # A fresh process: without the saved counter it would run on to step 12, and
+  # without the recorded train/loss step 4 would not compete.
   assert run(tmp_path / 'split', 0) == straight
 
 

@@ -57,13 +57,19 @@ def test_save_restore_round_trip_with_typed_keys_and_donation(tmp_path, trained)
   assert tree_equal(keyless(restored), keyless({'state': state}))
 
 
-def test_keeps_the_last_n_and_the_best_k(tmp_path, trained):
+@pytest.mark.parametrize('metric, mode, values, best', [
+    ('eval/accuracy', 'max', [0.1, 0.9, 0.2, 0.3, 0.4], 2),
+    ('eval/loss', 'min', [0.9, 0.1, 0.8, float('nan'), 0.7], 2),     # NaN never the best
+    ('train/loss', 'max', [0.9, 0.1, 1.5, 0.3, 0.2], 3),             # any metric, any mode
+])
+def test_keeps_the_last_n_and_the_best_k(tmp_path, trained, metric, mode, values, best):
   _, _, state, _ = trained
-  with Checkpointer(str(tmp_path), keep_last=2, keep_best=1) as ckpt:
-    for step, acc in zip(range(1, 6), [0.1, 0.9, 0.2, 0.3, 0.4]):
-      ckpt.save(step, {'state': state}, metrics={'eval/accuracy': acc})
+  with Checkpointer(str(tmp_path), keep_last=2, keep_best=1, best_metric=metric,
+                    best_mode=mode) as ckpt:
+    for step, value in zip(range(1, 6), values):
+      ckpt.save(step, {'state': state}, metrics={metric: value, 'other/metric': -step})
       ckpt.wait()
-    assert ckpt.steps() == [2, 4, 5]
+    assert ckpt.steps() == sorted({best, 4, 5})
 
 
 def test_a_different_model_is_a_clear_error_naming_the_first_differing_path(tmp_path, trained):

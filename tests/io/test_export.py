@@ -21,8 +21,13 @@ def test_exported_predict_matches_the_model_for_several_batch_sizes(tmp_path):
   for n in (1, 7, 64):
     x = ds.x_test[:n]
     np.testing.assert_allclose(predict(x), task.predict(state, x), rtol=1e-5, atol=1e-6)
-  with pytest.raises(purax.DataError, match=r'x.shape: expected \[batch, 8, 8, 1\], got \(2, 64\)'):
+  with pytest.raises(purax.DataError, match=r'x.shape: expected \[batch, 8, 8, 1\] '
+                                            r'\(predict.input_shape\), got \(2, 64\)'):
     predict(np.zeros((2, 64), np.float32))
+  # Issue 29.5: code that feeds it needs no knowledge of the run's data shape.
+  assert predict.input_shape == (8, 8, 1) and predict.dtype == np.float32
+  x = np.zeros((5, *predict.input_shape), predict.dtype)
+  assert predict(x).shape == (5, 10)
   if importlib.util.find_spec('jax2onnx') and importlib.util.find_spec('onnxruntime'):
     from purax.io.onnx_export import load_onnx   # the same run as ONNX (the onnx extra)
     path = runs.export_run(workdir, format='onnx')

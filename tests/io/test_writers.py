@@ -62,3 +62,18 @@ def test_a_linked_metrics_file_is_refused_and_its_target_left_unchanged(tmp_path
                                         r'symlink to .*victim'):
     writers.create_default_writer(str(run), console=False)
   assert victim.read_text() == 'precious'
+
+
+def test_a_log_line_shows_counters_only_when_not_zero_and_a_population_as_its_range():
+  """Issue 29.4: no `train/skip_streak=0 train/skipped=0` on every line; the
+  values still go to the file writers (JsonlWriter writes what it is given)."""
+  import numpy as np
+  line = writers.format_line(50, {'train/loss': 0.12345, 'train/skipped': 0.0,
+                                  'train/skip_streak': 0, 'compile_s': 0.0,
+                                  'early_stopping/stale': 0, 'steps_per_sec': 41.0})
+  assert line == '[step 50] train/loss=0.1235 steps_per_sec=41'
+  line = writers.format_line(60, {'train/loss': 0.5, 'train/skipped': 2.0, 'compile_s': 1.5})
+  assert line == '[step 60] train/loss=0.5 train/skipped=2 compile_s=1.5'
+  assert writers.format_line(4, {'train/loss': np.array([0.5, 0.25, np.nan])}) == (
+      '[step 4] train/loss=0.25..0.5')
+  assert writers.format_line(4, {'early_stopping/stale': 0}) is None     # no empty line

@@ -15,7 +15,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as orbax_policies
 
-from purax.core.errors import expect_kind
+from purax.core.errors import ConfigError, expect_kind
+from purax.core.metrics import MODES, Best
 from purax.io.checkpoint import integrity, layout, quiet
 from purax.io.checkpoint.errors import CheckpointError, Unreadable
 from purax.io.checkpoint.policies import DEFAULT_INTERVAL_S, BestOfRecorded, IntervalSinceStart
@@ -38,10 +39,13 @@ class Checkpointer:
     directory: where step directories go (created if missing).
     keep_last: keep the newest N checkpoints.
     keep_best: also keep the best K by ``best_metric`` (0: off). Only saves
-      given ``metrics`` containing ``best_metric`` compete; the metric is
+      given ``metrics`` containing ``best_metric`` compete; the metrics are
       stored in the checkpoint, so a later ``Checkpointer`` on the same
       directory (a resumed run) keeps the same ones.
-    best_metric: the metric name, e.g. ``'eval/accuracy'``.
+    best_metric: any logged metric name, e.g. ``'eval/accuracy'``,
+      ``'eval/loss'``, ``'train/loss'`` (:class:`purax.hooks.Checkpoint`
+      saves with every number written at its step); ranked by
+      :class:`purax.core.metrics.Best`, the rule early stopping uses too.
     best_mode: ``'max'`` or ``'min'``.
     metadata: JSON-serialisable data saved with every checkpoint (config,
       versions, mesh).
@@ -81,7 +85,7 @@ class Checkpointer:
                 CheckpointError)
     if keep_last < 1:
       raise CheckpointError(f'keep_last: expected >= 1, got {keep_last}')
-    if best_mode not in ('max', 'min'):
+    if best_mode not in MODES:
       raise CheckpointError(f"best_mode: expected 'max' or 'min', got {best_mode!r}")
     if interval_s is not None and not (isinstance(interval_s, (int, float)) and interval_s >= 0
                                        and np.isfinite(interval_s)):
@@ -90,12 +94,16 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self.metadata = dict(metadata or {})
     self.verify = bool(verify)
+    try:   # the metric's name is looked up as given; Best is the direction's rule
+      self.best = Best(best_metric, best_mode)
+    except ConfigError as e:
+      raise CheckpointError(str(e)) from None
     self.best_metric = best_metric
     self._scores: dict[int, float] = {}
     self._writing: int | None = None   # the step of the save started last, until waited for
     preserve = [orbax_policies.LatestN(n=keep_last)]
     if keep_best:
-      preserve.append(BestOfRecorded(keep_best, self._scores, best_mode))
+      preserve.append(BestOfRecorded(keep_best, self._scores, self.best))
     options = ocp.CheckpointManagerOptions(
         preservation_policy=orbax_policies.AnyPreservationPolicy(preserve), create=True,
         save_decision_policy=IntervalSinceStart(self.interval_s) if self.interval_s else None,

@@ -7,6 +7,8 @@ import datetime
 import numpy as np
 from orbax.checkpoint import checkpoint_managers as orbax_policies
 
+from purax.core.metrics import Best, to_minimise
+
 
 # -- keep-best --------------------------------------------------------------------
 
@@ -14,17 +16,17 @@ from orbax.checkpoint import checkpoint_managers as orbax_policies
 class BestOfRecorded:
   """orbax preservation policy: keep the ``n`` best steps by a metric recorded
   per step in ``scores`` (read back from each checkpoint's JSON, so a new
-  ``Checkpointer`` decides as the one before it did). Steps without a score
-  do not compete."""
+  ``Checkpointer`` decides as the one before it did), ranked by ``rule`` (a
+  :class:`purax.core.metrics.Best`: the one rule of keep-best and early
+  stopping). Steps without a finite score do not compete."""
 
-  def __init__(self, n: int, scores: dict[int, float], mode: str):
-    self.n, self.scores, self.mode = n, scores, mode
+  def __init__(self, n: int, scores: dict[int, float], rule: Best):
+    self.n, self.scores, self.rule = n, scores, rule
 
   def should_preserve(self, checkpoints, *, context):
     del context
-    sign = -1.0 if self.mode == 'max' else 1.0
-    scored = sorted((sign * self.scores[c.step], c.step) for c in checkpoints
-                    if np.isfinite(self.scores.get(c.step, np.nan)))
+    scored = sorted((float(to_minimise(self.scores[c.step], self.rule.mode)), c.step)
+                    for c in checkpoints if np.isfinite(self.scores.get(c.step, np.nan)))
     best = {step for _, step in scored[:self.n]}   # best first; ties: the older step
     return [c.step in best for c in checkpoints]
 

@@ -1,0 +1,136 @@
+"""The Log hook (issue 29.3): the learning rate the last update applied and
+any hyperparameter that changed, at every log point; compilation reported as
+compile_s and left out of steps_per_sec."""
+
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import purax
+from purax.core.optim import warmup_cosine
+from purax.io import compile_time
+from purax.plan import SingleDevicePlan
+from tests.helpers import tiny_batch
+
+PEAK, WARMUP, STEPS = 1e-2, 4, 12
+DATA = [tiny_batch(seed=s) for s in range(STEPS)]
+
+
+def task(features=(13,)):
+  """An MLP no other test compiles (its first fit here compiles for sure)."""
+  return purax.Task(model=purax.nn.MLP(num_classes=10, features=features),
+                    tx=purax.adamw(learning_rate=PEAK, total_steps=STEPS, warmup_steps=WARMUP))
+
+
+class SetWeightDecay:
+  every, at_end, name = 6, False, 'set_wd'
+
+  def __call__(self, step, state, record):
+    return purax.set_hyperparams(state, weight_decay=0.5), {}
+
+
+def test_the_learning_rate_applied_and_changed_hyperparameters_at_every_log_point():
+  t = task()
+  state = t.init(jax.random.key(0), DATA[0])
+  _, history = purax.fit(t, state, DATA, steps_per_call=1, hooks=purax.hooks.standard(
+      log_every=3, progress=False) + [SetWeightDecay()])
+  logs = [r for r in history if 'train/loss' in r]
+  assert [r['step'] for r in logs] == [3, 6, 9, 12]
+  schedule = warmup_cosine(PEAK, warmup_steps=WARMUP, total_steps=STEPS)
+  # At step s the last update was the s-th: optax read its schedule at count s - 1.
+  np.testing.assert_allclose([r['train/learning_rate'] for r in logs],
+                             [float(schedule(s - 1)) for s in (3, 6, 9, 12)], rtol=1e-6)
+  assert [r.get('train/weight_decay') for r in logs] == [None, None, 0.5, 0.5]
+  assert not any('train/b1' in r or 'train/peak_learning_rate' in r for r in logs)
+  # Count-based: the first window compiled the step (a compilation of its own
+  # MLP), no later window did; the first throughput is not compilation.
+  assert logs[0]['compile_s'] > 0 and not any('compile_s' in r for r in logs[1:])
+
+
+class FakeClock:
+  """time.perf_counter and compile_time.seconds, advanced by the fake plan and hook."""
+
+  def __init__(self):
+    self.now, self.compiled = 1000.0, 0.0
+
+  def advance(self, seconds, compiling=0.0):
+    self.now += seconds
+    self.compiled += compiling
+
+
+class ClockedPlan(SingleDevicePlan):
+  """One second per step; the first call also compiles for 100 s."""
+
+  def __init__(self, task, clock):
+    super().__init__(task)
+    self.clock, self.made = clock, 0
+
+  def train_step(self, state, acc, batch):
+    self.made += 1
+    self.clock.advance(1.0 + (100.0 if self.made == 1 else 0.0),
+                       100.0 if self.made == 1 else 0.0)
+    return super().train_step(state, acc, batch)
+
+
+class SlowHook:
+  """A hook of 50 s, 20 of them compiling (an evaluation's first compilation)."""
+  every, at_end, name = 2, False, 'slow'
+
+  def __init__(self, clock):
+    self.clock = clock
+
+  def __call__(self, step, state, record):
+    if step == 2:
+      self.clock.advance(50.0, 20.0)
+    return state, {}
+
+
+def test_steps_per_sec_leaves_out_the_compilation_and_the_hooks_by_construction(monkeypatch):
+  clock = FakeClock()
+  t = task((11,))
+  state = t.init(jax.random.key(0), DATA[0])
+  monkeypatch.setattr(time, 'perf_counter', lambda: clock.now)
+  monkeypatch.setattr(compile_time, 'seconds', lambda: clock.compiled)
+  _, history = purax.fit(t, state, DATA[:6], plan=ClockedPlan(t, clock), steps_per_call=1,
+                         hooks=purax.hooks.standard(log_every=3, progress=False)
+                         + [SlowHook(clock)])
+  logs = [r for r in history if 'train/loss' in r]
+  # Window 1: 3 steps in 153 s = 3 of stepping + 100 of compiling + 50 of a hook
+  # (20 of it compiling: hook time, counted once); window 2: 3 steps in 3 s.
+  assert [r['steps_per_sec'] for r in logs] == [1.0, 1.0]
+  assert logs[0]['compile_s'] == 100.0 and 'compile_s' not in logs[1]
+
+
+def test_applied_learning_rate_is_the_one_optax_records_for_the_same_schedule():
+  """The off-by-one against optax: inject_hyperparams stores the value its
+  schedule gave the update it applied; purax.adamw's applied rate must equal it
+  after every update (and 'learning_rate(opt_state)' is the next one's)."""
+  import optax
+  from purax.core import hparams
+  schedule = warmup_cosine(PEAK, warmup_steps=WARMUP, total_steps=STEPS)
+  reference = optax.inject_hyperparams(optax.sgd)(learning_rate=schedule)
+  ours = purax.adamw(learning_rate=PEAK, total_steps=STEPS, warmup_steps=WARMUP)
+  params = {'w': np.ones((3,), np.float32)}
+  grads = {'w': np.full((3,), 0.1, np.float32)}
+  holder = lambda s: purax.TrainState(step=0, params=params, model_state={}, opt_state=s,  # noqa: E731
+                                      rng=None, hparams={}, loss_scale=None)
+
+  @jax.jit
+  def update(ref_state, our_state):
+    _, ref_state = reference.update(grads, ref_state, params)
+    _, our_state = ours.update(grads, our_state, params)
+    applied = hparams.get(holder(our_state), ours, applied=True)['learning_rate']
+    return ref_state, our_state, applied, ref_state.hyperparams['learning_rate']
+
+  ref_state, our_state = reference.init(params), ours.init(params)
+  assert float(hparams.get(holder(our_state), ours, applied=True)['learning_rate']) == 0.0
+  pairs = []
+  for _ in range(STEPS):
+    ref_state, our_state, applied, recorded = update(ref_state, our_state)
+    pairs.append((applied, recorded))
+  np.testing.assert_allclose(*np.asarray(pairs).T, rtol=1e-6)
+  assert len({float(a) for a, _ in pairs}) > 3               # the schedule moved
+  np.testing.assert_allclose(ours.learning_rate(our_state), schedule(STEPS), rtol=1e-6,
+                             atol=1e-9)
