@@ -26,8 +26,12 @@ RECORDED_WITH = '0.10.2'
 
 @pytest.mark.parametrize('kind', ['mlp', 'lm'])
 def test_with_the_options_off_the_step_is_the_program_it_was_before_them(kind):
-  """``tests/fixtures/step_program_*.txt`` is the jaxpr of ``Task.step`` as the
-  code before the spike guard and the z-loss printed it (commit 51aee0f)."""
+  """``tests/fixtures/step_program_*.txt`` is the jaxpr of ``Task.step`` with
+  both options off. Recorded first by the code before the spike guard and the
+  z-loss (51aee0f); re-recorded after issue 30 (weight decay on matrices only)
+  and issue 33 (the guard's branch chosen per platform) changed the step, once
+  the merge of the spike guard was shown to leave the program as it was
+  (its parent f0aec14 printed the same text)."""
   if jax.__version__ != RECORDED_WITH:
     pytest.skip(f'the fixtures were printed by jax {RECORDED_WITH}, this is {jax.__version__} '
                 '(regenerate them with tests/scripts/step_program.py at the commit they name)')

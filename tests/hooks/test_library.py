@@ -144,10 +144,10 @@ def test_histograms_check_their_settings():
 
 def test_the_user_hook_of_the_module_docstring_runs_as_written():
   """The example class in purax.hooks' docstring, executed from the docstring."""
-  code = re.search(r'one number of state.*?::\n\n(.*?)\n\n  hooks = ', hooks_lib.__doc__,
+  code = re.search(r'one number of state.*?Example:\n(.*?)\n  >>> task = ', hooks_lib.__doc__,
                    re.S).group(1)
-  namespace = {}
-  exec(compile('\n'.join(line[2:] for line in code.splitlines()), 'hooks-doc', 'exec'),
+  namespace = {'optax': __import__('optax')}
+  exec(compile('\n'.join(line[6:] for line in code.splitlines()), 'hooks-doc', 'exec'),
        namespace)
   hook = namespace['StopAtLoss'](target=100.0)       # any loss is below it: stops at once
   hook.every = 2
