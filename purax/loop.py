@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import time
 import warnings
 from typing import Any, Iterable, Literal
 
@@ -42,8 +41,7 @@ from purax.core.population import Population
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.hooks.builtin import standard
-from purax.hooks.loop import Loop, cadences, due, gcd, name_of
-from purax.io import compile_time
+from purax.hooks.loop import Loop, cadences, gcd, name_of
 from purax.io.checkpoint import layout
 from purax.io.checkpoint.run import Restored
 from purax.io.pipeline import owned
@@ -90,7 +88,9 @@ class _Source:
     expect(isinstance(iterator_resume, str) and iterator_resume in ('error', 'warn', 'skip'),
            'iterator_resume',
            "'error', 'warn' or 'skip'", repr(iterator_resume), ConfigError)
-    self.positions = collections.deque()
+    self.positions = collections.deque()   # a stateful iterator's state after each batch read
+    self.iterator_state = data_state        # ... after the last batch consumed
+    self.batch_size = None                  # the leading size of the batches (the first's)
     self.data, self.kept = data, None
     if is_random_access(data):
       self.num_steps = len(data) if steps is None else steps
@@ -133,13 +133,13 @@ class _Source:
       batch = next(self.iterator, None)
       if batch is None:
         return
-      self.positions.append(self.iterator.get_state() if self.stateful else None)
+      if self.stateful:
+        self.positions.append(self.iterator.get_state())
       if self.kept is not None:    # the one copy of it, kept and handed to the step
         batch = owned(batch)
         self.kept.append((step, batch))
       yield batch
 
-  batch_size = None    # the leading size of the batches: set from the first one
   def keep(self, n: int) -> None:
     """Keep the last ``n`` batches of an iterable source, for :meth:`batch`.
 
@@ -157,12 +157,17 @@ class _Source:
       return self.data[step]
     return next((b for s, b in (self.kept or ()) if s == step), None)
 
-  def position(self, step: int, taken: int) -> dict:
-    """The data position after the ``taken`` batches just consumed (JSON)."""
-    iterator = None
-    for _ in range(taken):
-      iterator = self.positions.popleft() if self.positions else None
-    return {'next_step': step, **({} if iterator is None else {'iterator': iterator}),
+  def advance(self, taken: int) -> None:
+    """``taken`` more batches were consumed by a call (a stateful iterator's
+    state after the last of them becomes the position's)."""
+    if self.stateful:
+      for _ in range(taken):
+        self.iterator_state = self.positions.popleft()
+
+  def position(self, step: int) -> dict:
+    """The data position with ``step`` batches consumed (JSON)."""
+    return {'next_step': step,
+            **({} if self.iterator_state is None else {'iterator': self.iterator_state}),
             **({} if self.batch_size is None else {'batch_size': self.batch_size})}
 
 
@@ -280,9 +285,6 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
     source.batch_size = leading_size(first)
   loop = Loop(task, plan, plan.place(restored.state), restored.train_metrics, start,
               source.num_steps, steps_per_call, gcd(cadences(hooks)), hooks,
-              {'next_step': start, **({'iterator': restored.data_state}
-                                      if restored.data_state is not None else {}),
-               **({} if source.batch_size is None else {'batch_size': source.batch_size})},
               start=start, first=start,
               ranges=[h.alone for h in hooks if getattr(h, 'alone', None) is not None],
               fresh_batches=source.fresh, source=source)
@@ -304,17 +306,12 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
             f' (or one of the {taken} batches of its call)' if taken > 1 else '') + f': {e}'
                         ) from e
       loop.first, loop.step = loop.step, loop.step + taken
-      loop.position = source.position(loop.step, taken)
+      source.advance(taken)
       loop.at_end, loop.record = loop.step == loop.num_steps, {}
-      loop.began, loop.began_compile = time.perf_counter(), compile_time.seconds()
-      for hook in hooks:
-        if due(hook.every, loop.first, loop.step, at_end=loop.at_end and hook.at_end,
-               evaluated=hook.every == 0 and loop.evaluated):   # read only where it decides
-          loop.run_hook(hook)
-      loop.hook_s, loop.began = loop.hook_seconds(), None
-      loop.hook_compile_s, loop.began_compile = loop.hook_compile_seconds(), None
-      if loop.stop or loop.at_end:
-        break
+      if loop.hooks_due():           # else nothing more this call
+        loop.run_due_hooks()
+        if loop.stop or loop.at_end:
+          break
     else:
       loop.at_end = loop.step > start     # the data ran out: that is the end of training
   except BaseException:

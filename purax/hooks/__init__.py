@@ -100,3 +100,4 @@ from purax.hooks.library import scores as scores
 from purax.hooks.loop import Loop as Loop
 from purax.hooks.nonfinite import NonFiniteReplay as NonFiniteReplay
 from purax.hooks.loop import due as due
+from purax.hooks.loop import next_due as next_due

@@ -37,6 +37,14 @@ def due(every: int | None, first: int, last: int, *, evaluated: bool = False,
   return last // every > first // every
 
 
+def next_due(cadences: list[int], step: int) -> int | None:
+  """The first ``state.step`` after ``step`` that is a multiple of one of
+  ``cadences`` (each >= 1): a call from ``step`` ending before it leaves every
+  hook of these cadences not :func:`due`, one ending at or past it makes one
+  due. None without cadences."""
+  return min((step // n + 1) * n for n in cadences) if cadences else None
+
+
 def cadences(hooks) -> list[int]:
   """The step cadences (``every >= 1``) of ``hooks``: the steps that must end a call.
 
@@ -70,8 +78,6 @@ class Loop:
     steps_per_call: ``fit``'s ``steps_per_call``.
     cadence: the gcd of the hooks' step cadences (0: none).
     hooks: the hooks, in the order they run.
-    position: the data position after the last consumed batch
-      (``{'next_step': int, 'iterator': state}``).
     record: what was written at this step so far (``{name: number}``).
     history: every record written (``{'step': s, name: number, ...}``).
     writers: where records go (``write_scalars(step, scalars)``; only
@@ -93,8 +99,10 @@ class Loop:
       (:func:`purax.loop.holds_its_batches`).
     source: the training data as ``fit`` reads it: ``source.batch(step)`` is a
       past step's host batch (read again from a random-access source; from
-      an iterable only when kept, ``source.keep(n)`` in a hook's ``start``),
-      or None.
+      an iterable only when kept, ``source.keep(n)`` in a hook's ``start``);
+      ``source.position(step)`` the data position (:attr:`position`).
+    upcoming: the first step at which a hook with a step cadence is due
+      (:func:`next_due`; None: no such hook).
   """
 
   task: Any
@@ -106,7 +114,6 @@ class Loop:
   steps_per_call: Any
   cadence: int
   hooks: list
-  position: dict
   start: int = 0
   first: int = 0
   record: dict = dataclasses.field(default_factory=dict)
@@ -122,6 +129,38 @@ class Loop:
   ranges: list = dataclasses.field(default_factory=list)
   fresh_batches: bool = False
   source: Any = None
+  upcoming: int | None = None
+
+  def __post_init__(self):
+    self._cadences = cadences(self.hooks)
+    self._each_call = any(getattr(h, 'every', None) is None for h in self.hooks)
+    self.upcoming = next_due(self._cadences, self.step)
+
+  @property
+  def position(self) -> dict:
+    """The data position after the last consumed batch (JSON:
+    ``{'next_step': int, 'iterator': state, 'batch_size': int}``)."""
+    return self.source.position(self.step)
+
+  def hooks_due(self) -> bool:
+    """Whether a hook is due after the call that ended at :attr:`step`:
+    one that runs after every call, the end, or a step cadence reached
+    (:attr:`upcoming`). Cheap: a call with none due does nothing else."""
+    return (self._each_call or self.at_end
+            or (self.upcoming is not None and self.step >= self.upcoming))
+
+  def run_due_hooks(self) -> None:
+    """Runs every hook :func:`due` after the call that took ``state.step``
+    from :attr:`first` to :attr:`step`, in order, into :attr:`record`,
+    timing them (:attr:`hook_s`, :attr:`hook_compile_s`)."""
+    self.began, self.began_compile = time.perf_counter(), compile_time.seconds()
+    for hook in self.hooks:
+      if due(hook.every, self.first, self.step, at_end=self.at_end and hook.at_end,
+             evaluated=hook.every == 0 and self.evaluated):   # read only where it decides
+        self.run_hook(hook)
+    self.hook_s, self.began = self.hook_seconds(), None
+    self.hook_compile_s, self.began_compile = self.hook_compile_seconds(), None
+    self.upcoming = next_due(self._cadences, self.step)
 
   def hook_seconds(self) -> float:
     """Seconds spent in the hooks since ``fit`` started, up to now."""

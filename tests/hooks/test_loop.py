@@ -7,8 +7,10 @@ import gzip
 import json
 import os
 
+import hypothesis
 import jax
 import pytest
+from hypothesis import strategies as st
 
 import purax
 from purax import hooks as hooks_lib
@@ -125,3 +127,26 @@ def test_one_shot_eval_data_is_refused_where_it_would_be_iterated_twice():
   _, history = purax.fit(TASK, fresh(), DATA, steps=8, hooks=purax.hooks.standard(
       log_every=4, progress=False, eval_data=iter(DATA[:1])))     # one evaluation: the end
   assert [r['step'] for r in history if 'eval/loss' in r] == [8]
+
+
+@hypothesis.given(st.lists(st.sampled_from([1, 2, 3, 4, 5, 8, 10, 50]), min_size=1, max_size=4),
+                  st.integers(0, 120), st.integers(1, 17))
+def test_next_due_is_where_due_first_holds(every, first, taken):
+  """The loop skips the hooks of a call that ends before next_due(cadences,
+  first): exactly the calls after which no hook of those cadences is due."""
+  last = first + taken
+  assert (last >= hooks_lib.next_due(every, first)) == any(
+      hooks_lib.due(n, first, last) for n in every)
+
+
+def test_a_call_with_no_hook_due_asks_no_hook(monkeypatch):
+  """Between log points the loop runs the step and nothing else: the cadence
+  rule is consulted once per hook at each log point (and the end), not once
+  per hook per call."""
+  from purax.hooks import loop as loop_lib
+  asked = []
+  real = loop_lib.due
+  monkeypatch.setattr(loop_lib, 'due', lambda *a, **kw: asked.append(a[2]) or real(*a, **kw))
+  purax.fit(TASK, fresh(), DATA, steps=STEPS, steps_per_call=1,
+            hooks=purax.hooks.standard(log_every=8, progress=False, max_consecutive_skips=None))
+  assert sorted(set(asked)) == [8, 16, 24] and len(asked) == 3 * 2   # Log, NonFiniteReplay
