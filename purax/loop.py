@@ -290,6 +290,8 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
               fresh_batches=source.fresh, source=source)
   if first is not None and loop.metrics is None:
     loop.metrics = plan.zero_metrics(loop.state, first)
+  elif loop.metrics is not None:       # a restored window (the tree of its checkpoint)
+    loop.metrics = metrics_lib.window(loop.metrics)
   loop.restore_hooks(restored.hook_states, restored.hook_arrays)
   ends = [h for h in hooks if callable(getattr(h, 'end', None))]
   for hook in hooks:

@@ -101,15 +101,83 @@ def is_metric(x) -> bool:
   return isinstance(x, (Average, Sum, Streak))
 
 
-def merge(a: Metrics, b: Metrics) -> dict[str, Metric]:
-  """Merges two metrics trees of the same structure (jit-safe)."""
+#: The leaf dtypes a :class:`Window` holds exactly in float32 (integer counts
+#: up to 2**24, far above any window's).
+_PACKED_DTYPES = ('float32', 'int32', 'bool')
+
+
+class Window(struct.PyTreeNode):
+  """A running metrics tree packed into one float32 array: what the train
+  steps of :mod:`purax.plan` carry from call to call.
+
+  The tree's leaves (float32 sums and counts, int32 streaks) are flattened
+  and concatenated into ``values`` (float32 ``[n]``, ``n`` the leaves' total
+  size: a population's ``[members]`` leaves included). A jitted step takes
+  and returns one array instead of a dozen scalars, and merges them with one
+  addition: each argument and output costs the call's dispatch and an XLA:CPU
+  kernel of its own. :func:`merge`, :func:`zeros_like` and :func:`compute`
+  take a window as they take a tree; :meth:`tree` gives the tree back (for a
+  checkpoint, whose layout is the tree's).
+
+  Attributes:
+    values: float32 ``[n]`` (device or host array, or a ShapeDtypeStruct).
+    treedef: the metrics tree's structure (static).
+    leaves: ``(shape, dtype name)`` of each leaf, in order (static).
+  """
+
+  values: Any
+  treedef: Any = struct.field(pytree_node=False)
+  leaves: tuple = struct.field(pytree_node=False)
+
+  def tree(self) -> dict[str, Metric]:
+    """The metrics tree (numpy leaves for a host window, jax arrays otherwise)."""
+    xp = np if isinstance(self.values, np.ndarray) else jnp
+    out, at = [], 0
+    for shape, dtype in self.leaves:
+      size = int(np.prod(shape, dtype=np.int64))
+      out.append(xp.reshape(self.values[at:at + size], shape).astype(dtype))
+      at += size
+    return jax.tree.unflatten(self.treedef, out)
+
+
+def window(metrics) -> Window | Any:
+  """``metrics`` (a tree of arrays or of ``jax.ShapeDtypeStruct``) packed into
+  a :class:`Window`; a window as it is; a tree with a leaf of another dtype
+  (float64, int64, ...) unchanged. Traceable."""
+  if isinstance(metrics, Window):
+    return metrics
+  leaves, treedef = jax.tree.flatten(metrics)
+  if not leaves or any(jnp.dtype(x.dtype).name not in _PACKED_DTYPES for x in leaves):
+    return metrics
+  spec = tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves)
+  if all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+    size = sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in spec)
+    return Window(jax.ShapeDtypeStruct((size,), jnp.float32), treedef, spec)
+  return Window(jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves]),
+                treedef, spec)
+
+
+def as_tree(metrics) -> Any:
+  """The metrics tree of a :class:`Window` (its layout in a checkpoint), or the tree itself."""
+  return metrics.tree() if isinstance(metrics, Window) else metrics
+
+
+def merge(a: Metrics | Window, b: Metrics | Window) -> dict[str, Metric] | Window:
+  """Merges two metrics trees of the same structure (jit-safe); a
+  :class:`Window` merged with a tree (or window) is a window."""
+  if isinstance(a, Window) or isinstance(b, Window):
+    return window(merge(as_tree(a), as_tree(b)))
   return jax.tree.map(lambda x, y: x.merge(y), a, b, is_leaf=is_metric)
 
 
-@jax.jit
-def _zeros_on_device(metrics):
+def _zeros(metrics):
+  if isinstance(metrics, Window):
+    return window(_zeros(metrics.tree()))
   return jax.tree.map(lambda m: m.reset() if isinstance(m, Streak)
                       else jax.tree.map(jnp.zeros_like, m), metrics, is_leaf=is_metric)
+
+
+_zeros_on_device = jax.jit(_zeros)
 
 
 def stepped(step, state, acc, *args, **kwargs) -> tuple[Any, Any]:
@@ -126,8 +194,9 @@ def zeros_of(fn, *args) -> Any:
   return zeros_like(jax.eval_shape(fn, *args))
 
 
-def zeros_like(metrics: Metrics) -> dict[str, Metric]:
-  """A metrics tree of the same structure with every sum and count at 0.
+def zeros_like(metrics: Metrics | Window) -> dict[str, Metric] | Window:
+  """A metrics tree (or :class:`Window`) of the same structure with every sum
+  and count at 0.
 
   This starts a new window: a :class:`Streak` keeps its running count.
 
@@ -136,16 +205,19 @@ def zeros_like(metrics: Metrics) -> dict[str, Metric]:
   """
   if all(isinstance(x, jax.Array) for x in jax.tree.leaves(metrics)):
     return _zeros_on_device(metrics)
+  if isinstance(metrics, Window):
+    return jax.device_put(metrics.replace(values=np.zeros(metrics.values.shape, np.float32)))
   return jax.device_put(jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), metrics))
 
 
-def compute(metrics: Metrics) -> dict[str, float | np.ndarray]:
-  """Turns a metrics tree into numbers: one host transfer for the whole tree.
+def compute(metrics: Metrics | Window) -> dict[str, float | np.ndarray]:
+  """Turns a metrics tree (or :class:`Window`) into numbers: one host transfer
+  for the whole tree.
 
   Scalars come back as Python floats; metrics with a leading population axis
   come back as numpy arrays ``[members]``.
   """
-  host = jax.device_get(metrics)
+  host = as_tree(jax.device_get(metrics))
   out = {}
   for name, metric in host.items():
     value = metric.compute()

@@ -32,6 +32,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from purax.core import metrics as metrics_lib
 from purax.core import nonfinite
 from purax.core.errors import ConfigError, NonFiniteWarning, expect
 from purax.core.state import TrainState
@@ -87,7 +88,7 @@ class NonFiniteReplay:
       return state, {}
     if not self.every_step and not record.get('train/skipped'):
       return state, {}                        # the log's number: nothing to read
-    metrics = self.loop.metrics
+    metrics = metrics_lib.as_tree(self.loop.metrics)
     streak = int(jax.device_get(metrics['skip_streak'].current)) if 'skip_streak' in metrics \
         else 0
     if not streak:

@@ -8,7 +8,8 @@ method has a default for one device):
 - ``place(state) -> state``: put the state where the step runs;
 - ``checked(task, batches) -> batches``: the host batches with their values
   checked (``checks``: the first batch, every batch, or none);
-- ``zero_metrics(state, batch)``: the zeroed running-metrics tree;
+- ``zero_metrics(state, batch)``: the zeroed running-metrics window
+  (:class:`purax.core.metrics.Window`, or a tree);
 - ``device_batches(host_batches, loop) -> iterator of (batch, steps)``: each
   call's input as ``train_step`` takes it, and how many steps it runs
   (``loop``: what ``fit`` knows of the run, :class:`purax.hooks.Loop`);
@@ -164,7 +165,8 @@ class Plan:
   def zero_metrics(self, state, batch):
     # A cached abstract trace: a fresh lambda would trace the whole step again
     # at every fit (a quarter of a second for a small model).
-    return metrics_lib.zeros_like(_step_metrics.eval_shape(self.task, state, batch))
+    return metrics_lib.zeros_like(metrics_lib.window(
+        _step_metrics.eval_shape(self.task, state, batch)))
 
   def device_batches(self, host_batches: Iterable, loop) -> Iterator:
     """``(batch, 1)`` per host batch: one step per call.

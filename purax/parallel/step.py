@@ -120,7 +120,7 @@ class ShardedPlan(Plan):
     with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
     state = jax.tree.map(with_sharding, state, self.state_sharding)
     batch = jax.tree.map(lambda x: with_sharding(x, self.batch_sharding), batch)
-    return self.train_step.lower(state, acc, batch)
+    return self.train_step.lower(state, metrics_lib.window(acc), batch)
 
 
 def sharded(task: Task, mesh: Mesh, rules: Rules, sample_batch: Mapping[str, Any], *,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 from purax.parallel.plan import Plan, host_batch_transfer
@@ -79,7 +80,7 @@ class PopulationPlan(Plan):
     return None if self.mesh is None else self._sharding()      # replicated
 
   def zero_metrics(self, pop, batch):
-    return pop_lib.zero_train_metrics(self.task, pop, batch, self.batch_index)
+    return metrics_lib.window(pop_lib.zero_train_metrics(self.task, pop, batch, self.batch_index))
 
   def train_step(self, pop, acc, batch):
     with host_batch_transfer():
@@ -93,5 +94,6 @@ class PopulationPlan(Plan):
     return pop_lib.eval_step(self.task, pop, acc, batch, None, strategy=self.strategy)
 
   def lower(self, pop, acc, batch):
-    return pop_lib.train_step.lower(self.task, pop, acc, batch, self.batch_index,
+    return pop_lib.train_step.lower(self.task, pop, metrics_lib.window(acc), batch,
+                                    self.batch_index,
                                     strategy=self.strategy)

@@ -170,4 +170,4 @@ class SingleDevicePlan(Plan):
       return state, acc
 
   def lower(self, state, acc, batch):
-    return train_step.lower(self.task, state, acc, batch)
+    return train_step.lower(self.task, state, metrics_lib.window(acc), batch)

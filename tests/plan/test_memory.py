@@ -101,19 +101,19 @@ def test_a_roomy_budget_keeps_the_default_and_compiles_it_alone(lm):
   assert 'chose: remat=none microbatches=1' in table
 
 
-@pytest.mark.parametrize('choice, above, exact', [
-    (('none', 2), ('none', 1), False),   # also fits: remat=full, with more FLOPs (recompute)
-    (('full', 1), ('none', 2), True),    # only remat fits: the same operations
+@pytest.mark.parametrize('choice, above', [
+    (('none', 2), ('none', 1)),   # also fits: remat=full, with more FLOPs (recompute)
+    (('full', 1), ('none', 2)),   # only remat fits: the same operations
 ])
 def test_a_tight_budget_chooses_the_fastest_that_fits_and_trains_as_the_default(
-    lm, choice, above, exact):
+    lm, choice, above):
   """The chosen step's compiled peak fits; training with it matches the
-  default: for remat to float rounding (recomputation repeats the same
-  operations, but XLA fuses the recomputed forward pass with the backward
-  differently: bitwise under some XLA:CPU settings, 2e-8 apart under others;
-  params atol 1e-6, metrics rtol 1e-6); for microbatches to float32
-  summation order (loss rtol 1e-5, params atol 1e-5 after 3 AdamW updates of
-  learning rate 1e-2)."""
+  default to float rounding. Remat repeats the same operations, but XLA
+  fuses the recomputed forward pass with the backward differently (bitwise
+  under some XLA:CPU settings, not under others), and microbatches sum in
+  another order; Adam's normalised update turns a rounding-level gradient
+  difference into up to 1e-6 of a parameter after 3 updates of learning rate
+  1e-2 (measured 1.1e-6): loss rtol 1e-5, params atol 1e-5 for both."""
   peaks, batches, init, (want_state, want_metrics) = lm
   low, high = peaks[Candidate(*choice)], peaks[Candidate(*above)]
   result, table = fit(LM, batches[0], (low + high) // 2, **LM_CHOICES)
@@ -126,14 +126,9 @@ def test_a_tight_budget_chooses_the_fastest_that_fits_and_trains_as_the_default(
   one, two = flops[Candidate('none', 1)], flops[Candidate('none', 2)]
   assert one < two < 1.2 * one
   got_state, got_metrics = train(result.plan(batches[0]), init, batches)
-  if exact:
-    np.testing.assert_allclose(got_metrics['loss'], want_metrics['loss'], rtol=1e-6)
-    for got, want in zip(jax.tree.leaves(got_state.params), jax.tree.leaves(want_state.params)):
-      np.testing.assert_allclose(got, want, atol=1e-6)
-  else:
-    np.testing.assert_allclose(got_metrics['loss'], want_metrics['loss'], rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(got_state.params), jax.tree.leaves(want_state.params)):
-      np.testing.assert_allclose(got, want, atol=1e-5)
+  np.testing.assert_allclose(got_metrics['loss'], want_metrics['loss'], rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(got_state.params), jax.tree.leaves(want_state.params)):
+    np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_an_impossible_budget_is_a_named_error_naming_the_smallest(lm):

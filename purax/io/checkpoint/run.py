@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, expect, expect_kind
 from purax.core.state import TrainState
 from purax.core.task import Task, as_typed_key
@@ -28,7 +29,7 @@ from purax.parallel.plan import Plan
 
 def checkpoint_tree(state, train_metrics, hook_arrays: dict | None = None) -> dict:
   """The array tree of a run's checkpoint (``hooks`` only when a hook has arrays)."""
-  tree = {'state': state, 'train_metrics': train_metrics}
+  tree = {'state': state, 'train_metrics': metrics_lib.as_tree(train_metrics)}
   if hook_arrays:
     tree['hooks'] = dict(hook_arrays)
   return tree
