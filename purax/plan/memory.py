@@ -257,7 +257,7 @@ def fit_memory(task: Task, batch, *, mesh: Mesh | None = None, budget_bytes: int
     ConfigError: a bad budget or a choice the task cannot take
       (:func:`purax.plan.candidates.candidates`).
 
-  Example: a budget below the step's peak; two microbatches halve the activations:
+  Example: a budget below the step's peak, met by two microbatches:
 
     >>> from purax.plan import fit_memory
     >>> task = purax.Task(model=purax.nn.CNN(num_classes=10),
