@@ -3,10 +3,11 @@
   python docs/build.py [OUT]          # default docs/_build/html; `make docs` runs this
 
 The site is the landing page (``docs/index.md``), every guide
-(``docs/guides/*.md``, picked up by a glob: a new page needs no config), the
-about page, and the API reference: one page per module of ``purax``,
-generated here from the docstrings (autodoc imports every module, so the
-``cli``, ``data`` and ``testing`` extras must be installed).
+(``docs/guides/*.md``, listed in reading order on the landing page: a page
+in no list is a warning, so an error), the about page, and the API
+reference: one page per module of ``purax``, generated here from the
+docstrings (autodoc imports every module, so the ``cli``, ``data`` and
+``testing`` extras must be installed).
 
 A problem is an error: any Sphinx warning (a docstring that does not parse,
 a Markdown link to nothing, a code block that does not lex, a reference

@@ -91,8 +91,14 @@ def test_landing_page_links_the_core_api_and_every_guide(site):
     assert any(h.endswith('#' + target) for h in hrefs), target
   for page in glob.glob(os.path.join(DOCS, 'guides', '*.md')):
     name = os.path.basename(page)[:-3]
-    assert f'guides/{name}.html' in hrefs, name          # picked up by the glob
+    assert f'guides/{name}.html' in hrefs, name          # listed on the landing page
     assert os.path.isfile(os.path.join(out, 'guides', name + '.html'))
+  # In the reading order docs/index.md gives them, not by name.
+  with open(os.path.join(DOCS, 'index.md'), encoding='utf-8') as f:
+    listed = re.findall(r'^guides/([a-z-]+)$', f.read(), re.M)
+  shown = list(dict.fromkeys(re.findall(r'href="guides/([a-z-]+)\.html"', index)))
+  assert shown == listed, (shown, listed)
+  assert len(listed) == len(glob.glob(os.path.join(DOCS, 'guides', '*.md')))
   assert _pre_blocks(index), 'the landing page example is not a code block'
 
 
@@ -190,8 +196,8 @@ def test_every_purax_command_of_the_pages_parses_and_validates():
   for page in PAGES:
     commands += commands_of(page)
   assert len(commands) >= 30
-  assert validate_commands(commands, where='docs') == {
-      'train', 'eval', 'export', 'sweep', 'generate', 'plot'}
+  assert validate_commands(commands, where='docs') == {      # every subcommand shown
+      'train', 'eval', 'export', 'sweep', 'generate', 'plot', 'tune', 'debug-nan'}
   import shlex
   in_docstring = [shlex.split(line, comments=True)[1:] for line in cli.__doc__.splitlines()
                   if line.strip().startswith('purax ')]

@@ -130,7 +130,19 @@ def test_every_purax_command_of_the_readme_parses_and_validates():
   commands = readme_commands('purax')
   assert len(commands) >= 10
   assert validate_commands(commands, 'README') == {
-      'train', 'eval', 'export', 'sweep', 'generate', 'plot'}
+      'train', 'eval', 'export', 'sweep', 'generate', 'plot', 'tune', 'debug-nan'}
+
+
+def test_readme_links_every_guide():
+  """The README's guide list links every page of docs/guides/ (the site's
+  landing page lists them: tests/test_docs.py), each to a file that exists."""
+  import glob
+  guides = {os.path.relpath(p, ROOT)
+            for p in glob.glob(os.path.join(ROOT, 'docs', 'guides', '*.md'))}
+  linked = set(re.findall(r'\]\((docs/[a-z/-]+\.md)\)', README))
+  assert len(guides) >= 15
+  assert guides <= linked, sorted(guides - linked)
+  assert all(os.path.isfile(os.path.join(ROOT, p)) for p in linked), sorted(linked)
 
 
 def test_every_benchmark_and_make_target_the_readme_names_exists_and_parses():

@@ -14,7 +14,7 @@ Examples (each line is parsed and validated by ``tests/test_docs.py``):
   purax sweep --lr 1e-4,3e-4,1e-3 --seeds 0,1,2       # 9 runs, one program
   purax sweep --lr loguniform:1e-5:1e-2 --members 16
   purax train --model lm --dataset pystdlib --workdir runs/lm   # byte-level LM
-  purax train --model lm --fit-memory --memory-budget 8GiB     # remat/microbatches that fit
+  purax train --model lm --dataset pystdlib --fit-memory --memory-budget 8GiB  # what fits
   purax generate --workdir runs/lm --prompt 'def '             # sample from it
   purax plot --workdir runs/mine                # curves.png of a run or a sweep
   purax debug-nan --workdir runs/mine --step 41 # replay a skipped non-finite update

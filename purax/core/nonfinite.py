@@ -25,10 +25,18 @@ non-finite value, searched in this order:
 :class:`purax.hooks.NonFiniteReplay` calls it when ``fit`` skips an update as
 non-finite, and ``purax debug-nan`` on an update saved by a run.
 
-Example::
+Example: a batch holding a NaN, replayed from the state before its update:
 
-  report = purax.find_nonfinite(task, state, batch)
-  print(report)   # update at state.step=41: forward: block: output ... holds 8 NaN ...
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=optax.sgd(0.1))
+  >>> state = task.init(jax.random.key(0), batch)
+  >>> bad = {'x': batch['x'].copy(), 'y': batch['y']}
+  >>> bad['x'][3, 0, 0, 0] = np.nan
+  >>> report = purax.find_nonfinite(task, state, bad)
+  >>> print(report)
+  update at state.step=0: batch: batch['x']: holds 1 NaN and 0 inf of float32[64, 8, 8, 1] ...
+  >>> report.where, report.path
+  ('batch', "batch['x']")
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from purax.core.intercept import intercept_calls
 from purax.core.state import TrainState
 
 PyTree = Any
+#: The places :func:`find` names, in the order it searches them (module doc).
 WHERE = ('hyperparameter', 'batch', 'forward', 'loss', 'backward', 'none')
 
 

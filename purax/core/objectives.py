@@ -374,10 +374,19 @@ def language_model_loss(*, z_loss: float = 0.0) -> Callable:
   Raises:
     ConfigError: ``z_loss`` negative, not finite or not a number.
 
-  Example::
+  Example: in a task, ``purax.Task(model=purax.nn.DecoderLM(...), tx=...,
+  loss=purax.objectives.language_model_loss(z_loss=1e-4))``; called alone:
 
-    task = purax.Task(model=purax.nn.DecoderLM(vocab_size=256), tx=optax.adam(1e-3),
-                      loss=purax.objectives.language_model_loss(z_loss=1e-4))
+    >>> loss = purax.objectives.language_model_loss(z_loss=1e-4)
+    >>> logits = jnp.zeros((2, 4, 16))                 # [batch, seq, vocab]: log Z = log 16
+    >>> values, weight, metrics = jax.jit(loss)(logits, {'y': jnp.zeros((2, 4), jnp.int32)},
+    ...                                         {'label_smoothing': 0.0})
+    >>> values.shape                                   # per token
+    (2, 4)
+    >>> print(f"{float(metrics['z_loss'][0, 0]):.6f}")  # 1e-4 * log(16)**2
+    0.000769
+    >>> purax.objectives.language_model_loss(z_loss=0) is purax.objectives.language_model
+    True
   """
   expect(isinstance(z_loss, (int, float)) and not isinstance(z_loss, bool)
          and math.isfinite(z_loss) and z_loss >= 0, 'z_loss', 'a finite number >= 0',

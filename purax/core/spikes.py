@@ -22,10 +22,16 @@ OLMo-core's and Levanter's skip-step optimizers, which this follows;
 MaxText's ``skip_step_on_spikes`` is the same idea on the loss alone).
 Non-finite values never enter it (the non-finite guard skips those steps).
 
-Example::
-
-  task = purax.Task(model=model, tx=purax.adamw(learning_rate=1e-3, total_steps=1000),
-                    spike_guard=purax.SpikeGuard(window=128, k=6.0))
+Example:
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20),
+  ...                   spike_guard=purax.SpikeGuard(window=128, k=6.0))
+  >>> state = task.init(jax.random.key(0), batch)
+  >>> state, metrics = jax.jit(task.step)(state, batch)
+  >>> purax.metrics.compute(metrics)['spikes']      # too little history to judge yet
+  0.0
+  >>> int(state.spike_window.size)                   # this step's loss and norm entered it
+  1
 """
 
 from __future__ import annotations

@@ -180,11 +180,24 @@ def summary(task: Any, batch: Any, plan: Any = None) -> Summary:
   its whole size per device. From ``jax.eval_shape``: nothing is allocated
   or compiled.
 
-  Example::
+  Example: FSDP over 2 of 8 devices, every array split (``min_size=1``):
 
-    mesh = purax.parallel.make_mesh(data=4, fsdp=2)
-    plan = purax.parallel.sharded(task, mesh, purax.parallel.for_mesh(mesh), batch)
-    print(purax.summary(task, batch, plan))
+    >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+    ...                   tx=optax.sgd(0.1))
+    >>> mesh = purax.parallel.make_mesh(data=4, fsdp=2)
+    >>> plan = purax.parallel.sharded(task, mesh, purax.parallel.fsdp(min_size=1), batch)
+    >>> print(purax.summary(task, batch, plan))
+    parameter       shape     dtype    PartitionSpec    per device
+    Dense_0/bias    [32]      float32  P('fsdp')              64 B
+    Dense_0/kernel  [64, 32]  float32  P('fsdp', None)    4.00 KiB
+    Dense_1/bias    [10]      float32  P('fsdp')              20 B
+    Dense_1/kernel  [32, 10]  float32  P('fsdp', None)       640 B
+    <BLANKLINE>
+    module     parameters       bytes
+    Dense_0         2,080    8.12 KiB
+    Dense_1           330    1.29 KiB
+    total           2,410
+    state per device: 4.72 KiB (step 4 B, params 4.71 KiB, rng 8 B, hparams 4 B)
 
   Args:
     task: a :class:`purax.Task`.

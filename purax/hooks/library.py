@@ -252,11 +252,20 @@ class EMA:
   With a task whose evaluation params are not its params
   (``purax.Task(eval_params=...)``: schedule-free), average what is evaluated
   with ``params_of=task.evaluation_params``, and evaluate the average with
-  the task without ``eval_params`` (the average *is* evaluation params)::
+  the task without ``eval_params`` (the average *is* evaluation params; in a
+  run: ``evaluate=lambda s: purax.evaluate(plain, s, test)``):
 
-    plain = dataclasses.replace(task, eval_params=None)
-    ema = purax.hooks.EMA(decay=0.99, params_of=task.evaluation_params,
-                          evaluate=lambda s: purax.evaluate(plain, s, eval_batches))
+    >>> import dataclasses
+    >>> from purax.core.optimizers import schedule_free_eval_params
+    >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+    ...                   tx=optax.contrib.schedule_free_adamw(1e-3),
+    ...                   eval_params=schedule_free_eval_params)
+    >>> ema = purax.hooks.EMA(decay=0.99, every=1, params_of=task.evaluation_params)
+    >>> state = task.init(jax.random.key(0), batch)
+    >>> state, _ = purax.fit(task, state, batches, steps=4, hooks=[ema])
+    >>> plain = dataclasses.replace(task, eval_params=None)
+    >>> purax.evaluate(plain, ema.state_with_average(state), test)['examples']
+    64.0
 
   A resumed run restores the average with the state
   (``purax.restore_or_init(..., hooks=[ema])`` then ``fit(restored, ...,

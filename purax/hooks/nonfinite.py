@@ -46,7 +46,7 @@ class NonFiniteReplay:
   """When an update was skipped as non-finite, replays it on its batch
   (:func:`purax.core.nonfinite.find`) and reports where the first non-finite
   value came from: a one-line ``purax:`` :class:`purax.core.errors.NonFiniteWarning`
-  (updates that cannot be replayed are named once per ``fit``), :attr:`reports`, and (with
+  (updates that cannot be replayed are named once per ``fit``), ``reports``, and (with
   a ``directory``) the state before the update, its batch and the report,
   saved for ``purax debug-nan`` (:mod:`purax.io.checkpoint.replay`).
 

@@ -7,11 +7,19 @@ is inside the last). One listener, registered when this module is imported,
 adds up the union of those spans per thread (a jitted function traced inside
 another's trace is counted once), so :func:`seconds` read before and after a
 stretch of work says how much of it was compilation. :class:`purax.hooks.Log`
-leaves it out of ``steps_per_sec`` and writes it as ``compile_s``::
+leaves it out of ``steps_per_sec`` and writes it as ``compile_s``.
 
-  before = compile_time.seconds()
-  state, metrics = step(state, batch)          # the first call compiles
-  compiled = compile_time.seconds() - before   # > 0 once, then 0.0
+Example:
+  >>> from purax.io import compile_time
+  >>> double = jax.jit(lambda v: 2 * v)
+  >>> before = compile_time.seconds()
+  >>> _ = double(jnp.ones(3))                  # the first call compiles
+  >>> compile_time.seconds() > before
+  True
+  >>> before = compile_time.seconds()
+  >>> _ = double(jnp.ones(3))                  # then runs the program it has
+  >>> compile_time.seconds() - before
+  0.0
 """
 
 from __future__ import annotations

@@ -252,11 +252,21 @@ def load_predict(path: str, *, verify: bool = True) -> Callable[[np.ndarray], ja
 
   The function says what it takes: ``predict.input_shape`` (the per-example
   shape, e.g. ``(8, 8, 1)`` for digits, ``(64,)`` for flat features) and
-  ``predict.dtype``, so code that feeds it needs no knowledge of the run::
+  ``predict.dtype``, so code that feeds it needs no knowledge of the run.
 
-    predict = load_predict('runs/mine/export')
-    x = np.zeros((5, *predict.input_shape), predict.dtype)   # any batch size
-    logits = predict(x)                                       # [5, num_classes]
+  Example: an artifact as ``purax export`` writes it for a digits run (here
+  of a linear map; a run's is ``task.predict`` with its params baked in):
+
+    >>> from purax.io.export import export_predict, load_predict
+    >>> w = np.ones((64, 10), np.float32)
+    >>> path = export_predict(lambda x: x.reshape(x.shape[0], -1) @ w, (8, 8, 1),
+    ...                       'runs/mine/export')
+    >>> predict = load_predict('runs/mine/export')
+    >>> predict.input_shape, predict.dtype
+    ((8, 8, 1), dtype('float32'))
+    >>> x = np.zeros((5, *predict.input_shape), predict.dtype)   # any batch size
+    >>> predict(x).shape                                         # [5, num_classes]
+    (5, 10)
 
   Args:
     path: ``predict.jaxexport`` or the directory holding it.

@@ -218,4 +218,7 @@ class Plan:
     return acc
 
   def lower(self, state, acc, batch):
+    """The train step's ``jax.stages.Lowered`` for these arguments (abstract
+    or real; nothing runs): ``.compile()`` it to read XLA's memory and cost
+    analysis (:func:`purax.plan.fit_memory`)."""
     raise NotImplementedError

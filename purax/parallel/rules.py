@@ -122,10 +122,20 @@ def fsdp(min_size: int = 1024) -> Rules:
   all-gathers cost. So a small model may come out mostly unsharded;
   :func:`purax.summary` shows which arrays were split (a ``PartitionSpec``
   naming ``'fsdp'``) and which stayed whole (``PartitionSpec()``), and the
-  bytes each takes per device::
+  bytes each takes per device.
 
-    plan = purax.parallel.sharded(task, mesh, purax.parallel.fsdp(), batch)
-    print(purax.summary(task, batch, plan))
+  Example: of a small MLP's four arrays, only the first kernel is split:
+
+    >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+    ...                   tx=optax.sgd(0.1))
+    >>> mesh = purax.parallel.make_mesh(data=4, fsdp=2)
+    >>> plan = purax.parallel.sharded(task, mesh, purax.parallel.fsdp(), batch)
+    >>> for p in purax.summary(task, batch, plan).params:
+    ...   print(p.path, p.shape, p.spec)
+    Dense_0/bias (32,) P()
+    Dense_0/kernel (64, 32) P('fsdp', None)
+    Dense_1/bias (10,) P()
+    Dense_1/kernel (32, 10) P()
 
   Args:
     min_size: the fewest elements an array needs to be split (default 1024;

@@ -52,11 +52,15 @@ Defaults and limits:
   allowed for a loss that couples examples: for such tasks the default
   candidates keep one microbatch; name them explicitly to allow them.
 
-Example::
+Example: fit, then train the configuration chosen with its plan:
 
-  fit = purax.plan.fit_memory(task, batch, budget_bytes=8 * 2**30)
-  task = fit.task                      # e.g. with remat='full', microbatches=2
-  state, history = purax.fit(task, state, batches, plan=fit.plan(batch))
+  >>> task = purax.Task(model=purax.nn.CNN(num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+  >>> fit = purax.plan.fit_memory(task, batch, budget_bytes=2**30, quiet=True)
+  >>> str(fit.chosen)                  # the task as given fits
+  'microbatches=1'
+  >>> state = fit.task.init(jax.random.key(0), batch)
+  >>> state, history = purax.fit(fit.task, state, batches, steps=2, plan=fit.plan(batch))
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ class Row:
 
   @property
   def flops(self) -> float | None:
-    """Estimated FLOPs of one step (XLA's count times :attr:`loop_trips`)."""
+    """Estimated FLOPs of one step (XLA's count times ``loop_trips``)."""
     if self.cost is None or 'flops' not in self.cost:
       return None
     return self.loop_trips * self.cost['flops']
@@ -154,8 +158,8 @@ class MemoryFit:
     return next(r for r in self.rows if r.candidate == self.chosen)
 
   def plan(self, sample_batch):
-    """The plan that runs :attr:`task`: :class:`purax.plan.SingleDevicePlan`,
-    or :func:`purax.parallel.sharded` on :attr:`mesh` with the rules its shape
+    """The plan that runs ``task``: :class:`purax.plan.SingleDevicePlan`,
+    or :func:`purax.parallel.sharded` on ``mesh`` with the rules its shape
     implies (:func:`purax.parallel.for_mesh`)."""
     if self.mesh is None:
       return SingleDevicePlan(self.task)
@@ -253,11 +257,22 @@ def fit_memory(task: Task, batch, *, mesh: Mesh | None = None, budget_bytes: int
     ConfigError: a bad budget or a choice the task cannot take
       (:func:`purax.plan.candidates.candidates`).
 
-  Example::
+  Example: a budget below the step's peak, met by two microbatches:
 
-    fit = fit_memory(task, batch, budget_bytes=purax.plan.budget.parse_bytes('2GiB'),
-                     remat=('none', 'full'), microbatches=(1, 2, 4))
-    print(fit.chosen)                  # remat=full microbatches=2
+    >>> from purax.plan import fit_memory
+    >>> task = purax.Task(model=purax.nn.CNN(num_classes=10),
+    ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+    >>> peak = fit_memory(task, batch, budget_bytes=2**30, quiet=True).row.peak_bytes
+    >>> fit = fit_memory(task, batch, budget_bytes=int(0.8 * peak))
+    fit_memory: budget ... per device (given)
+    candidate       fits        peak  est. GFLOP  est. accessed
+    microbatches=1    no ...
+    microbatches=2   yes ...
+    microbatches=4     -  not compiled: microbatches=2 fits with less work
+    microbatches=8     -  not compiled: microbatches=2 fits with less work
+    chose: microbatches=2 (...)
+    >>> fit.task.microbatches
+    2
   """
   expect_kind(task, 'task', Task, 'a purax.Task')
   expect(mesh is None or isinstance(mesh, Mesh), 'mesh', 'None or a jax.sharding.Mesh',
@@ -359,10 +374,19 @@ def explain_out_of_memory(task: Task, batch, *, mesh: Mesh | None = None,
       default the device's memory less the margin).
     spell: how a candidate is named (the command line spells its flags).
 
-  Example::
+  Example: a run whose step fits says nothing; one that runs out of memory
+  raises what :func:`out_of_memory_message` says for its budget:
 
-    with explain_out_of_memory(task, batch):
-      state, history = purax.fit(task, state, batches)
+    >>> from purax.plan.memory import explain_out_of_memory, out_of_memory_message
+    >>> task = purax.Task(model=purax.nn.CNN(num_classes=10),
+    ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+    >>> state = task.init(jax.random.key(0), batch)
+    >>> with explain_out_of_memory(task, batch):
+    ...   state, history = purax.fit(task, state, batches, steps=2)
+    >>> peak = purax.plan.memory.measure(task, batch)['peak_bytes']
+    >>> print(out_of_memory_message(task, batch, budget_bytes=int(0.8 * peak)))
+    step: expected to fit the device memory, got RESOURCE_EXHAUSTED; configurations that
+    fit ... per device (given), fastest first: microbatches=2 (...)
   """
   try:
     yield

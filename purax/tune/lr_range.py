@@ -7,13 +7,14 @@ one off the curve of loss against rate; fastai's ``lr_find`` and Lightning's
 each rate of a log-spaced grid as its own short training run, all at once:
 the members of a :class:`purax.core.population.Population` start from the
 same state and differ only in their peak learning rate (a float32 leaf of the
-state), and :func:`purax.core.population.train_step` — each member's
-:meth:`purax.Task.step`, vmapped (or chunked, ``strategy``) — trains them in
-one compiled program, which a second grid of the same size reuses. Member
-``i`` computes what a run with rate ``i`` alone computes (bitwise on the CPU
-under ``strategy='auto'``); a member whose update goes non-finite is frozen
-and counts as diverged. The task's schedule applies to every member: the
-suggestion is a peak rate for the task's warmup and decay.
+state), and :func:`purax.core.population.step` — each member's
+:meth:`purax.Task.step`, vmapped (or chunked, ``strategy``), jitted as
+``population.train_step`` — trains them in one compiled program, which a
+second grid of the same size reuses. Member ``i`` computes what a run with
+rate ``i`` alone computes (bitwise on the CPU under ``strategy='auto'``); a
+member whose update goes non-finite is frozen and counts as diverged. The
+task's schedule applies to every member: the suggestion is a peak rate for
+the task's warmup and decay.
 
 Each member's curve point is its smoothed loss: the mean of its training loss
 over the last ``window`` steps of the budget (a quarter by default), ``+inf``
@@ -43,12 +44,20 @@ tuned rate. The batch-size question is answered by the gradient noise scale
 measured from gradient norms at two batch sizes, then a range test at the
 chosen size.
 
-Example::
+Example: four rates, ten steps each, in one program:
 
-  state = jax.jit(task.init)(jax.random.key(0), batches[0])
-  result = purax.tune.lr_range_test(task, state, batches, steps=50,
-                                    lrs=purax.tune.log_grid(1e-5, 1.0, 16))
-  print(result.suggestion)               # e.g. 0.00126
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=10, warmup_steps=0))
+  >>> state = jax.jit(task.init)(jax.random.key(0), batches[0])
+  >>> lrs = purax.tune.log_grid(1e-3, 1.0, 4)
+  >>> [float(f'{lr:.3g}') for lr in lrs]
+  [0.001, 0.01, 0.1, 1.0]
+  >>> result = purax.tune.lr_range_test(task, state, batches, lrs=lrs, steps=10,
+  ...                                   strategy='vmap')
+  >>> result.losses.shape                # [steps, rates]
+  (10, 4)
+  >>> result.rule, bool(np.isclose(lrs, result.suggestion).any())   # a rate of the grid
+  ('steepest', True)
 """
 
 from __future__ import annotations
@@ -97,10 +106,10 @@ class LRRange:
     losses: float64 ``[steps, members]``: each member's training loss per
       step; NaN from the step a member diverged.
     smoothed: float64 ``[members]``: the mean loss over the last
-      :attr:`window` steps; ``+inf`` for a member that diverged.
+      ``window`` steps; ``+inf`` for a member that diverged.
     diverged: bool ``[members]``.
-    window: the steps :attr:`smoothed` averages.
-    rule: the rule of :attr:`suggestion`.
+    window: the steps ``smoothed`` averages.
+    rule: the rule of ``suggestion``.
     suggestion: the suggested learning rate.
   """
 

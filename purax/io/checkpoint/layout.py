@@ -129,9 +129,10 @@ def _data_fields(node) -> list[str] | None:
 
 def without_absent_fields(target: PyTree, saved) -> PyTree:
   """``target`` for a checkpoint written before some of its ``None`` fields
-  existed (:attr:`purax.TrainState.spike_window`): each dataclass node with a
-  ``None`` field that ``saved`` (the stored tree's metadata, nested mappings)
-  lacks becomes a dict of its other fields, as orbax's structure check wants.
+  existed (``spike_window`` of :class:`purax.TrainState`): each dataclass
+  node with a ``None`` field that ``saved`` (the stored tree's metadata,
+  nested mappings) lacks becomes a dict of its other fields, as orbax's
+  structure check wants.
   :func:`with_absent_fields` undoes it after the restore. The leaves and
   their order are unchanged: a ``None`` field holds none."""
   fields = _data_fields(target)

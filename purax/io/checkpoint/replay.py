@@ -5,10 +5,25 @@ Saved by :class:`purax.hooks.NonFiniteReplay` under a run's directory
 (``WORKDIR/nonfinite/STEP/``, a checkpoint of :class:`Checkpointer`:
 ``{'state': TrainState, 'batch': batch}`` with ``{'report': ...}`` in its
 JSON, verified on restore like any checkpoint) and read back by ``purax
-debug-nan --workdir DIR --step STEP``, which replays it in a fresh process::
+debug-nan --workdir DIR --step STEP``, which replays it in a fresh process
+(:func:`purax.core.nonfinite.find`, ``purax.find_nonfinite``, on what
+:func:`load_update` reads).
 
-  state, batch, saved = load_update('runs/mine/nonfinite', 41, abstract_state, sample)
-  print(purax.find_nonfinite(task, state, batch))
+Example: an update saved, then read back against the run's abstract state:
+
+  >>> from purax.io.checkpoint import replay
+  >>> from purax.core.nonfinite import Report
+  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+  ...                   tx=optax.sgd(0.1))
+  >>> state = task.init(jax.random.key(0), batch)
+  >>> found = Report(step=0, where='batch', path="batch['x']", detail='holds 1 NaN')
+  >>> replay.save_update('runs/mine/nonfinite', state, batch, found.as_dict())
+  >>> replay.saved_steps('runs/mine/nonfinite')
+  [0]
+  >>> abstract = jax.eval_shape(task.init, jax.random.key(0), batch)
+  >>> state, saved_batch, report = replay.load_update('runs/mine/nonfinite', 0, abstract, batch)
+  >>> report['where'], saved_batch['x'].shape
+  ('batch', (64, 8, 8, 1))
 """
 
 from __future__ import annotations
