@@ -24,7 +24,6 @@ Examples (each line is parsed and validated by ``tests/test_docs.py``):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import warnings
@@ -32,16 +31,19 @@ from typing import Annotated, Literal, Sequence, Union
 
 import tyro
 
-from purax.app import dry_run, plot, rundir, runs, sweep, tune
-from purax.app.config import TrainConfig
-from purax.app.sweep import SweepConfig
-from purax.app.tune import RangeConfig
-from purax.core.errors import PuraxError
+from purax.app.config import TrainConfig, read_config
+from purax.app.sweep_config import SweepConfig
+from purax.app.tune_config import RangeConfig
+from purax.core import lazy
 from purax.io import signals
-from purax.io.export import FORMATS
+from purax.io.formats import FORMATS
 
-#: The export formats' names: the keys of :data:`purax.io.export.FORMATS`, the one table.
+#: The export formats' names: the keys of :data:`purax.io.formats.FORMATS`, the one table.
 EXPORT_FORMATS = tuple(FORMATS)
+
+#: Runs a parsed command (:func:`purax.app.commands.run`): imported once parsing is done,
+#: so ``--help`` and an option error import no jax (everything above is light).
+RUN = 'purax.app.commands:run'
 
 # Flat flags (--model, --steps, --lr) over the nested sections.
 Train = tyro.conf.OmitArgPrefixes[TrainConfig]
@@ -206,47 +208,8 @@ def parse(argv: Sequence[str]):
 
 
 def _main(argv: list[str]) -> int:
-  command = parse(argv)
-  try:
-    if isinstance(command, TrainConfig) and command.run.dry_run:
-      print(json.dumps({'dry_run': dry_run.dry_run(command)}))
-    elif isinstance(command, TrainConfig):
-      metrics = runs.train(command)
-      print(json.dumps({'final': metrics}, indent=None))
-    elif isinstance(command, SweepConfig):
-      summary = sweep.run(command)
-      print(json.dumps({'best': summary['best'], 'top': summary['members'][:1]}))
-    elif isinstance(command, GenerateConfig):
-      print(command.prompt + runs.generate_run(
-          command.workdir, command.prompt, max_new_tokens=command.max_new_tokens,
-          temperature=command.temperature, seed=command.seed))
-    elif isinstance(command, PlotConfig):
-      print(json.dumps({'plot': plot.plot(command.workdir, command.out)}))
-    elif isinstance(command, DebugNanConfig):
-      report, saved = runs.debug_nan_run(command.workdir, command.step)
-      print(f'purax: non-finite {report}', file=sys.stderr)
-      print(json.dumps({'replayed': report.as_dict(), 'saved': saved}))
-    elif isinstance(command, TuneConfig):
-      summary = tune.run(command.what)
-      print(json.dumps({'lr_range': {k: summary[k] for k in ('suggestion', 'rule', 'plot',
-                                                             'flags')}}))
-    elif isinstance(command, ExportConfig):
-      path = runs.export_run(command.workdir, out=command.out, format=command.format)
-      print(json.dumps({'exported': path}))
-    else:
-      metrics = runs.evaluate_run(command.workdir, batch_size=command.batch_size)
-      print(json.dumps({'eval': metrics}, indent=None))
-  except (PuraxError, FileExistsError, FileNotFoundError) as e:
-    print(f'purax: error: {e}', file=sys.stderr)
-    return 2
-  except OSError as e:   # an unwritable or vanished path met while running: named
-    print(f'purax: error: {e.filename or "a file"}: expected writable and present, got '
-          f'{e.strerror or e}', file=sys.stderr)
-    return 2
-  except runs.StoppedBeforeStart as e:
-    print(f'purax: {e} (exit status {e.status})', file=sys.stderr)
-    return e.status
-  return 0
+  command = parse(argv)          # first: --help and option errors exit here
+  return lazy.resolve(RUN)(command)
 
 
 def _saved_config(argv: list[str]) -> TrainConfig | None:
@@ -262,7 +225,7 @@ def _saved_config(argv: list[str]) -> TrainConfig | None:
   if not workdir or not os.path.isfile(os.path.join(workdir, 'config.json')):
     return None
   try:
-    return rundir.read_config(workdir)
+    return read_config(workdir)
   except (ValueError, TypeError):
     return None   # not ours to parse (or a link): train() reports it
 

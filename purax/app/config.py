@@ -40,14 +40,20 @@ from purax.app import hparams as hparams_lib
 from purax.app.fields import field
 from purax.app.data import INT32_LIMIT, DataConfig
 from purax.app.models import ModelConfig
+from purax.core import lazy
 from purax.core.errors import ConfigError, expect
-from purax.core.metrics import Best
-from purax.core.precision import get_policy
-from purax.io import profile
-from purax.io.writers import check_wandb
-from purax.parallel.mesh import parse_mesh
-from purax.plan.budget import parse_bytes
+from purax.io.safe_files import check_no_links_out, open_file
 
+# Used by the checks, not by the definitions (the parser reads those): imported on use.
+metrics_lib = lazy.module('purax.core.metrics')
+precision_lib = lazy.module('purax.core.precision')
+profile = lazy.module('purax.io.profile')
+writers = lazy.module('purax.io.writers')
+mesh_lib = lazy.module('purax.parallel.mesh')
+budget = lazy.module('purax.plan.budget')
+
+#: The file of a run directory that holds its config (:func:`read_config`).
+CONFIG = 'config.json'
 #: The format of ``config.json``: 2 since the sections (1: one flat object).
 FORMAT = 2
 OptimizerConfig = hparams_lib.OptimizerConfig
@@ -149,9 +155,9 @@ class RunConfig:
   ema_every: int = field(1, cadence=True)
   histograms: int = field(0, resumable=True, cadence=True)
 
-  def best(self) -> Best:
+  def best(self) -> metrics_lib.Best:
     """The rule of --keep-best and --patience (:class:`purax.core.metrics.Best`)."""
-    return Best(self.best_metric, self.best_mode)
+    return metrics_lib.Best(self.best_metric, self.best_mode)
 
   def validate(self) -> 'RunConfig':
     """Raises ConfigError naming the field, the expected and the actual value."""
@@ -164,7 +170,7 @@ class RunConfig:
     expect(re.fullmatch(r'[\w.-]+(/[\w.-]+)+', self.best_metric) is not None, 'best_metric',
            "a logged metric name as metrics.jsonl holds it, e.g. 'eval/loss' or 'train/loss'",
            repr(self.best_metric), ConfigError)
-    Best(self.best_metric, self.best_mode)     # the one rule checks its mode
+    self.best()     # the one rule checks its mode
     expect(0 <= self.checkpoint_interval_s < float('inf'), 'checkpoint_interval_s',
            '>= 0 and finite', self.checkpoint_interval_s, ConfigError)
     expect(self.decay_steps is None or 1 <= self.decay_steps < INT32_LIMIT, 'decay_steps',
@@ -190,11 +196,11 @@ class RunConfig:
       expect(k == 1 or self.mesh is None, 'steps_per_call', "1 or 'auto' with --mesh "
              '(multi-step calls run on one device)', k, ConfigError)
     if self.mesh is not None:
-      parse_mesh(self.mesh)
+      mesh_lib.parse_mesh(self.mesh)
     if self.memory_budget is not None:
-      parse_bytes(self.memory_budget, 'memory_budget')
+      budget.parse_bytes(self.memory_budget, 'memory_budget')
     for spec in self.precisions() or ():
-      get_policy(spec)
+      precision_lib.get_policy(spec)
     for name in ('memory_budget', 'fit_memory_precisions'):
       expect(getattr(self, name) is None or self.fit_memory, name,
              'unset unless --fit-memory is set', repr(getattr(self, name)), ConfigError)
@@ -207,7 +213,7 @@ class RunConfig:
       expect(0 < len(self.wandb_project) <= 128 and not bad, 'wandb_project',
              f'a W&B project name (1 to 128 characters, none of {" ".join(WANDB_FORBIDDEN)})',
              repr(self.wandb_project), ConfigError)
-      check_wandb('wandb_project')
+      writers.check_wandb('wandb_project')
     return self
 
   def precisions(self) -> tuple[str, ...] | None:
@@ -421,6 +427,23 @@ class TrainConfig(Sections):
           config.optimizer, weight_decay_mask='all'))
     config._check_types()    # values are checked by validate(), where the run starts
     return config
+
+
+def read_config(workdir: str) -> TrainConfig:
+  """The config a run directory saved, once nothing under it is a symlink
+  leading out of it (what is restored, resumed or exported is the run's own).
+
+  Raises:
+    ConfigError: ``workdir`` holds no ``config.json``, or it cannot be read
+      (it is a link, or not JSON of a config); a symlink under ``workdir``
+      leads out of it (named).
+  """
+  path = os.path.join(workdir, CONFIG)
+  expect(os.path.isfile(path), 'workdir', 'a run directory with config.json',
+         repr(workdir), ConfigError)
+  check_no_links_out(workdir)
+  with open_file(path, 'rb') as f:
+    return TrainConfig.from_json(f.read(), path)
 
 
 def _section_type(cls, section: str):

@@ -13,14 +13,18 @@ import functools
 import os
 from typing import Annotated, Any, Callable
 
-import numpy as np
 import tyro
 
 from purax.app.fields import field
-
-from purax.core import objectives
+from purax.core import lazy
 from purax.core.errors import ConfigError, expect
-from purax.io import datasets, pipeline, text
+
+# Used by the methods, not by the definitions (the parser reads those): imported on use.
+np = lazy.module('numpy')
+objectives = lazy.module('purax.core.objectives')
+datasets = lazy.module('purax.io.datasets')
+pipeline = lazy.module('purax.io.pipeline')
+text = lazy.module('purax.io.text')
 
 INT32_LIMIT = 2 ** 31
 

@@ -3,7 +3,7 @@
 A row says everything the application layer needs to know about it: its
 config field (``--FIELD``, and a short alias such as ``--lr``), its default,
 and its name in the state (its bounds are the core's one table,
-:data:`purax.core.hparams.BOUNDS`, checked here for ``purax train`` values and
+:data:`purax.core.bounds.BOUNDS`, checked here for ``purax train`` values and
 ``purax sweep`` specs, and clipped to by PBT) — an optimizer
 hyperparameter lives in ``opt_state.hyperparams`` (injected by
 :func:`purax.core.optim.adamw`), a loss one in ``state.hparams``.
@@ -25,12 +25,15 @@ from typing import Annotated, Literal
 
 import tyro
 
-from purax.app import search
 from purax.app.fields import field
 from purax.app.optimizers import OPTIMIZERS, WEIGHT_DECAY_MASKS
-from purax.core import hparams as core_hparams
+from purax.core import bounds as bounds_lib
+from purax.core import lazy
+from purax.core.bounds import Bounds
 from purax.core.errors import ConfigError, expect
-from purax.core.hparams import Bounds
+
+# Parses specs when a config is checked (its draws need jax): imported on use.
+search = lazy.module('purax.app.search')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +64,8 @@ class HParam:
 
   @property
   def bounds(self) -> Bounds:
-    """Its valid interval: :data:`purax.core.hparams.BOUNDS`, the one table."""
-    return core_hparams.bounds(self.state)
+    """Its valid interval: :data:`purax.core.bounds.BOUNDS`, the one table."""
+    return bounds_lib.bounds(self.state)
 
   def interval(self) -> str:
     return self.bounds.interval()

@@ -28,7 +28,7 @@ from purax.app import data as data_lib
 from purax.app import models
 from purax.app.config import TrainConfig
 from purax.app.hparams import HPARAMS
-from purax.app.optimizers import OPTIMIZERS, WEIGHT_DECAY_MASKS
+from purax.app.optimizers import OPTIMIZERS, weight_decay_mask
 from purax.core import flops
 from purax.core import objectives
 from purax.core.spikes import SpikeGuard
@@ -53,7 +53,7 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
   spec = OPTIMIZERS[opt.name]
   total = run.decay_steps or run.steps
   tx = spec.transformation(values, total_steps=total, warmup_steps=min(opt.warmup_steps, total),
-                           weight_decay_mask=WEIGHT_DECAY_MASKS[opt.weight_decay_mask])
+                           weight_decay_mask=weight_decay_mask(opt.weight_decay_mask))
   policy = get_policy(config.model.precision)
   loss = config.data.loss
   if opt.z_loss:

@@ -1,15 +1,18 @@
 """The model table of the command line, and the ``model`` config section.
 
-:data:`MODELS` maps a name to a flax.linen class. :func:`build` constructs it
-from the :class:`ModelConfig` section: each option of the section that the
-class declares as a field (``dropout_rate``, ``d_model``, ``num_layers``,
-``num_heads``, ``remat``, ``scan_layers``) is passed when set; one it does not
-declare is refused by name. The number of classes goes to ``num_classes`` (or
+:data:`MODELS` maps a name to a flax.linen class, named by import path
+(``'purax.nn.mlp:MLP'``, imported on first use: the table and ``--help``
+need no flax). :func:`build` constructs it from the :class:`ModelConfig`
+section: each option of the section that the class declares as a field
+(``dropout_rate``, ``d_model``, ``num_layers``, ``num_heads``, ``remat``,
+``scan_layers``) is passed when set; one it does not declare is refused by
+name. The number of classes goes to ``num_classes`` (or
 ``vocab_size``), the sequence length to ``max_len``, and the precision's
 dtypes to ``dtype`` / ``param_dtype``.
 
 Adding a model to the CLI is its module (e.g. ``purax/nn/mine.py``) plus one
-row here; an option of its own is one more field of :class:`ModelConfig`.
+row here (``'purax.nn.mine:Mine'``); an option of its own is one more field
+of :class:`ModelConfig`.
 """
 
 from __future__ import annotations
@@ -17,16 +20,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Literal, Sequence
 
-import flax.linen as nn
 import tyro
 
+from purax.core import lazy
 from purax.core.errors import ConfigError, expect
-from purax.core.precision import canonical, get_policy
-from purax.nn.cnn import CNN
-from purax.nn.mlp import MLP
-from purax.nn.remat import check_remat
-from purax.nn.resnet import ResNet
-from purax.nn.transformer import DecoderLM, TransformerEncoder, scans
+
+# Used by the methods, not by the definitions (the parser reads those): imported on use.
+precision_lib = lazy.module('purax.core.precision')
+remat_lib = lazy.module('purax.nn.remat')
+transformer_lib = lazy.module('purax.nn.transformer')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,15 +36,20 @@ class ModelSpec:
   """A row of the table.
 
   Attributes:
-    cls: the flax.linen class.
+    model: the flax.linen class, or its import path (``'purax.nn.mlp:MLP'``).
     help: one line for ``--help`` and the README.
     tokens: takes int32 token ids ``[batch, seq]`` and gives logits
       ``[batch, seq, vocab]`` (a language model: text data sets only).
   """
 
-  cls: type[nn.Module]
+  model: type | str
   help: str
   tokens: bool = False
+
+  @property
+  def cls(self) -> type:
+    """The flax.linen class (imported on first use when the row names it by path)."""
+    return lazy.resolve(self.model)
 
   @property
   def fields(self) -> frozenset[str]:
@@ -57,12 +64,15 @@ class ModelSpec:
 
 #: The model table: ``--model`` name -> :class:`ModelSpec` (flax class, help).
 MODELS: dict[str, ModelSpec] = {
-    'mlp': ModelSpec(MLP, 'multilayer perceptron over the flattened features'),
-    'cnn': ModelSpec(CNN, 'two convolutions, max pooling and a dense head (1-D or 2-D inputs)'),
-    'resnet': ModelSpec(ResNet, 'a small ResNet with BatchNorm (1-D or 2-D inputs)'),
-    'transformer': ModelSpec(TransformerEncoder, 'an encoder classifier over the sequence axis'),
-    'lm': ModelSpec(DecoderLM, 'a byte-level decoder language model (text data sets)',
-                    tokens=True),
+    'mlp': ModelSpec('purax.nn.mlp:MLP', 'multilayer perceptron over the flattened features'),
+    'cnn': ModelSpec('purax.nn.cnn:CNN',
+                     'two convolutions, max pooling and a dense head (1-D or 2-D inputs)'),
+    'resnet': ModelSpec('purax.nn.resnet:ResNet',
+                        'a small ResNet with BatchNorm (1-D or 2-D inputs)'),
+    'transformer': ModelSpec('purax.nn.transformer:TransformerEncoder',
+                             'an encoder classifier over the sequence axis'),
+    'lm': ModelSpec('purax.nn.transformer:DecoderLM',
+                    'a byte-level decoder language model (text data sets)', tokens=True),
 }
 
 #: Options of :class:`ModelConfig` that go to the model class when it declares them.
@@ -115,10 +125,10 @@ class ModelConfig:
     for name in ('d_model', 'num_layers', 'num_heads'):
       value = getattr(self, name)
       expect(value is None or 1 <= value < 2 ** 31, name, '>= 1 or unset', value, ConfigError)
-    check_remat(self.remat)
+    remat_lib.check_remat(self.remat)
     fp8_models = [n for n, m in MODELS.items() if 'fp8' in m.fields]
-    expect(not get_policy(self.precision).fp8 or self.name in fp8_models, 'precision',
-           f'a policy without float8 matmuls for --model {self.name} (float8 matmuls: '
+    expect(not precision_lib.get_policy(self.precision).fp8 or self.name in fp8_models,
+           'precision', f'a policy without float8 matmuls for --model {self.name} (float8 matmuls: '
            f"{', '.join(fp8_models)})", repr(self.precision), ConfigError)
     takes = self.spec.options
     defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -141,10 +151,10 @@ class ModelConfig:
     config = dataclasses.replace(self, **{k: defaults[k] for k in ('d_model', 'num_layers',
                                                                    'num_heads')
                                           if getattr(self, k) is None and k in defaults},
-                                 precision=canonical(self.precision))
+                                 precision=precision_lib.canonical(self.precision))
     if config.scan_layers is None and 'scan_layers' in defaults:
-      config = dataclasses.replace(config, scan_layers=scans(config.num_layers,
-                                                             defaults['scan_layers']))
+      config = dataclasses.replace(config, scan_layers=transformer_lib.scans(
+          config.num_layers, defaults['scan_layers']))
     return config
 
   def saved_before_scan_layers(self) -> 'ModelConfig':
@@ -156,20 +166,20 @@ class ModelConfig:
     return self
 
 
-def build(config: ModelConfig, *, num_classes: int, seq_len: int | None = None) -> nn.Module:
+def build(config: ModelConfig, *, num_classes: int, seq_len: int | None = None):
   """The model of ``config`` for ``num_classes`` classes (a language model's
   vocabulary size) and, for a model with ``max_len``, sequences of ``seq_len``."""
   fields = {f.name for f in dataclasses.fields(config.spec.cls)}
   kwargs = {k: getattr(config, k) for k in OPTIONS
             if k in fields and getattr(config, k) is not None}
-  kwargs.update(get_policy(config.precision).model_kwargs())
+  kwargs.update(precision_lib.get_policy(config.precision).model_kwargs())
   kwargs['vocab_size' if 'vocab_size' in fields else 'num_classes'] = num_classes
   if 'max_len' in fields and seq_len is not None:
     kwargs['max_len'] = seq_len
   return config.spec.cls(**kwargs)
 
 
-def check_input_shape(model: nn.Module, shape: Sequence[int], field: str = 'x') -> None:
+def check_input_shape(model, shape: Sequence[int], field: str = 'x') -> None:
   """Checks that inputs of ``shape`` (``[batch, ...]``) suit ``model``.
 
   Raises:
@@ -186,7 +196,7 @@ def check_input_shape(model: nn.Module, shape: Sequence[int], field: str = 'x') 
          f'single-channel data)', tuple(shape))
 
 
-def get_model(name: str, *, num_classes: int, **kwargs) -> nn.Module:
+def get_model(name: str, *, num_classes: int, **kwargs):
   """``MODELS[name].cls(num_classes=..., **kwargs)`` (``vocab_size=`` for a
   language model), for scripts and benchmarks that name a model.
 

@@ -2,7 +2,8 @@
 
 :data:`OPTIMIZERS` maps a name to a row: the builder (an optimizer of
 :mod:`purax.core.optim` / :mod:`purax.core.optimizers`, every hyperparameter
-injected), the hyperparameters it takes (state names of the rows of
+injected; named by import path, imported on use, so ``--help`` needs no
+optax), the hyperparameters it takes (state names of the rows of
 :data:`purax.app.hparams.HPARAMS`: the ``--FLAG`` s that apply, and what
 ``purax sweep`` / PBT may vary), its schedule (for ``purax plot``) and its
 evaluation params (``purax.Task(eval_params=...)``). A hyperparameter row an
@@ -22,9 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping
 
-import optax
-
-from purax.core import optim, optimizers
+from purax.core import lazy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,21 +31,33 @@ class OptimizerSpec:
   """A row of the table.
 
   Attributes:
-    build: ``(*, learning_rate, total_steps, warmup_steps, weight_decay_mask,
+    builder: ``(*, learning_rate, total_steps, warmup_steps, weight_decay_mask,
       **hyperparams) -> optax transformation`` (keyword names: the
-      builder's; ``learning_rate`` is the peak).
+      builder's; ``learning_rate`` is the peak), or its import path
+      (``'purax.core.optim:adamw'``, imported on use).
     hparams: the state names of the hyperparameters it takes (each a row of
       ``HPARAMS``; ``peak_learning_rate`` is passed as ``learning_rate``).
     help: one line for ``--help``.
     schedule: its learning-rate schedule, a key of :data:`purax.core.optim.SCHEDULES`.
-    eval_params: ``state -> params`` to evaluate (``purax.Task(eval_params=)``), or None.
+    evaluated: ``state -> params`` to evaluate (``purax.Task(eval_params=)``),
+      its import path, or None.
   """
 
-  build: Callable[..., optax.GradientTransformation]
+  builder: Callable[..., optax.GradientTransformation] | str
   hparams: tuple[str, ...]
   help: str
   schedule: str = 'cosine'
-  eval_params: Callable | None = None
+  evaluated: Callable | str | None = None
+
+  @property
+  def build(self) -> Callable[..., optax.GradientTransformation]:
+    """The builder (imported on first use when the row names it by path)."""
+    return lazy.resolve(self.builder)
+
+  @property
+  def eval_params(self) -> Callable | None:
+    """``state -> params`` to evaluate, or None."""
+    return lazy.resolve(self.evaluated)
 
   def transformation(self, values: Mapping[str, float], *, total_steps: int,
                      warmup_steps: int, weight_decay_mask) -> optax.GradientTransformation:
@@ -62,21 +73,31 @@ class OptimizerSpec:
 #: hyperparameters it injects, help).
 OPTIMIZERS: dict[str, OptimizerSpec] = {
     'adamw': OptimizerSpec(
-        optim.adamw, ('peak_learning_rate', 'weight_decay', 'b1', 'b2', 'clip_norm'),
+        'purax.core.optim:adamw', ('peak_learning_rate', 'weight_decay', 'b1', 'b2',
+                                   'clip_norm'),
         'AdamW, warmup then cosine decay to 0 (purax.adamw)'),
     'sgd': OptimizerSpec(
-        optimizers.sgd, ('peak_learning_rate', 'momentum', 'weight_decay', 'clip_norm'),
+        'purax.core.optimizers:sgd', ('peak_learning_rate', 'momentum', 'weight_decay',
+                                      'clip_norm'),
         'SGD with momentum and L2 weight decay, warmup then cosine'),
     'muon': OptimizerSpec(
-        optimizers.muon, ('peak_learning_rate', 'momentum', 'weight_decay', 'b1', 'b2',
-                          'clip_norm'),
+        'purax.core.optimizers:muon', ('peak_learning_rate', 'momentum', 'weight_decay', 'b1',
+                                       'b2', 'clip_norm'),
         "Muon on the 2-D leaves (optax.contrib.muon), AdamW on the others, warmup then cosine"),
     'schedule_free_adamw': OptimizerSpec(
-        optimizers.schedule_free_adamw, ('peak_learning_rate', 'weight_decay', 'b1', 'b2',
-                                         'clip_norm'),
+        'purax.core.optimizers:schedule_free_adamw', ('peak_learning_rate', 'weight_decay',
+                                                      'b1', 'b2', 'clip_norm'),
         'schedule-free AdamW, warmup then constant; evaluated at its average x',
-        schedule='constant', eval_params=optimizers.schedule_free_eval_params),
+        schedule='constant', evaluated='purax.core.optimizers:schedule_free_eval_params'),
 }
 
-#: ``--weight-decay-mask`` choices: name -> the builders' ``weight_decay_mask``.
-WEIGHT_DECAY_MASKS: dict[str, Callable | None] = {'matrices': optim.matrices, 'all': None}
+#: ``--weight-decay-mask`` choices: name -> the builders' ``weight_decay_mask``
+#: (a function of the params, by import path; None: every leaf). :func:`weight_decay_mask`
+#: gives the function.
+WEIGHT_DECAY_MASKS: dict[str, str | None] = {'matrices': 'purax.core.optim:matrices',
+                                             'all': None}
+
+
+def weight_decay_mask(name: str) -> Callable | None:
+  """The builders' ``weight_decay_mask`` of ``--weight-decay-mask name``."""
+  return lazy.resolve(WEIGHT_DECAY_MASKS[name])

@@ -27,12 +27,13 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from purax.app.config import CONFIG as CONFIG
 from purax.app.config import TrainConfig
+from purax.app.config import read_config as read_config
 from purax.core.errors import ConfigError, expect
-from purax.io.safe_files import check_no_links_out, open_fd, open_file, write_atomic
+from purax.io.safe_files import open_fd, open_file, write_atomic
 
 LOCK_NAME = '.purax.lock'
-CONFIG = 'config.json'
 
 
 class WorkdirLock:
@@ -72,23 +73,6 @@ class WorkdirLock:
     if self._fd is not None:
       os.close(self._fd)   # releases the flock
       self._fd = None
-
-
-def read_config(workdir: str) -> TrainConfig:
-  """The config a run directory saved, once nothing under it is a symlink
-  leading out of it (what is restored, resumed or exported is the run's own).
-
-  Raises:
-    ConfigError: ``workdir`` holds no ``config.json``, or it cannot be read
-      (it is a link, or not JSON of a config); a symlink under ``workdir``
-      leads out of it (named).
-  """
-  path = os.path.join(workdir, CONFIG)
-  expect(os.path.isfile(path), 'workdir', 'a run directory with config.json',
-         repr(workdir), ConfigError)
-  check_no_links_out(workdir)
-  with open_file(path, 'rb') as f:
-    return TrainConfig.from_json(f.read(), path)
 
 
 def holds_run(workdir: str) -> bool:

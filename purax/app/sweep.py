@@ -11,14 +11,12 @@ with member ``i``'s hyperparameters and seed. The loop is :func:`purax.fit`
 (a :class:`purax.plan.PopulationPlan` and :func:`population_hooks`). At the end the report
 (:mod:`purax.app.report`) ranks the members, writes ``sweep.json`` and
 ``curves.png`` and saves the best member as an ordinary run in ``WORKDIR/best``.
+The options are :class:`SweepConfig` (:mod:`purax.app.sweep_config`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
-from typing import Any, Literal, Mapping
 import shutil
 
 import jax
@@ -29,149 +27,15 @@ from purax import parallel
 from purax import plan as plan_lib
 from purax.app import job as job_lib
 from purax.app import report
-from purax.app.config import RunConfig, Sections, TrainConfig
-from purax.app.data import DataConfig
-from purax.app.models import ModelConfig
-from purax.app import hparams as hparams_lib
-from purax.app.hparams import OptimizerConfig, OptimizerSearch
 from purax.app.hparams import BY_STATE
 from purax.app.search import members_from_specs, parse_seeds
+from purax.app.sweep_config import PopulationConfig as PopulationConfig
+from purax.app.sweep_config import SweepConfig as SweepConfig
+from purax.app.sweep_config import SweepRunConfig as SweepRunConfig
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
-from purax.core.metrics import Best
 from purax import hooks as hooks_lib
 from purax.loop import fit
-
-
-@dataclasses.dataclass(frozen=True)
-class PopulationConfig:
-  """The population of a sweep.
-
-  Attributes:
-    seeds: comma-separated seeds; crossed with every list spec.
-    members: population size when a spec is random; when unset the grid size.
-    sample_seed: seed of the random draws.
-    metric: eval metric that ranks members (loss is minimised, accuracy maximised).
-    patience: early-stop a member after N evaluations without improvement (0: off).
-    pbt_every: population-based training every N steps, after that step's
-      evaluation (a multiple of --eval-every; 0: off).
-    pbt_fraction: share of members replaced by PBT, in (0, 0.5].
-  """
-
-  seeds: str = '0'
-  members: int | None = None
-  sample_seed: int = 0
-  metric: Literal['loss', 'accuracy'] = 'loss'
-  patience: int = 0
-  pbt_every: int = 0
-  pbt_fraction: float = 0.25
-
-  def best(self) -> Best:
-    """The ranking rule of ``--metric``: eval loss minimised, accuracy maximised
-    (:class:`purax.core.metrics.Best`, as ``purax train --best-metric``)."""
-    return Best(f'eval/{self.metric}', 'min' if self.metric == 'loss' else 'max')
-
-  def validate(self, eval_every: int) -> 'PopulationConfig':
-    for name in ('patience', 'pbt_every', 'sample_seed'):
-      expect(getattr(self, name) >= 0, name, '>= 0', getattr(self, name), ConfigError)
-    expect(0 < self.pbt_fraction <= 0.5, 'pbt_fraction', 'in (0, 0.5]', self.pbt_fraction,
-           ConfigError)
-    expect(not self.pbt_every or (eval_every and self.pbt_every % eval_every == 0),
-           'pbt_every', f'0 or a multiple of eval_every={eval_every} (PBT ranks members '
-           'by the evaluation at its step' + (': set --eval-every' if not eval_every else '')
-           + ')', self.pbt_every, ConfigError)
-    return self
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepRunConfig:
-  """The run of a sweep (each member's seed comes from --seeds).
-
-  Attributes:
-    steps: optimizer updates per member.
-    workdir: sweep directory, runs/sweep-DATASET-MODEL-TIME when unset; must not exist.
-    log_every: fetch training metrics every N steps.
-    eval_every: evaluate every N steps (0: at the end only).
-    progress: show a progress bar.
-    mesh: every member on a device mesh, e.g. 'data=2' (each batch split over it).
-  """
-
-  steps: int = 300
-  workdir: str | None = None
-  log_every: int = 25
-  eval_every: int = 100
-  progress: bool = True
-  mesh: str | None = None
-
-  def validate(self) -> 'SweepRunConfig':
-    self.as_run().validate()
-    return self
-
-  def as_run(self, **changes) -> RunConfig:
-    """The :class:`RunConfig` of a member (its checkpoint: at the end only)."""
-    return dataclasses.replace(RunConfig(steps=self.steps, workdir=self.workdir,
-                                         log_every=self.log_every, eval_every=self.eval_every,
-                                         progress=self.progress, mesh=self.mesh,
-                                         checkpoint_interval_s=0.0), **changes)
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepConfig(Sections):
-  """A sweep: many training runs of one model, trained at once as a population
-  (``purax sweep``): the sections of ``purax train``, each optimizer
-  hyperparameter a search spec."""
-
-  model: ModelConfig = ModelConfig(name='mlp')
-  data: DataConfig = DataConfig()
-  optimizer: OptimizerSearch = OptimizerSearch(warmup_steps=20)
-  run: SweepRunConfig = SweepRunConfig()
-  population: PopulationConfig = PopulationConfig()
-
-  def validate(self) -> 'SweepConfig':
-    """Checks every section and spec.
-
-    Raises:
-      ConfigError: naming the field, the expected and the actual value.
-    """
-    self.optimizer.validate()
-    self.base().validate()
-    self.population.validate(self.run.eval_every)
-    specs = self.specs()
-    random = ['--' + row.field.replace('_', '-') for row in hparams_lib.HPARAMS
-              if row.state in specs and not isinstance(specs[row.state], tuple)]
-    expect(not random or self.population.members is not None, 'members',
-           f'a population size (--members N) when a spec is random ({", ".join(random)})',
-           'unset', ConfigError)
-    return self
-
-  def specs(self) -> dict[str, Any]:
-    """``state name -> spec`` of every hyperparameter the optimizer and the loss
-    take (a tuple or a distribution)."""
-    return {row.state: hparams_lib.parse_spec(row, getattr(self.optimizer, row.field))
-            for row in hparams_lib.HPARAMS if hparams_lib.takes(self.optimizer.name, row)}
-
-  def base(self, values: Mapping[str, float] | None = None, *, seed: int | None = None,
-           workdir: str | None = None) -> TrainConfig:
-    """The :class:`TrainConfig` of one member: hyperparameters ``values``
-    (state names; default the first value of each spec), its seed and run directory."""
-    first = {n: s[0] if isinstance(s, tuple) else s.low for n, s in self.specs().items()}
-    values = {**first, **(values or {})}
-    settings = {name: getattr(self.optimizer, name) for name in hparams_lib.SETTINGS}
-    optimizer = OptimizerConfig(**settings, **{row.field: float(values[row.state])
-                                               for row in hparams_lib.HPARAMS
-                                               if row.state in values})
-    run = self.run.as_run(progress=False, seed=0 if seed is None else int(seed),
-                          workdir=workdir if workdir is not None else self.run.workdir)
-    return TrainConfig(model=self.model.with_sizes(), data=self.data, optimizer=optimizer,
-                       run=run)
-
-  def resolved(self) -> 'SweepConfig':
-    if self.run.workdir:
-      return self
-    name = self.data.name.replace(':', '_').replace('/', '_')
-    workdir = os.path.join('runs', f"sweep-{name}-{self.model.name}-"
-                           f"{time.strftime('%Y%m%d-%H%M%S')}")
-    return dataclasses.replace(self, run=dataclasses.replace(self.run, workdir=workdir))
 
 
 @jax.jit

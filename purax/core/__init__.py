@@ -1,31 +1,39 @@
-"""purax.core: the pure functions and the state. Imports nothing else of purax."""
+"""purax.core: the pure functions and the state. Imports nothing else of purax.
 
-from purax.core import flops as flops
-from purax.core import loops as loops
-from purax.core import losses as losses
-from purax.core import metrics as metrics
-from purax.core import objectives as objectives
-from purax.core import optimizers as optimizers
-from purax.core import pbt as pbt
-from purax.core import population as population
-from purax.core.errors import ConfigError as ConfigError
-from purax.core.errors import ContractError as ContractError
-from purax.core.errors import DataError as DataError
-from purax.core.errors import OutOfMemoryError as OutOfMemoryError
-from purax.core.errors import PuraxError as PuraxError
-from purax.core.model import Functions as Functions
-from purax.core.model import Linen as Linen
-from purax.core.model import Model as Model
-from purax.core.model import NNX as NNX
-from purax.core.model import as_model as as_model
-from purax.core.nonfinite import find as find_nonfinite
-from purax.core.objectives import loss_function as loss_function
-from purax.core.optim import adamw as adamw
-from purax.core import hparams as hparams
-from purax.core.hparams import get as hyperparams
-from purax.core.hparams import set as set_hyperparams
-from purax.core.optim import warmup_cosine as warmup_cosine
-from purax.core.population import Population as Population
-from purax.core.spikes import SpikeGuard as SpikeGuard
-from purax.core.state import TrainState as TrainState
-from purax.core.task import Task as Task
+Its names are bound on first use (:func:`purax.core.lazy.attach`): importing
+``purax.core.errors`` (the command line's parser does) imports no jax.
+"""
+
+from purax.core import lazy as _lazy
+
+__getattr__, __dir__ = _lazy.attach(__name__, {
+    'flops': 'purax.core.flops',
+    'loops': 'purax.core.loops',
+    'losses': 'purax.core.losses',
+    'metrics': 'purax.core.metrics',
+    'objectives': 'purax.core.objectives',
+    'optimizers': 'purax.core.optimizers',
+    'pbt': 'purax.core.pbt',
+    'population': 'purax.core.population',
+    'ConfigError': 'purax.core.errors:ConfigError',
+    'ContractError': 'purax.core.errors:ContractError',
+    'DataError': 'purax.core.errors:DataError',
+    'OutOfMemoryError': 'purax.core.errors:OutOfMemoryError',
+    'PuraxError': 'purax.core.errors:PuraxError',
+    'Functions': 'purax.core.model:Functions',
+    'Linen': 'purax.core.model:Linen',
+    'Model': 'purax.core.model:Model',
+    'NNX': 'purax.core.model:NNX',
+    'as_model': 'purax.core.model:as_model',
+    'find_nonfinite': 'purax.core.nonfinite:find',
+    'loss_function': 'purax.core.objectives:loss_function',
+    'adamw': 'purax.core.optim:adamw',
+    'hparams': 'purax.core.hparams',
+    'hyperparams': 'purax.core.hparams:get',
+    'set_hyperparams': 'purax.core.hparams:set',
+    'warmup_cosine': 'purax.core.optim:warmup_cosine',
+    'Population': 'purax.core.population:Population',
+    'SpikeGuard': 'purax.core.spikes:SpikeGuard',
+    'TrainState': 'purax.core.state:TrainState',
+    'Task': 'purax.core.task:Task',
+})

@@ -7,13 +7,12 @@ is a new state, not a recompilation, and a population stacks them
 inside ``opt_state`` (at any depth: ``optax.chain``, ``optax.multi_transform``,
 ``optax.masked``), the loss's and model's in ``state.hparams``. :func:`get`
 reads them all, :func:`set` replaces them wherever they are, and
-:data:`BOUNDS` is the one table of their valid intervals (the command line
-validates against it, PBT clips to it).
+:data:`BOUNDS` (:mod:`purax.core.bounds`) is the one table of their valid
+intervals (the command line validates against it, PBT clips to it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Mapping
 
@@ -21,64 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purax.core.bounds import BOUNDS as BOUNDS
+from purax.core.bounds import DEFAULT_BOUNDS as DEFAULT_BOUNDS
+from purax.core.bounds import Bounds as Bounds
+from purax.core.bounds import bounds as bounds
 from purax.core.errors import ConfigError, expect
 from purax.core.optim import ScheduledTransformation
-
-
-@dataclasses.dataclass(frozen=True)
-class Bounds:
-  """An interval of valid values: ``[low, high]``, ``low_open`` / ``high_open``
-  excluding an end."""
-
-  low: float
-  high: float
-  low_open: bool = False
-  high_open: bool = False
-
-  def interval(self) -> str:
-    return (f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-            f"{')' if self.high_open else ']'}")
-
-  def contains(self, value: float) -> bool:
-    return (math.isfinite(value)
-            and (self.low < value if self.low_open else self.low <= value)
-            and (value < self.high if self.high_open else value <= self.high))
-
-  def check(self, value: float, name: str) -> None:
-    """Raises ConfigError naming ``name`` unless ``value`` is finite and inside."""
-    expect(self.contains(float(value)), name, f'a finite value in {self.interval()}', value,
-           ConfigError)
-
-  def clip(self) -> tuple[float, float]:
-    """The closed float32 interval a perturbed value is clipped to (PBT)."""
-    lo, hi = np.float32(self.low), np.float32(min(self.high, np.finfo(np.float32).max))
-    if self.low_open:
-      lo = np.nextafter(lo, np.float32(np.inf))
-    if self.high_open:
-      hi = np.nextafter(hi, np.float32(-np.inf))
-    return float(lo), float(hi)
-
-
-#: The valid interval of each hyperparameter of :func:`purax.adamw`, the
-#: optimizers of :mod:`purax.core.optimizers` and the provided losses, by its
-#: name in the state. Others: ``[0, inf)``.
-BOUNDS: Mapping[str, Bounds] = {
-    'peak_learning_rate': Bounds(0.0, 10.0, low_open=True),
-    'learning_rate': Bounds(0.0, 10.0, low_open=True),
-    'weight_decay': Bounds(0.0, 1.0),
-    'b1': Bounds(0.0, 1.0, high_open=True),
-    'b2': Bounds(0.0, 1.0, high_open=True),
-    'clip_norm': Bounds(0.0, math.inf, low_open=True, high_open=True),
-    'momentum': Bounds(0.0, 1.0, high_open=True),
-    'label_smoothing': Bounds(0.0, 1.0, high_open=True),
-}
-
-#: The interval of a hyperparameter without a row in :data:`BOUNDS`.
-DEFAULT_BOUNDS = Bounds(0.0, math.inf, high_open=True)
-
-
-def bounds(name: str) -> Bounds:
-  return BOUNDS.get(name, DEFAULT_BOUNDS)
 
 
 def _is_injected(x) -> bool:

@@ -49,7 +49,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Literal, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,8 @@ from purax.core import metrics as metrics_lib
 from purax.core import hparams as hparams_lib
 from purax.core.errors import ConfigError, expect
 from purax.core.state import TrainState
+from purax.core.strategies import STRATEGIES as STRATEGIES
+from purax.core.strategies import Strategy as Strategy
 
 HParams = Mapping[str, jax.Array]   # name -> float32 [members]
 
@@ -179,10 +181,7 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   return new_state, metrics, newly
 
 
-# -- how members share the machine ---------------------------------------------
-
-Strategy = Union[Literal['auto', 'vmap', 'chunked', 'sequential'], int]
-STRATEGIES = ('auto', 'vmap', 'chunked', 'sequential')
+# -- how members share the machine (the names: purax.core.strategies) ---------
 
 #: Members per chunk of ``'chunked'`` without a size.
 CHUNK = 8

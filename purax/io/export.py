@@ -27,14 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from purax.io import safe_files
+from purax.io.formats import FORMATS as FORMATS
+from purax.core import lazy
 from purax.core.errors import ConfigError, DataError, PuraxError, expect
 
 ARTIFACT = 'predict.jaxexport'
 SIGNATURE = 'signature.json'
-#: The export formats: name -> (module, function); the module is imported on use.
-FORMATS = {'jax': ('purax.io.export', 'export_predict'),
-           'onnx': ('purax.io.onnx_export', 'export_onnx'),
-           'savedmodel': ('purax.io.tf_export', 'export_savedmodel')}
 #: Batch sizes at which the ONNX and SavedModel exporters check their artifact.
 CHECK_BATCH_SIZES = (1, 7)
 
@@ -67,10 +65,7 @@ def export(predict: Callable[[jax.Array], jax.Array], input_shape: Sequence[int]
   """
   expect(format in FORMATS, 'export format', ' or '.join(map(repr, FORMATS)), repr(format),
          ConfigError)
-  module, name = FORMATS[format]
-  import importlib
-  return getattr(importlib.import_module(module), name)(predict, input_shape, directory,
-                                                         **kwargs)
+  return lazy.resolve(FORMATS[format])(predict, input_shape, directory, **kwargs)
 
 
 def check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:

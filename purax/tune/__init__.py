@@ -2,11 +2,18 @@
 
 - :func:`lr_range_test` (:mod:`purax.tune.lr_range`): the learning-rate range
   test, every rate of a log-spaced grid trained at once as a population in one
-  compiled program, and a suggested rate by a documented rule.
+  compiled program, and a suggested rate by a documented rule (:data:`RULES`).
+
+Its names are bound on first use (:func:`purax.core.lazy.attach`): the
+command line reads :data:`RULES` without importing jax.
 """
 
-from purax.tune.lr_range import LRRange as LRRange
-from purax.tune.lr_range import RULES as RULES
-from purax.tune.lr_range import log_grid as log_grid
-from purax.tune.lr_range import lr_range_test as lr_range_test
-from purax.tune.lr_range import suggest as suggest
+from purax.core import lazy as _lazy
+
+__getattr__, __dir__ = _lazy.attach(__name__, {
+    'LRRange': 'purax.tune.lr_range:LRRange',
+    'RULES': 'purax.tune.rules:RULES',
+    'log_grid': 'purax.tune.lr_range:log_grid',
+    'lr_range_test': 'purax.tune.lr_range:lr_range_test',
+    'suggest': 'purax.tune.lr_range:suggest',
+})

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable
 
 import jax
 import numpy as np
@@ -76,11 +76,9 @@ from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.parallel.plan import host_batch_transfer
+from purax.tune.rules import RULES as RULES
+from purax.tune.rules import Rule as Rule
 
-#: The suggestion rules (see the module doc).
-RULES = ('steepest', 'minimum')
-
-Rule = Literal['steepest', 'minimum']
 
 
 def log_grid(min_lr: float = 1e-5, max_lr: float = 1.0, num: int = 16) -> np.ndarray:

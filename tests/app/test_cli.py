@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -240,3 +242,67 @@ def test_a_mistyped_option_suggests_the_options_of_its_own_subcommand(command, t
   assert suggested in err and f'purax {command} --help' in err
   others = set(cli.SUBCOMMANDS) - {command}
   assert not [o for o in others if f'purax {o}' in err], err
+
+
+#: What ``--help`` and an option error must not import (seconds before the
+#: parser answers): jax and what builds on it, and numpy, which it needs no more.
+HEAVY = ('jax', 'jaxlib', 'flax', 'optax', 'orbax', 'chex', 'grain', 'numpy')
+
+#: (argv, exit status, a line it prints): every subcommand's --help (0), and
+#: errors the parser itself finds (2): an unknown option, a bad choice of each
+#: table (models, optimizers, weight-decay masks, rules, strategies, export
+#: formats), a bad number; on a run directory (RUN) too.
+PARSED_ONLY = [
+    (['--help'], 0, 'usage: purax [-h]'), (['tune', 'lr', '--help'], 0, 'usage: purax tune lr'),
+    *[([name, '--help'], 0, f'usage: purax {name}') for name in cli.SUBCOMMANDS],
+    (['train', '--learning-rat', '1e-3'], 2, 'Unrecognized options: --learning-rat'),
+    (['train', '--model', 'nope'], 2, "Expected one of ('mlp', 'cnn', 'resnet'"),
+    (['train', '--optimizer', 'nope'], 2, "Expected one of ('adamw', 'sgd'"),
+    (['train', '--steps', 'many'], 2, 'Error parsing --steps'),
+    (['sweep', '--weight-decay-mask', 'nope'], 2, "Expected one of ('matrices', 'all')"),
+    (['tune', 'lr', '--rule', 'nope'], 2, "Expected one of ('steepest', 'minimum')"),
+    (['tune', 'lr', '--strategy', 'nope'], 2, "Expected one of ('auto', 'vmap'"),
+    (['export', '--workdir', 'w', '--format', 'zip'], 2, "Expected one of ('jax', 'onnx'"),
+    (['nope'], 2, 'Unrecognized options: nope'),
+    (['train', '--workdir', 'RUN', '--help'], 0, 'usage: purax train'),
+    (['train', '--workdir', 'RUN', '--stepz', '3'], 2, 'Unrecognized options: --stepz'),
+]
+
+PARSED_ONLY_SCRIPT = """
+import contextlib, io, json, sys
+from purax.app import cli
+out = []
+for argv, _, _ in json.loads(sys.argv[1]):
+  text = io.StringIO()
+  with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+    try:
+      status = cli.main(argv)
+    except SystemExit as e:
+      status = e.code
+  out.append([status, text.getvalue()])
+print(json.dumps({'results': out, 'imported': [m for m in json.loads(sys.argv[2])
+                                               if m in sys.modules]}))
+"""
+
+
+def test_help_and_option_errors_import_no_jax(tmp_path):
+  """Issue 29.8: `purax --help`, each subcommand's --help and the errors the
+  parser finds answer before jax (or flax, optax, orbax, numpy) is imported:
+  a fresh process, then sys.modules. Also on a run directory, whose saved
+  config is the parser's defaults."""
+  run_dir = tmp_path / 'run'
+  run_dir.mkdir()
+  (run_dir / 'config.json').write_text(TrainConfig.of(model='mlp', steps=7).saved_form().to_json())
+  cases = [([str(run_dir) if a == 'RUN' else a for a in argv], status, line)
+           for argv, status, line in PARSED_ONLY]
+  env = {k: v for k, v in os.environ.items() if not k.startswith('PURAX_')}
+  out = subprocess.run([sys.executable, '-c', PARSED_ONLY_SCRIPT, json.dumps(cases),
+                        json.dumps(HEAVY)], env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-3000:]
+  answer = json.loads(out.stdout.splitlines()[-1])
+  assert answer['imported'] == [], answer['imported']
+  for (argv, status, line), (got, text) in zip(cases, answer['results']):
+    text = re.sub(r'\s+', ' ', re.sub(r'[│╭╰─╮╯]', ' ', text))
+    assert got == status and line in text, (argv, text[-2000:])
+  # The saved run is what `train --workdir RUN` parses against: its steps are the default.
+  assert '(default: 7)' in re.sub(r'\s+', ' ', re.sub(r'[│]', ' ', answer['results'][-2][1]))

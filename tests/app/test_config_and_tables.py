@@ -232,8 +232,16 @@ def test_train_longer_replans_the_decay_or_keeps_it(tmp_path, capsys):
   assert 'steps: expected >= 12 (the step of the newest checkpoint' in capsys.readouterr().err
 
 
+#: The modules that may import by name at run time (importlib.import_module,
+#: __import__): the one resolver of purax's import paths, and the ONNX
+#: exporter for jax2onnx's own plugin modules.
+DYNAMIC_IMPORTS = {'core/lazy.py', 'io/onnx_export.py'}
+
+
 def test_no_package_import_inside_a_function():
-  """Package-internal imports sit at the top of modules (none inside functions)."""
+  """Package-internal imports sit at the top of modules (none inside functions);
+  an import deferred to its use is an import path resolved by purax.core.lazy
+  (named at the top of the module), the only place that imports by name."""
   root = pathlib.Path(purax.__file__).parent
   found = []
   for path in root.rglob('*.py'):
@@ -245,4 +253,9 @@ def test_no_package_import_inside_a_function():
               ' '.join(a.name for a in node.names) if isinstance(node, ast.Import) else '')
           if module == 'purax' or module.startswith('purax.'):
             found.append(f'{path.relative_to(root)}:{node.lineno} {module}')
+    if str(path.relative_to(root)) not in DYNAMIC_IMPORTS:
+      found += [f'{path.relative_to(root)}:{node.lineno} import by name'
+                for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and (getattr(node.func, 'attr', None) == 'import_module'
+                     or getattr(node.func, 'id', None) in ('__import__', 'import_module'))]
   assert found == []
