@@ -58,7 +58,7 @@ def reexports(name: str) -> list[tuple[str, str]]:
   if not hasattr(module, '__path__'):
     return []           # a module's own imports are not its API
   found = []
-  for attr, obj in vars(module).items():
+  for attr, obj in [(a, getattr(module, a)) for a in dir(module)]:
     if attr.startswith('_') or inspect.ismodule(obj):
       continue
     where = getattr(obj, '__module__', None)

@@ -143,16 +143,16 @@ class Loop:
     return self.source.position(self.step)
 
   def hooks_due(self) -> bool:
-    """Whether a hook is due after the call that ended at :attr:`step`:
+    """Whether a hook is due after the call that ended at ``step``:
     one that runs after every call, the end, or a step cadence reached
-    (:attr:`upcoming`). Cheap: a call with none due does nothing else."""
+    (``upcoming``). Cheap: a call with none due does nothing else."""
     return (self._each_call or self.at_end
             or (self.upcoming is not None and self.step >= self.upcoming))
 
   def run_due_hooks(self) -> None:
     """Runs every hook :func:`due` after the call that took ``state.step``
-    from :attr:`first` to :attr:`step`, in order, into :attr:`record`,
-    timing them (:attr:`hook_s`, :attr:`hook_compile_s`)."""
+    from ``first`` to ``step``, in order, into ``record``,
+    timing them (``hook_s``, ``hook_compile_s``)."""
     self.began, self.began_compile = time.perf_counter(), compile_time.seconds()
     for hook in self.hooks:
       if due(hook.every, self.first, self.step, at_end=self.at_end and hook.at_end,
