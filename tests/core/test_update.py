@@ -362,9 +362,9 @@ def test_under_the_bf16_policy_masters_optimizer_and_hyperparameters_stay_float3
 
 
 @pytest.mark.parametrize('spec, message', [
-    ('fp8', "precision: expected one of ['bf16', 'fp16', 'fp32']"),
+    ('fp9', "precision: expected one of ['bf16', 'fp16', 'fp32', 'fp8', 'auto']"),
     ('params=float32,compute=int8', "precision compute: expected one of"),
-    ('weights=float32', "precision field: expected one of 'params', 'compute', 'output'"),
+    ('weights=float32', "precision field: expected one of 'params', 'compute', 'matmul', 'output', got 'weights'"),
     ('params=float64,compute=float32,output=float32',
      "precision params: expected float32, bfloat16 or float16 .float64 needs JAX_ENABLE_X64=1"),
 ])
