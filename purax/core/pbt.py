@@ -8,17 +8,20 @@ hyperparameters by a factor drawn from ``factors`` (explore). Everything
 happens on the device on the stacked state, seeded by an explicit key, so it
 runs inside ``jax.jit`` with no host transfer and reruns identically.
 
-Example:
+Example: of eight members, the two worst by score copy a state drawn from
+the two best:
   >>> from purax.core import pbt, population
-  >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
-  ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
-  >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
-  >>> hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
-  >>> pop = population.init(task, keys, hparams, batch)
-  >>> zeros = population.zero_train_metrics(task, pop, batch)
-  >>> pop, metrics = population.train_step(task, pop, zeros, batch)
-  >>> scores = population.score(metrics, 'loss')                # [members], lower is better
-  >>> pop, info = pbt.exploit_explore(pop, scores, key=jax.random.key(1))
+  >>> task = purax.Task(model=purax.nn.MLP(features=(16,), num_classes=10),
+  ...                   tx=optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))
+  >>> rates = {'learning_rate': jnp.geomspace(1e-3, 1.0, 8)}
+  >>> pop = population.init(task, jax.vmap(jax.random.key)(jnp.arange(8)), rates, batch)
+  >>> scores = jnp.array([0.9, 0.2, 0.5, 0.4, 0.8, 0.3, 0.6, 0.7])   # e.g. eval losses
+  >>> pop, info = pbt.exploit_explore(pop, scores, key=jax.random.key(1),
+  ...                                 names=('learning_rate',))
+  >>> [int(i) for i in jnp.flatnonzero(info['copied'])]                # the two worst
+  [0, 4]
+  >>> all(int(info['source'][i]) in (1, 5) for i in (0, 4))           # from the two best
+  True
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.parallel import spmd
 from purax.parallel.rules import Rules
+from purax.parallel.shard import replicated
 from purax.parallel.step import sharded
 
 
@@ -185,21 +186,63 @@ def _compare_runs(reference: list, actual: list, tolerances, learning_rate: floa
       assert_trees_close(got_tree, ref_tree, tol, what=f'{where} state{field}')
 
 
+def _step_and_grads(task: Task, state: TrainState, batch: Any):
+  """``(state, metrics, grads)``: the step and the gradients it applies in one
+  program (XLA merges the two identical backward passes: the same flops as
+  the step alone), one compilation per placement."""
+  grads = grads_of(task, state, batch)
+  return (*task.step(state, batch), grads)
+
+
+#: XLA options of the programs the assertions compile on a CPU: LLVM at -O0
+#: and the elemental IR emitter in place of the MLIR fusion emitters compile a
+#: small step 3-4x faster, and a test's two steps do not feel the slower code.
+#: The HLO passes (SPMD partitioning, collectives, fusion decisions) are XLA's
+#: defaults, so what is compared is the program that trains; only the machine
+#: code differs, alike on both sides. Empty on other platforms.
+CPU_COMPILER_OPTIONS = {'xla_backend_optimization_level': 0,
+                        'xla_cpu_use_fusion_emitters': False}
+
+
+def _jit(fun: Callable, devices, **kwargs):
+  options = CPU_COMPILER_OPTIONS if all(d.platform == 'cpu' for d in devices) else None
+  return jax.jit(fun, compiler_options=options, **kwargs)
+
+
 # Compiled functions are cached per (task, mesh, rules, batch shapes): a property
-# test drawing the same mesh twice compiles once.
+# test drawing the same mesh twice, or parametrized over rules, compiles once.
 @functools.lru_cache(maxsize=64)
-def _single_jits(task: Task):
-  return (jax.jit(task.init), jax.jit(task.step),
-          jax.jit(lambda s, b: grads_of(task, s, b)))
+def _program(task: Task, shapes) -> Callable:
+  """``_step_and_grads`` of ``task`` on batches of ``shapes``, traced once (to
+  a jaxpr) for every placement: a mesh is part of an array's type, so jit
+  would trace the model, loss and optimizer again for each mesh, where
+  re-binding the jaxpr's equations is a small part of that."""
+  batch = _zeros(shapes, abstract=True)
+  state = jax.eval_shape(task.init, jax.random.key(0), batch)
+  traced = jax.jit(functools.partial(_step_and_grads, task)).trace(state, batch)
+  closed, out_tree = traced.jaxpr, jax.tree.structure(traced.out_info)
+
+  def program(state, batch):
+    leaves = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *jax.tree.leaves((state, batch)))
+    return jax.tree.unflatten(out_tree, leaves)
+
+  return program
+
+
+@functools.lru_cache(maxsize=64)
+def _single_jits(task: Task, shapes):
+  devices = jax.local_devices()[:1]
+  return _jit(task.init, devices), _jit(_program(task, shapes), devices)
 
 
 @functools.lru_cache(maxsize=64)
 def _plan(task: Task, mesh, rules: Rules, shapes):
-  batch = _zeros(shapes)
-  plan = sharded(task, mesh, rules, batch)
-  grads = jax.jit(lambda s, b: grads_of(task, s, b),
-                  in_shardings=(plan.state_sharding, plan.batch_sharding))
-  return plan, grads
+  plan = sharded(task, mesh, rules, _zeros(shapes))
+  s_state = plan.state_sharding
+  step = _jit(_program(task, shapes), mesh.devices.flat,
+              in_shardings=(s_state, plan.batch_sharding),
+              out_shardings=(s_state, replicated(mesh), s_state.params))
+  return plan, step
 
 
 def _shapes(batch) -> tuple:
@@ -207,29 +250,37 @@ def _shapes(batch) -> tuple:
   return treedef, tuple((tuple(np.shape(v)), np.asarray(v).dtype.name) for v in leaves)
 
 
-def _zeros(shapes):
+def _zeros(shapes, *, abstract: bool = False):
   treedef, leaves = shapes
-  return jax.tree.unflatten(treedef, [np.zeros(s, d) for s, d in leaves])
+  make = jax.ShapeDtypeStruct if abstract else np.zeros
+  return jax.tree.unflatten(treedef, [make(s, d) for s, d in leaves])
 
 
-def _run(step: Callable, state: Any, batches: Sequence[Any], *, grads: Callable | None = None,
+def _with_grads(step: Callable, grads: Callable | None) -> Callable:
+  """``(state, batch) -> (state, metrics, grads)`` of a step and, before it, a
+  gradient function (None: no gradients compared)."""
+  def run(state, batch):
+    g = grads(state, batch) if grads is not None else None
+    return (*step(state, batch), g)
+  return run
+
+
+def _run(step: Callable, state: Any, batches: Sequence[Any], *,
          place: Callable = lambda batch: batch, host: Callable = lambda tree: tree) -> list:
-  """The one runner of every form: ``step`` over ``batches`` (each placed by
-  ``place``), recording after each step the state, the loss and the gradients
-  the step applies (``grads``, before the step), copied to the host (``host``
-  first: e.g. unreplicate a pmap state)."""
+  """The one runner of every form: ``step`` (``(state, batch) -> (state,
+  metrics, grads)``, the gradients those the step applies, or None) over
+  ``batches`` (each placed by ``place``), recording after each step the
+  state, the loss and the gradients, copied to the host in one transfer
+  (``host`` first: e.g. unreplicate a pmap state)."""
   out = []
   for batch in batches:
-    batch = place(batch)
-    g = grads(state, batch) if grads is not None else None
-    state, metrics = step(state, batch)
-    out.append(_record(*host((state, metrics, g))))
+    state, metrics, grads = step(state, place(batch))
+    out.append(_record(*host((state, metrics, grads))))
   return out
 
 
 def _single_device_run(task: Task, state: TrainState, batches) -> list:
-  _, step, grads = _single_jits(task)
-  return _run(step, state, batches, grads=grads)
+  return _run(_single_jits(task, _shapes(batches[0]))[1], state, batches)
 
 
 def _learning_rate(learning_rate, state):
@@ -247,8 +298,11 @@ def assert_step_matches_single_device(task: Task, mesh: jax.sharding.Mesh, rules
   (``grads_of``, computed with the plan's shardings), and every field of the
   state — params, optimizer state, model state (BatchNorm statistics), rng,
   step — are compared within ``tolerances`` (default :data:`TOLERANCES`).
-  Both runs start from ``task.init(key, batch)``, the sharded one created
-  directly in its sharding.
+  Both runs start from ``task.init(key, batch)``, the sharded one that state
+  placed in the plan's shardings (``jax.device_put``). Each side is one
+  program (the step and its gradients), compiled once per task (one device)
+  and per (task, mesh, rules, batch shapes): a property test that draws a
+  mesh again, or the same task under other rules, does not recompile.
 
   Args:
     learning_rate: with Adam, a gradient entry that is structurally zero
@@ -262,11 +316,12 @@ def assert_step_matches_single_device(task: Task, mesh: jax.sharding.Mesh, rules
   """
   tolerances = {**TOLERANCES, **(tolerances or {})}
   key = jax.random.key(0) if key is None else key
-  ref_state = _single_jits(task)[0](key, batches[0])
+  ref_state = _single_jits(task, _shapes(batches[0]))[0](key, batches[0])
   lr = _learning_rate(learning_rate, ref_state)
   ref = _single_device_run(task, ref_state, batches)
-  plan, grads = _plan(task, mesh, rules, _shapes(batches[0]))
-  got = _run(plan.step, plan.init(key), batches, grads=grads, place=plan.shard_batch)
+  plan, step = _plan(task, mesh, rules, _shapes(batches[0]))
+  got = _run(step, jax.device_put(ref_state, plan.state_sharding, may_alias=False), batches,
+             place=plan.shard_batch)
   _compare_runs(ref, got, tolerances, lr)
 
 
@@ -301,13 +356,12 @@ def assert_pmap_matches_jit(task: Task, batches: Sequence[Any], *,
   key = jax.random.key(0) if key is None else key
   n = num_devices or jax.local_device_count()
   devices = tuple(jax.local_devices()[:n])
-  state = _single_jits(task)[0](key, batches[0])
+  state = _single_jits(task, _shapes(batches[0]))[0](key, batches[0])
   lr = _learning_rate(learning_rate, state)
   pstate = spmd.replicate(state, n)
   ref = _single_device_run(task, _copy(state), batches)
-  got = _run(spmd.pmap_step(task, devices=list(devices)), pstate, batches,
-             grads=_pmap_grads(task, devices), place=lambda b: spmd.split_batch(b, n),
-             host=spmd.unreplicate)
+  got = _run(_with_grads(spmd.pmap_step(task, devices=list(devices)), _pmap_grads(task, devices)),
+             pstate, batches, place=lambda b: spmd.split_batch(b, n), host=spmd.unreplicate)
   _compare_runs(ref, got, tolerances, lr)
 
 
@@ -338,7 +392,8 @@ def assert_same_training(step_a: Callable, state_a: Any, step_b: Callable,
   assert len(batches) >= 1, 'batches: expected at least one batch to compare a step on, got none'
   lr = _learning_rate(learning_rate, state_a)
   if not resync:
-    ra, rb = _run(step_a, state_a, batches), _run(step_b, state_b, batches)
+    ra = _run(_with_grads(step_a, None), state_a, batches)
+    rb = _run(_with_grads(step_b, None), state_b, batches)
     _compare_runs(ra, rb, tolerances, lr)
     return
   ra, rb = [], []

@@ -93,6 +93,41 @@ def test_assert_step_matches_single_device_catches_a_wrong_step():
                                    broken, state, batches)
 
 
+def test_the_step_is_traced_once_and_compiled_once_per_mesh():
+  """Issue 32: the model, loss and optimizer are traced once per (task, batch
+  shapes) for every mesh and rules; a (mesh, rules, shapes) case drawn again
+  (other batch values, as a property test's next example) compiles nothing."""
+  traced = []
+
+  @purax.loss_function(hparams={'label_smoothing': 0.0})
+  def counted_loss(outputs, batch, hparams):
+    traced.append(1)
+    return purax.objectives.classification(outputs, batch, hparams)
+
+  task = purax.Task(model=purax.nn.MLP(num_classes=4, features=(8,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=10), loss=counted_loss)
+  rng = np.random.default_rng(1)
+  draw = lambda: [{'x': rng.normal(size=(8, 4)).astype(np.float32),  # noqa: E731
+                   'y': rng.integers(0, 4, 8).astype(np.int32)} for _ in range(2)]
+  compiled = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, _, **kw: compiled.append(1)
+      if event == '/jax/core/compile/backend_compile_duration' else None)
+  cases = [(testing.mesh_of({'data': n}), parallel.data_parallel()) for n in (2, 4)] + [
+      (testing.mesh_of({'data': 1, 'fsdp': 4}), parallel.fsdp(16))]
+  with jax.default_matmul_precision('highest'):
+    testing.assert_step_matches_single_device(task, *cases[0], draw())
+    once = len(traced)
+    for mesh, rules in cases[1:]:
+      testing.assert_step_matches_single_device(task, mesh, rules, draw())
+    assert len(traced) == once, 'the step was traced again for another mesh'
+    before = len(compiled)
+    for mesh, rules in cases:
+      testing.assert_step_matches_single_device(task, mesh, rules, draw())
+    assert len(compiled) == before, 'a case drawn again compiled a program'
+  assert once > 0
+
+
 # -- every leaf type, any state pytree (issue: assertions over every leaf type) --
 
 def _mixed_tree(key_seed=0):
