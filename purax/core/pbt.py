@@ -10,6 +10,7 @@ runs inside ``jax.jit`` with no host transfer and reruns identically.
 
 Example: of eight members, the two worst by score copy a state drawn from
 the two best:
+
   >>> from purax.core import pbt, population
   >>> task = purax.Task(model=purax.nn.MLP(features=(16,), num_classes=10),
   ...                   tx=optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))
