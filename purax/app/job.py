@@ -168,9 +168,7 @@ def _ema(config: TrainConfig, task: Task, plan, data) -> hooks_lib.EMA:
   without ``eval_params``, on a plan of the same placement)."""
   if task.eval_params is not None:
     plain = dataclasses.replace(task, eval_params=None)
-    plan = (parallel.sharded(plain, plan.mesh, plan.rules, plan.sample_batch)
-            if isinstance(plan, parallel.ShardedPlan) else SingleDevicePlan(plain))
-    task, params_of = plain, task.evaluation_params
+    plan, task, params_of = plan.for_task(plain), plain, task.evaluation_params
   else:
     params_of = None
   return hooks_lib.EMA(decay=config.run.ema_decay, every=config.run.ema_every,

@@ -16,7 +16,8 @@ method has a default for one device):
 - ``train_step(state, acc, batch) -> (state, acc)``: donates ``state`` and ``acc``;
 - ``evaluate(state, batches)``: the summed evaluation metrics tree (on device);
 - ``lower(state, acc, batch)``: the train step's ``jax.stages.Lowered`` for
-  abstract arguments (``purax train --dry-run``).
+  abstract arguments (``purax train --dry-run``);
+- ``for_task(task) -> Plan``: the same placement for another task.
 
 Provided: :class:`purax.plan.SingleDevicePlan` (one device, ``k`` steps per
 call), :class:`purax.parallel.ShardedPlan` (:func:`purax.parallel.sharded`: a
@@ -26,6 +27,7 @@ mesh) and :class:`purax.plan.PopulationPlan` (a vmapped population).
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 from typing import Any, Iterable, Iterator, Literal
 
@@ -133,6 +135,14 @@ class Plan:
   batch_sharding: Any = None
   #: The state's shardings (a pytree of them), or None: one device.
   state_sharding: Any = None
+
+  def for_task(self, task) -> 'Plan':
+    """This plan's placement for another task with a state of the same
+    structure (e.g. the task that evaluates a schedule-free optimizer's
+    average as plain params): a copy that steps ``task``."""
+    plan = copy.copy(self)
+    plan.task = task
+    return plan
 
   def init_state(self, key, batch):
     """A fresh state (``task.init(key, batch)``) where the step runs."""

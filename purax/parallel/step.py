@@ -86,6 +86,11 @@ class ShardedPlan(Plan):
   def place(self, state):
     return jax.device_put(state, self.state_sharding)   # no-op when placed
 
+  def for_task(self, task) -> ShardedPlan:
+    """The same mesh and rules for ``task`` (its functions jitted anew)."""
+    return sharded(task, self.mesh, self.rules, self.sample_batch, checks=self.checks,
+                   prefetch=self.prefetch)
+
   def init_state(self, key, batch):
     return self.init(key)
 

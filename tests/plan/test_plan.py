@@ -4,6 +4,7 @@ by name."""
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 import purax
@@ -53,6 +54,43 @@ def test_every_plan_fit_drives_is_a_plan():
                     plan_lib.Plan)
   assert isinstance(plan_lib.SingleDevicePlan(TASK), plan_lib.Plan)
   assert isinstance(plan_lib.PopulationPlan(TASK), plan_lib.Plan)
+
+
+def test_for_task_keeps_the_placement_and_steps_the_other_task():
+  """A plan for another task (the EMA of a schedule-free optimizer's average
+  evaluates the plain task) without a test of the plan's type: every plan
+  answers ``for_task`` with its own kind, placement and settings."""
+  other = tiny_task('mlp', total_steps=STEPS + 1)
+  mesh = parallel.make_mesh(data=2, devices=jax.devices()[:2])
+  for plan in (plan_lib.SingleDevicePlan(TASK, checks='every'), plan_lib.PopulationPlan(TASK),
+               parallel.sharded(TASK, mesh, parallel.data_parallel(), DATA[0], checks='none')):
+    moved = plan.for_task(other)
+    assert type(moved) is type(plan) and moved.task is other and plan.task is TASK
+    assert (moved.checks, moved.prefetch) == (plan.checks, plan.prefetch)
+    assert moved.state_sharding == plan.state_sharding if moved.state_sharding is None else (
+        moved.mesh is plan.mesh and moved.rules == plan.rules)
+  # Its functions step the other task: here an optimizer that does not move.
+  still = purax.Task(model=TASK.model, tx=optax.sgd(0.0))
+  sharded = parallel.sharded(TASK, mesh, parallel.data_parallel(), DATA[0]).for_task(still)
+  start = sharded.init(jax.random.key(0))
+  before = jax.device_get(start.params)
+  state, _ = sharded.step(start, sharded.shard_batch(DATA[0]))
+  assert int(state.step) == 1
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
+
+
+def test_no_module_tests_a_plan_s_type():
+  """Issue 26: what differs between plans is a method of the protocol, never
+  an isinstance / hasattr test on a plan outside its argument check."""
+  import pathlib
+  import re
+  root = pathlib.Path(purax.__file__).parent
+  found = [f'{path.relative_to(root)}:{i}' for path in root.rglob('*.py')
+           for i, line in enumerate(path.read_text().splitlines(), 1)
+           if re.search(r'(isinstance|hasattr)\(plan\b[^)]*\)', line)
+           and "'None or a purax.plan.Plan'" not in line
+           and 'isinstance(plan, Plan)' not in line]
+  assert not found, found
 
 
 def test_several_steps_per_call_on_another_plan_is_a_named_error():
