@@ -31,6 +31,11 @@ asserted: the numbers go to the README.
   (the window's mean and deviation, its ring update, one more counter).
 - ``purax_fit_k16``: ``purax.fit(..., steps_per_call=16)``: 16 steps per
   dispatch (``lax.scan`` over stacked batches), bitwise the same training.
+- ``purax_train_step_loop``: the plan's jitted train step (what ``fit``
+  calls at k = 1) in a bare ``for`` loop over the same numpy batches:
+  ``fit_steps1_vs_its_train_step_loop`` is what ``fit``'s host loop costs,
+  ``train_step_loop_vs_handwritten_numpy`` what purax's compiled step costs
+  against the hand-written one.
 - ``handwritten``: ``jax.jit(train_step, donate_argnums=0)`` over pre-built numpy
   batches, ``jax.device_put`` per step, the loss read once at the end — the
   loop an experienced JAX engineer writes.
@@ -116,6 +121,23 @@ def run_handwritten(task, state, batches, *, sync_every_step, device_put=True):
   return len(batches) / (time.perf_counter() - start)
 
 
+def run_train_step_loop(task, batches):
+  """Steps/s of the plan's jitted train step (what ``fit`` calls: the step
+  and the metrics merged into the packed window) in a bare ``for`` loop over
+  the numpy batches, the window read once at the end: the compiled step
+  without ``fit``'s host loop."""
+  plan = plan_lib.SingleDevicePlan(task)
+  state = task.init(jax.random.key(0), batches[0])
+  acc = plan.zero_metrics(state, batches[0])
+  state, acc = plan.train_step(state, acc, batches[0])       # compiled by the warm-up fit
+  jax.block_until_ready(acc)
+  start = time.perf_counter()
+  for batch in batches:
+    state, acc = plan.train_step(state, acc, batch)
+  jax.block_until_ready(acc)
+  return len(batches) / (time.perf_counter() - start)
+
+
 def run_purax(task, data, *, log_every, steps_per_call='auto', warm_up=True, replay=True):
   """Steps/s of one timed ``fit`` after an untimed one with the same settings
   (which compiles what the timed one runs; ``warm_up=False`` from the second
@@ -167,7 +189,8 @@ def main():
     spikes = dataclasses.replace(task, spike_guard=purax.SpikeGuard())
     runs = {'purax_fit': [], 'purax_fit_steps1': [], 'purax_fit_grain': [],
             'purax_fit_noguard': [], 'purax_fit_noreplay': [], 'purax_fit_spikes': [],
-            'purax_fit_k16': [], 'handwritten': [], 'handwritten_numpy': [], 'tutorial': []}
+            'purax_fit_k16': [], 'purax_train_step_loop': [], 'handwritten': [],
+            'handwritten_numpy': [], 'tutorial': []}
     chosen = []
 
     warm = {'up': True}        # the first trial's fits compile: warmed up untimed
@@ -188,6 +211,7 @@ def main():
         'purax_fit_noreplay': lambda: purax_run(task, 1, replay=False),
         'purax_fit_spikes': lambda: purax_run(spikes, 1),
         'purax_fit_k16': lambda: purax_run(task, 16),
+        'purax_train_step_loop': lambda: run_train_step_loop(task, batches),
         'handwritten': lambda: run_handwritten(task, state, batches, sync_every_step=False),
         'handwritten_numpy': lambda: run_handwritten(task, state, batches,
                                                      sync_every_step=False, device_put=False),
@@ -214,6 +238,12 @@ def main():
             x / h for x, h in zip(runs['purax_fit_steps1'], runs['purax_fit_noreplay'])),
         'spike_guard_vs_without': statistics.median(
             x / h for x, h in zip(runs['purax_fit_spikes'], runs['purax_fit_steps1'])),
+        # fit's host loop against its own compiled step in a bare loop, and
+        # that step against the hand-written one: where the k=1 gap is.
+        'fit_steps1_vs_its_train_step_loop': statistics.median(
+            x / h for x, h in zip(runs['purax_fit_steps1'], runs['purax_train_step_loop'])),
+        'train_step_loop_vs_handwritten_numpy': statistics.median(
+            x / h for x, h in zip(runs['purax_train_step_loop'], runs['handwritten_numpy'])),
         'purax_vs_tutorial': med['purax_fit'] / med['tutorial'],
         'purax_vs_handwritten_numpy': med['purax_fit'] / med['handwritten_numpy'],
         'purax_steps1_vs_handwritten_numpy': med['purax_fit_steps1'] / med['handwritten_numpy'],
