@@ -102,6 +102,32 @@ def test_muon_on_an_fsdp_mesh_equals_muon_on_one_device():
                                               learning_rate='auto')
 
 
+@pytest.mark.parametrize('sizes, rules', [
+    ({'data': 4, 'fsdp': 2, 'tensor': 1}, parallel.data_parallel()),
+    ({'data': 1, 'fsdp': 8, 'tensor': 1}, parallel.fsdp(min_size=16)),
+    ({'data': 2, 'fsdp': 1, 'tensor': 4}, parallel.tensor_parallel(fsdp_min_size=None)),
+])
+def test_the_state_born_sharded_is_the_single_device_init(sizes, rules):
+  """``plan.init`` creates the state in its sharding (no device holds a whole
+  FSDP parameter); its values are ``task.init``'s on one device, bitwise
+  (purax.testing starts the sharded run from the single-device state, so
+  this is checked here)."""
+  mesh = testing.mesh_of(sizes)
+  rng = np.random.default_rng(0)
+  batch = {'x': rng.normal(size=(16, 8)).astype(np.float32),
+           'y': rng.integers(0, 4, 16).astype(np.int32)}
+  plan = parallel.sharded(MLP, mesh, rules, batch)
+  born = plan.init(jax.random.key(3))
+  single = jax.jit(MLP.init)(jax.random.key(3), batch)
+  assert jax.tree.structure(born) == jax.tree.structure(single)
+  for a, b, s in zip(jax.tree.leaves(born), jax.tree.leaves(single),
+                     jax.tree.leaves(plan.state_sharding)):
+    assert a.sharding.is_equivalent_to(s, a.ndim)
+    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+      a, b = jax.random.key_data(a), jax.random.key_data(b)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_sharded_step_keeps_shardings_and_donates():
   mesh = parallel.make_mesh(data=2, fsdp=4)
   batch = {'x': np.ones((8, 8), np.float32), 'y': np.zeros((8,), np.int32)}
