@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 import purax
 from purax import parallel, testing
+from tests.helpers import compilations
 
 
 @given(sizes=testing.mesh_shapes(num_devices=8))
@@ -109,10 +110,6 @@ def test_the_step_is_traced_once_and_compiled_once_per_mesh():
   rng = np.random.default_rng(1)
   draw = lambda: [{'x': rng.normal(size=(8, 4)).astype(np.float32),  # noqa: E731
                    'y': rng.integers(0, 4, 8).astype(np.int32)} for _ in range(2)]
-  compiled = []
-  jax.monitoring.register_event_duration_secs_listener(
-      lambda event, _, **kw: compiled.append(1)
-      if event == '/jax/core/compile/backend_compile_duration' else None)
   cases = [(testing.mesh_of({'data': n}), parallel.data_parallel()) for n in (2, 4)] + [
       (testing.mesh_of({'data': 1, 'fsdp': 4}), parallel.fsdp(16))]
   with jax.default_matmul_precision('highest'):
@@ -121,10 +118,10 @@ def test_the_step_is_traced_once_and_compiled_once_per_mesh():
     for mesh, rules in cases[1:]:
       testing.assert_step_matches_single_device(task, mesh, rules, draw())
     assert len(traced) == once, 'the step was traced again for another mesh'
-    before = len(compiled)
-    for mesh, rules in cases:
-      testing.assert_step_matches_single_device(task, mesh, rules, draw())
-    assert len(compiled) == before, 'a case drawn again compiled a program'
+    with compilations() as compiled:      # compiles, and loads from the suite's cache
+      for mesh, rules in cases:
+        testing.assert_step_matches_single_device(task, mesh, rules, draw())
+    assert compiled == [], 'a case drawn again compiled a program'
   assert once > 0
 
 
