@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine; each makes and uses .venv.
-#   make train   trains the default CNN on scikit-learn's digits (CPU, < 1 min)
+#   make train   trains the default CNN on scikit-learn's digits (CPU, ~15 s; the first run installs .venv, ~1-2 min)
 #   make test    runs the test suite (what CI runs)
 #   make docs    builds the documentation site into docs/_build/html (Sphinx; fails on any warning)
 PYTHON ?= python3
