@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import platform
 import shutil
@@ -46,6 +45,7 @@ import numpy as np
 import purax
 from purax.io import datasets, pipeline
 from purax.io.checkpoint import DEFAULT_INTERVAL_S, Checkpointer
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 
 def throughput(task, data, *, every, directory, interval_s='default'):
@@ -157,10 +157,7 @@ def main():
     results['size'] = big_checkpoint(args, scratch)
   if not args.dir:
     shutil.rmtree(scratch, ignore_errors=True)
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(results, f, indent=2)
-  print(f'wrote {args.out}')
+  write_json(args.out, results)
 
 
 def big_checkpoint(args, scratch) -> dict:

@@ -38,7 +38,6 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
@@ -49,6 +48,7 @@ import numpy as np  # noqa: E402
 
 import purax  # noqa: E402
 from purax import parallel  # noqa: E402
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 KINDS = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
 DTYPE_BYTES = {'f32': 4, 'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4, 'f64': 8, 's64': 8,
@@ -177,9 +177,7 @@ def main(out='benchmarks/results/collectives.json'):
             'devices': jax.device_count(), 'backend': jax.default_backend(),
             'jax': jax.__version__, 'target_ratio': 1.1, 'results': rows,
             'seconds': round(time.time() - t0, 1)}
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  with open(out, 'w') as f:
-    json.dump(result, f, indent=2)
+  write_json(out, result, say=False)
   print('| strategy | mesh | collectives (count, MiB) | bytes / minimum |')
   print('|---|---|---|---|')
   for r in rows:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -26,11 +25,11 @@ import jax
 
 import purax
 from purax import plan as plan_lib
-from purax.app import rundir
 from purax.app.models import get_model
 from purax.io import datasets, pipeline
 
 from step_overhead import BATCH, handwritten_step, handwritten_tx
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 
 def purax_ms(task, batches):
@@ -97,8 +96,7 @@ def main():
           f"speed vs hand-written (paired) "
           f"{({k: round(v, 3) for k, v in r['paired_speed_vs_handwritten'].items()})}",
           flush=True)
-    os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-    rundir.write_atomic(args.out, json.dumps(results, indent=2))
+    write_json(args.out, results, say=False)
   print(f'wrote {args.out}')
 
 

@@ -41,12 +41,12 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import purax  # noqa: E402
-from purax.app import rundir  # noqa: E402
 from purax.app.models import get_model  # noqa: E402
 from purax.core import metrics as metrics_lib  # noqa: E402
 from purax.core import objectives, optim, update  # noqa: E402
 from purax.io import datasets, pipeline  # noqa: E402
 from step_overhead import handwritten_step, handwritten_tx  # noqa: E402
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 
 def _selected(loss_fn, tx, state, batch, settings, *, params_by_update: bool):
@@ -168,8 +168,7 @@ def main():
   print(json.dumps({k: {n: round(x, 3) for n, x in result[k].items()}
                     for k in ('steps_per_sec_median', 'paired_vs_handwritten',
                               'paired_vs_no_guard')}, indent=1))
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  rundir.write_atomic(args.out, json.dumps(result, indent=2))
+  write_json(args.out, result)
 
 
 if __name__ == '__main__':

@@ -49,7 +49,6 @@ import collections
 import contextlib
 import importlib
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -57,6 +56,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 #: Bytes per element of the StableHLO element types.
 DTYPE_BYTES = {'f64': 8, 'f32': 4, 'bf16': 2, 'f16': 2, 'i64': 8, 'i32': 4, 'i16': 2, 'i8': 1,
@@ -574,10 +574,7 @@ def main():
       print(f'== {names[0]} vs {names[1]} ({args.config}, lowered for {args.platform})')
       print(table(names[0], names[1], summaries[names[0]], summaries[names[1]]), flush=True)
   out = args.out or f'benchmarks/results/hlo_diff_{args.config}.json'
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out, 'w') as f:
-    json.dump(results, f, indent=1)
-  print(f'wrote {out}')
+  write_json(out, results, indent=1)
 
 
 if __name__ == '__main__':

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import inspect
-import json
 import pstats
 
 import jax
@@ -37,6 +36,7 @@ import optax
 
 import purax
 from purax import plan as plan_lib
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 BATCH, LOG_EVERY = 64, 100
 
@@ -130,8 +130,7 @@ def main():
       result[f'{name}_functions'] = top
       print(f'{name}: {per_step:.2f} Python calls per step')
   if args.out:
-    with open(args.out, 'w') as f:
-      json.dump(result, f, indent=1)
+    write_json(args.out, result, indent=1)
 
 
 if __name__ == '__main__':

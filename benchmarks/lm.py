@@ -84,6 +84,7 @@ import purax
 from purax.core import flops
 from purax.nn.attention import attention_implementation, kernels_in_hlo
 from purax.nn.transformer import DecoderLM, count_params
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 CONFIGS = {
     'tiny': dict(vocab=512, d=64, layers=2, heads=2, seq=64, batch=4, dtype='bfloat16'),
@@ -356,10 +357,7 @@ def main():
              'skipped': []}
 
   def save():   # atomically: a run killed by its time limit keeps the last good file
-    os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-    with open(out + '.tmp', 'w') as f:
-      json.dump(results, f, indent=2)
-    os.replace(out + '.tmp', out)
+    write_json(out, results, say=False)
 
   builders = {'purax': lambda c, d: purax_task(c, d),
               'flax_xla': lambda c, d: handwritten(c, d, None),

@@ -25,8 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import jax
@@ -35,6 +33,7 @@ import numpy as np
 
 import purax
 from purax.nn.transformer import DecoderLM
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 CONFIGS = {
     'tiny': dict(vocab=2048, d=32, layers=1, heads=2, seq=64, batch=4, dtype='float32'),
@@ -88,10 +87,7 @@ def main():
     m['temp_vs_full'] = m['temp_bytes'] / max(full['temp_bytes'], 1)
     print(f"chunks of {chunk:>6} temp {m['temp_bytes'] / 2**20:9.1f} MiB  "
           f"({m['temp_vs_full']:.2f}x the full logits' step)", flush=True)
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(out, f, indent=2)
-  print(f'wrote {args.out}')
+  write_json(args.out, out)
 
 
 if __name__ == '__main__':

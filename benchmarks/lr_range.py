@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import time
@@ -47,6 +46,7 @@ from purax.app.config import TrainConfig
 from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.plan import train_step
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 
 def build(args):
@@ -148,10 +148,7 @@ def main():
                           initial=0.0)) for i in range(len(lrs))]}
   print(json.dumps({k: out[k] for k in ('seconds', 'compile_s', 'speedup', 'suggestion',
                                         'max_loss_difference')}, indent=1))
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(out, f, indent=2)
-  print(f'wrote {args.out}')
+  write_json(args.out, out)
 
 
 if __name__ == '__main__':

@@ -23,8 +23,6 @@ Usage: ``python benchmarks/memory.py [--d-model 256 --layers 6 --seq 128 --batch
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import jax
@@ -33,6 +31,7 @@ import numpy as np
 import purax
 from purax.core.precision import get_policy
 from purax.app.models import get_model
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 
 def build(args, *, remat='none', microbatches=1, precision='fp32'):
@@ -117,10 +116,7 @@ def main():
   if args.time:
     out['step_time_s'] = {p: step_time(args, p) for p in ('fp32', 'bf16')}
     print('step time', out['step_time_s'])
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(out, f, indent=2)
-  print(f'wrote {args.out}')
+  write_json(args.out, out)
 
 
 if __name__ == '__main__':

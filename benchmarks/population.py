@@ -45,6 +45,7 @@ from purax.core import population as P
 from purax.io import datasets
 from purax.core.metrics import zeros_of as zero_metrics
 from purax.plan import train_step
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 
 def build(steps: int, width: int = 256, model: str = 'mlp'):
@@ -161,10 +162,7 @@ def main():
          'device_count': jax.device_count(), 'jax': jax.__version__,
          'python': platform.python_version(), 'cpu_count': os.cpu_count(),
          'auto_cpu_chunk': P.AUTO_CPU_CHUNK, 'results': results}
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(out, f, indent=2)
-  print(f'wrote {args.out}')
+  write_json(args.out, out)
 
 
 if __name__ == '__main__':

@@ -30,6 +30,7 @@ import sys
 import time
 
 from purax.io import writers
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
@@ -143,9 +144,7 @@ def main():
       'seconds': round(time.time() - start, 1),
       'seed': args.seed, 'steps': args.steps, 'plan': kills,
   }
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(result, f, indent=2)
+  write_json(args.out, result, say=False)
   print(json.dumps({k: v for k, v in result.items() if k != 'plan'}))
   if not finish_ok:
     print(done.stderr[-3000:], file=sys.stderr)

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -78,8 +77,8 @@ import optax
 import purax
 from purax import plan as plan_lib
 from purax.io import datasets, pipeline
-from purax.app import rundir
 from purax.app.models import get_model
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 
 def handwritten_step(model, tx):
@@ -273,8 +272,7 @@ def main():
           f"{med['handwritten_numpy']:.1f}: auto {r['purax_vs_handwritten_numpy']:.3f}x, k=1 "
           f"{r['purax_steps1_vs_handwritten_numpy']:.3f}x", flush=True)
     # After every model, atomically: a run cut short keeps the finished ones.
-    os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-    rundir.write_atomic(args.out, json.dumps(results, indent=2))
+    write_json(args.out, results, say=False)
   print(f'wrote {args.out}')
 
 

@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from jsonout import write_json  # noqa: E402  (beside this script)
 
 SIDES = ('purax', 'hand', 'hand_fast')
 MESHES = (1, 2, 4, 8)
@@ -206,9 +207,7 @@ def main() -> None:
             'cpu_count': os.cpu_count(), 'xla_flags': env['XLA_FLAGS']}
   print(json.dumps(result, indent=1))
   if args.out:
-    os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-    with open(args.out, 'w') as f:
-      json.dump(result, f, indent=1)
+    write_json(args.out, result, indent=1)
 
 
 if __name__ == '__main__':
