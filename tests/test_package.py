@@ -34,6 +34,7 @@ except ImportError:
 else:
   raise AssertionError('purax.testing.mesh_shapes without hypothesis')
 import runpy
+sys.path.insert(0, 'benchmarks')   # as `python benchmarks/lm.py` puts its folder first
 sys.argv = ['lm.py', '--help']
 try:
   runpy.run_path('benchmarks/lm.py', run_name='__main__')
