@@ -208,31 +208,42 @@ def _lost(me: int, who: str, silent_s: float) -> None:
     os._exit(PEER_LOST_STATUS)   # pylint: disable=protected-access
 
 
-def _watchdog(client, me: int, n: int, timeout_s: float, period_s: float) -> None:
-  seen = {i: (None, time.monotonic()) for i in range(n) if i != me}
-  reached = time.monotonic()     # the last successful exchange with the service
+def _exchange(client, me: int, beats: dict) -> None:
+  """The watchdog's talk with the service (its own thread: a call to a dead
+  service can block for long, and the verdict must not wait for it). Records
+  when the service last answered and when each peer's counter last moved."""
   beat = 0
   while True:
     beat += 1
-    now = time.monotonic()
     try:
       client.key_value_set(f'purax/alive/{me}', str(beat), allow_overwrite=True)
-      reached = now
+      beats['service'] = time.monotonic()
     except Exception:   # the service (process 0) unreachable
       pass
-    for i in seen:
+    for i, (value, _) in list(beats['peers'].items()):
       try:
-        value = client.key_value_try_get(f'purax/alive/{i}')
+        new = client.key_value_try_get(f'purax/alive/{i}')
       except Exception:   # not yet set, or the service unreachable
         continue
-      if value != seen[i][0]:
-        seen[i] = (value, now)
-    if now - reached > timeout_s:
-      _lost(me, 'process 0 (the coordination service)', now - reached)
-    for i, (_, since) in seen.items():
+      if new != value:
+        beats['peers'][i] = (new, time.monotonic())
+    time.sleep(beats['period_s'])
+
+
+def _watchdog(client, me: int, n: int, timeout_s: float, period_s: float) -> None:
+  start = time.monotonic()
+  beats = {'service': start, 'period_s': period_s,
+           'peers': {i: (None, start) for i in range(n) if i != me}}
+  threading.Thread(target=_exchange, name='purax-peer-exchange', daemon=True,
+                   args=(client, me, beats)).start()
+  while True:
+    time.sleep(period_s)
+    now = time.monotonic()
+    if now - beats['service'] > timeout_s:
+      _lost(me, 'process 0 (the coordination service)', now - beats['service'])
+    for i, (_, since) in list(beats['peers'].items()):
       if now - since > timeout_s:
         _lost(me, f'process {i}', now - since)
-    time.sleep(period_s)
 
 
 def watch_peers(timeout_s: float) -> None:
