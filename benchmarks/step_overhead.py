@@ -47,6 +47,12 @@ asserted: the numbers go to the README.
 - ``tutorial``: the same step, reading ``float(loss)`` after every step (a host
   sync per step), as tutorials do.
 
+``call_return_us_median``: how long the jitted call of each hand-written loop
+holds the host (the median over trials of each trial's median, microseconds).
+With numpy arguments XLA:CPU has run the step when the call returns, so every
+microsecond of host work per step adds to the step's time; with device arrays
+(``device_put``) the call returns once the step is queued.
+
 Ratios to the hand-written loop are given two ways: of the medians
 (``purax_vs_handwritten`` ...) and the median of each trial's ratio
 (``paired_vs_handwritten``, with its quartiles in ``paired_quartiles``), which
@@ -110,14 +116,26 @@ def run_handwritten(task, state, batches, *, sync_every_step, device_put=True):
   params, opt_state, loss = step(params, opt_state, jax.device_put(batches[0]))  # compile
   jax.block_until_ready(loss)
   start = time.perf_counter()
-  losses = []
+  losses, returned = [], []
   for batch in batches:
-    params, opt_state, loss = step(params, opt_state,
-                                   jax.device_put(batch) if device_put else batch)
+    batch = jax.device_put(batch) if device_put else batch
+    called = time.perf_counter()
+    params, opt_state, loss = step(params, opt_state, batch)
+    returned.append(time.perf_counter() - called)
     if sync_every_step:
       losses.append(float(loss))        # the tutorial's per-step host sync
   float(loss)
-  return len(batches) / (time.perf_counter() - start)
+  speed = len(batches) / (time.perf_counter() - start)
+  if not sync_every_step:
+    # How long the jitted call holds the host: with numpy arguments XLA:CPU
+    # runs the step before the call returns (the host's per-step work adds
+    # to the step's time); with device arrays the call returns as it is queued.
+    CALL_RETURN_US['device_put' if device_put else 'numpy'].append(
+        statistics.median(returned) * 1e6)
+  return speed
+
+
+CALL_RETURN_US = {'numpy': [], 'device_put': []}
 
 
 def run_train_step_loop(task, batches):
@@ -260,6 +278,12 @@ def main():
             for k in ('purax_fit', 'purax_fit_steps1', 'purax_fit_k16', 'purax_fit_noguard',
                       'purax_fit_grain', 'handwritten')},
     }
+    # The median over trials of each trial's median call-return time (us) of
+    # the two hand-written loops (no per-step sync), then cleared for the next model.
+    results['models'][name]['call_return_us_median'] = {
+        k: statistics.median(v) for k, v in CALL_RETURN_US.items() if v}
+    for v in CALL_RETURN_US.values():
+      v.clear()
     r = results['models'][name]
     print(f"{name}: purax {med['purax_fit']:.1f} steps/s (auto k={chosen}; k=1 "
           f"{med['purax_fit_steps1']:.1f}, no guard {med['purax_fit_noguard']:.1f}, k=16 "
