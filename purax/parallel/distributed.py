@@ -249,12 +249,14 @@ def _watchdog(client, me: int, n: int, timeout_s: float, period_s: float) -> Non
 def watch_peers(timeout_s: float) -> None:
   """Starts this process's watchdog (a daemon thread; once): every
   ``timeout_s / 10`` s it writes its own counter to the coordination service's
-  key-value store and reads the others'. A process whose counter has not moved
+  key-value store and reads the others' (from a thread of its own: a call to a
+  dead service may block, and must not hold the verdict back). A process whose
+  counter has not moved
   for ``timeout_s`` (or the service itself unreachable that long: process 0
   lost) ends this one with a purax message naming it and
   :data:`PEER_LOST_STATUS`, before jax's own heartbeat (``2 * timeout_s + 10``)
   would abort it. A C++ abort in the meantime (gloo, when a peer's connection
-  breaks mid-collective) waits up to ``timeout_s`` plus a period for that
+  breaks mid-collective) waits up to ``timeout_s`` plus three periods for that
   verdict (:func:`await_verdict`) instead of dumping core.
   """
   if _watch or jax.process_count() == 1:
@@ -272,12 +274,12 @@ def watch_peers(timeout_s: float) -> None:
 
 def await_verdict() -> None:
   """After a failure in a multi-host run: waits (at most the heartbeat timeout
-  and two periods) for the watchdog to decide whether a peer was lost; if so it
+  and three periods) for the watchdog to decide whether a peer was lost; if so it
   ends the process (:func:`watch_peers`); otherwise this returns, and the
   failure is this process's own."""
   if not _watch:
     return
-  deadline = time.monotonic() + _watch['timeout_s'] + 2 * _watch['period_s']
+  deadline = time.monotonic() + _watch['timeout_s'] + 3 * _watch['period_s']
   while time.monotonic() < deadline:
     time.sleep(_watch['period_s'])
 
