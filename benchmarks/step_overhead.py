@@ -108,7 +108,10 @@ def handwritten_tx(total_steps: int) -> optax.GradientTransformation:
       optax.warmup_cosine_decay_schedule(0.0, 2e-3, 50, total_steps), weight_decay=1e-4))
 
 
-def run_handwritten(task, state, batches, *, sync_every_step, device_put=True):
+def run_handwritten(task, state, batches, *, sync_every_step, device_put=True, returned=None):
+  """Steps/s of the hand-written loop; with a list ``returned``, the median
+  time (us) its jitted call held the host is appended to it
+  (``call_return_us_median``, the module docstring)."""
   tx = handwritten_tx(len(batches))
   step = handwritten_step(task.model, tx)
   params = jax.tree.map(jnp.copy, state.params)
@@ -116,26 +119,20 @@ def run_handwritten(task, state, batches, *, sync_every_step, device_put=True):
   params, opt_state, loss = step(params, opt_state, jax.device_put(batches[0]))  # compile
   jax.block_until_ready(loss)
   start = time.perf_counter()
-  losses, returned = [], []
+  losses, calls = [], []
   for batch in batches:
     batch = jax.device_put(batch) if device_put else batch
     called = time.perf_counter()
     params, opt_state, loss = step(params, opt_state, batch)
-    returned.append(time.perf_counter() - called)
+    if returned is not None:
+      calls.append(time.perf_counter() - called)
     if sync_every_step:
       losses.append(float(loss))        # the tutorial's per-step host sync
   float(loss)
   speed = len(batches) / (time.perf_counter() - start)
-  if not sync_every_step:
-    # How long the jitted call holds the host: with numpy arguments XLA:CPU
-    # runs the step before the call returns (the host's per-step work adds
-    # to the step's time); with device arrays the call returns as it is queued.
-    CALL_RETURN_US['device_put' if device_put else 'numpy'].append(
-        statistics.median(returned) * 1e6)
+  if returned is not None:
+    returned.append(statistics.median(calls) * 1e6)
   return speed
-
-
-CALL_RETURN_US = {'numpy': [], 'device_put': []}
 
 
 def run_train_step_loop(task, batches):
@@ -209,6 +206,7 @@ def main():
             'purax_fit_k16': [], 'purax_train_step_loop': [], 'handwritten': [],
             'handwritten_numpy': [], 'tutorial': []}
     chosen = []
+    call_return_us = {'numpy': [], 'device_put': []}
 
     warm = {'up': True}        # the first trial's fits compile: warmed up untimed
 
@@ -229,8 +227,10 @@ def main():
         'purax_fit_spikes': lambda: purax_run(spikes, 1),
         'purax_fit_k16': lambda: purax_run(task, 16),
         'purax_train_step_loop': lambda: run_train_step_loop(task, batches),
-        'handwritten': lambda: run_handwritten(task, state, batches, sync_every_step=False),
+        'handwritten': lambda: run_handwritten(task, state, batches, sync_every_step=False,
+                                               returned=call_return_us['device_put']),
         'handwritten_numpy': lambda: run_handwritten(task, state, batches,
+                                                     returned=call_return_us['numpy'],
                                                      sync_every_step=False, device_put=False),
         'tutorial': lambda: run_handwritten(task, state, batches, sync_every_step=True),
     }
@@ -279,11 +279,9 @@ def main():
                       'purax_fit_grain', 'handwritten')},
     }
     # The median over trials of each trial's median call-return time (us) of
-    # the two hand-written loops (no per-step sync), then cleared for the next model.
+    # the two hand-written loops without a per-step sync.
     results['models'][name]['call_return_us_median'] = {
-        k: statistics.median(v) for k, v in CALL_RETURN_US.items() if v}
-    for v in CALL_RETURN_US.values():
-      v.clear()
+        k: statistics.median(v) for k, v in call_return_us.items()}
     r = results['models'][name]
     print(f"{name}: purax {med['purax_fit']:.1f} steps/s (auto k={chosen}; k=1 "
           f"{med['purax_fit_steps1']:.1f}, no guard {med['purax_fit_noguard']:.1f}, k=16 "

@@ -25,6 +25,7 @@ batch; with one process (as here) the rows are all of them:
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import re
@@ -208,12 +209,13 @@ def _lost(me: int, who: str, silent_s: float) -> None:
     os._exit(PEER_LOST_STATUS)   # pylint: disable=protected-access
 
 
-def _exchange(client, me: int, beats: dict) -> None:
+def _exchange(client, me: int, beats: dict, period_s: float, stop: threading.Event) -> None:
   """The watchdog's talk with the service (its own thread: a call to a dead
   service can block for long, and the verdict must not wait for it). Records
-  when the service last answered and when each peer's counter last moved."""
+  when the service last answered and when each peer's counter last moved,
+  until ``stop`` is set."""
   beat = 0
-  while True:
+  while not stop.is_set():
     beat += 1
     try:
       client.key_value_set(f'purax/alive/{me}', str(beat), allow_overwrite=True)
@@ -227,17 +229,18 @@ def _exchange(client, me: int, beats: dict) -> None:
         continue
       if new != value:
         beats['peers'][i] = (new, time.monotonic())
-    time.sleep(beats['period_s'])
+    stop.wait(period_s)
 
 
-def _watchdog(client, me: int, n: int, timeout_s: float, period_s: float) -> None:
+def _watchdog(client, me: int, n: int, timeout_s: float, period_s: float,
+              stop: threading.Event) -> None:
   start = time.monotonic()
-  beats = {'service': start, 'period_s': period_s,
-           'peers': {i: (None, start) for i in range(n) if i != me}}
-  threading.Thread(target=_exchange, name='purax-peer-exchange', daemon=True,
-                   args=(client, me, beats)).start()
-  while True:
-    time.sleep(period_s)
+  beats = {'service': start, 'peers': {i: (None, start) for i in range(n) if i != me}}
+  exchange = threading.Thread(target=_exchange, name='purax-peer-exchange', daemon=True,
+                              args=(client, me, beats, period_s, stop))
+  _watch['exchange'] = exchange
+  exchange.start()
+  while not stop.wait(period_s):
     now = time.monotonic()
     if now - beats['service'] > timeout_s:
       _lost(me, 'process 0 (the coordination service)', now - beats['service'])
@@ -251,9 +254,8 @@ def watch_peers(timeout_s: float) -> None:
   ``timeout_s / 10`` s it writes its own counter to the coordination service's
   key-value store and reads the others' (from a thread of its own: a call to a
   dead service may block, and must not hold the verdict back). A process whose
-  counter has not moved
-  for ``timeout_s`` (or the service itself unreachable that long: process 0
-  lost) ends this one with a purax message naming it and
+  counter has not moved for ``timeout_s`` (or the service itself unreachable
+  that long: process 0 lost) ends this one with a purax message naming it and
   :data:`PEER_LOST_STATUS`, before jax's own heartbeat (``2 * timeout_s + 10``)
   would abort it. A C++ abort in the meantime (gloo, when a peer's connection
   breaks mid-collective) waits up to ``timeout_s`` plus three periods for that
@@ -264,12 +266,26 @@ def watch_peers(timeout_s: float) -> None:
   from jax._src import distributed as _distributed   # the coordination client
   client = _distributed.global_state.client
   period_s = max(0.1, timeout_s / 10)
-  _watch.update(timeout_s=timeout_s, period_s=period_s)
+  stop = threading.Event()
+  _watch.update(timeout_s=timeout_s, period_s=period_s, stop=stop)
   threading.Thread(target=_watchdog, name='purax-peer-watchdog', daemon=True,
                    args=(client, jax.process_index(), jax.process_count(), timeout_s,
-                         period_s)).start()
+                         period_s, stop)).start()
+  # Registered after jax's own exit handler (it disconnects the client), so it
+  # runs first: no watchdog call to the service is made or judged once the
+  # process ends.
+  atexit.register(_stop_watching)
   _hook_abort()
   _hook_terminate()
+
+
+def _stop_watching() -> None:
+  """Stops the watchdog and waits (at most two periods) for a call to the
+  service it has in flight, before the client is disconnected."""
+  _watch['stop'].set()
+  exchange = _watch.get('exchange')
+  if exchange is not None:
+    exchange.join(timeout=2 * _watch['period_s'])
 
 
 def await_verdict() -> None:
