@@ -10,6 +10,7 @@ device inside the training loop, and become Python numbers only in
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 import jax
@@ -134,7 +135,7 @@ class Window(struct.PyTreeNode):
     xp = np if isinstance(self.values, np.ndarray) else jnp
     out, at = [], 0
     for shape, dtype in self.leaves:
-      size = int(np.prod(shape, dtype=np.int64))
+      size = math.prod(shape)   # Python ints: exact, and cheap on the host
       out.append(xp.reshape(self.values[at:at + size], shape).astype(dtype))
       at += size
     return jax.tree.unflatten(self.treedef, out)
@@ -151,7 +152,7 @@ def window(metrics) -> Window | Any:
     return metrics
   spec = tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves)
   if all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
-    size = sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in spec)
+    size = sum(math.prod(shape) for shape, _ in spec)
     return Window(jax.ShapeDtypeStruct((size,), jnp.float32), treedef, spec)
   return Window(jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves]),
                 treedef, spec)

@@ -30,10 +30,19 @@ def _train_state(state):
   return state.state if isinstance(state, Population) else state
 
 
-# The hyperparameters the last update applied, on the device (one small
-# program per task, compiled at the start of a fit; read at log points).
-_applied = jax.jit(lambda task, state: hparams_lib.get(state, task.tx, applied=True),
-                   static_argnums=0)
+def _applied_packed(task, state):
+  """The hyperparameters the last update applied: float32 ones packed into one
+  :class:`purax.core.metrics.Window` (one host transfer at a log point instead
+  of one per hyperparameter; float32 round-trips exactly), any other dtype as
+  the tree itself."""
+  values = hparams_lib.get(state, task.tx, applied=True)
+  exact = all(jax.numpy.dtype(x.dtype) == jax.numpy.float32 for x in jax.tree.leaves(values))
+  return metrics_lib.window(values) if exact and values else values
+
+
+# On the device (one small program per task, compiled at the start of a fit;
+# read at log points).
+_applied = jax.jit(_applied_packed, static_argnums=0)
 
 
 class Log:
@@ -89,11 +98,16 @@ class Log:
 
   def __call__(self, step, state, record):
     loop = self.loop
-    scalars = {f'train/{k}': v for k, v in metrics_lib.compute(loop.metrics).items()}
+    # The hyperparameters' program is queued behind the steps, and one
+    # device_get waits once for the window, them and (at the first log point
+    # only) the initial values: kept on the host from then on.
+    applied = None if self.initial is None else _applied(loop.task, _train_state(state))
+    window, applied, self.initial = jax.device_get((loop.metrics, applied, self.initial))
+    scalars = {f'train/{k}': v for k, v in metrics_lib.compute(window).items()}
     now, _, hook_s, compiled, hook_compiled = self._clock(step)
     compile_s = (compiled - self.clock[3]) - (hook_compiled - self.clock[4])
     seconds = (now - self.clock[0]) - (hook_s - self.clock[2]) - compile_s
-    scalars.update(self._hyperparams(state))
+    scalars.update(self._hyperparams(applied))
     scalars['steps_per_sec'] = (step - self.clock[1]) / max(seconds, 1e-9)
     if compile_s > 0:
       scalars['compile_s'] = compile_s
@@ -101,12 +115,13 @@ class Log:
     loop.metrics = metrics_lib.zeros_like(loop.metrics)
     return state, scalars
 
-  def _hyperparams(self, state) -> dict:
-    """``train/learning_rate`` and the hyperparameters that have changed (host numbers)."""
-    if self.initial is None:
+  def _hyperparams(self, applied) -> dict:
+    """``train/learning_rate`` and the hyperparameters that have changed (host
+    numbers), from ``applied`` (the host copy of :func:`_applied`; None without
+    an ``opt_state``)."""
+    if applied is None:
       return {}
-    values, initial = jax.device_get((_applied(self.loop.task, _train_state(state)),
-                                      self.initial))
+    values, initial = metrics_lib.as_tree(applied), metrics_lib.as_tree(self.initial)
     self.varying |= {k for k, v in values.items()
                      if k in initial and not np.array_equal(v, initial[k])}
     return {f'train/{k}': v if np.ndim(v) else float(v) for k, v in sorted(values.items())

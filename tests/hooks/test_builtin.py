@@ -134,3 +134,22 @@ def test_applied_learning_rate_is_the_one_optax_records_for_the_same_schedule():
   assert len({float(a) for a, _ in pairs}) > 3               # the schedule moved
   np.testing.assert_allclose(ours.learning_rate(our_state), schedule(STEPS), rtol=1e-6,
                              atol=1e-9)
+
+
+def test_a_log_point_fetches_the_window_and_the_hyperparameters_in_one_transfer(monkeypatch):
+  """Counted: the arrays jax.device_get brings to the host in a fit whose only
+  hook is Log: at each of its 4 log points the metrics window and one packed
+  array of the 8 hyperparameters; the initial hyperparameters once (each
+  hyperparameter read on its own was 17 arrays per log point)."""
+  t = task((12,))
+  state = t.init(jax.random.key(0), DATA[0])
+  fetched = []
+  real_get = jax.device_get
+  monkeypatch.setattr(jax, 'device_get', lambda x: fetched.append(
+      sum(isinstance(a, jax.Array) for a in jax.tree.leaves(x))) or real_get(x))
+  _, history = purax.fit(t, state, DATA[:8], steps_per_call=1, hooks=[purax.hooks.Log(2)])
+  monkeypatch.undo()
+  assert [r['step'] for r in history] == [2, 4, 6, 8]
+  # fit's read of state.step, then the log points (the window computed on the host: no array).
+  assert [n for n in fetched if n] == [1, 3, 2, 2, 2]
+  assert history[-1]['train/learning_rate'] > 0
