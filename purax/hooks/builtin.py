@@ -58,9 +58,11 @@ class Log:
     ``learning_rate`` injected with ``optax.inject_hyperparams``);
     ``train/NAME`` for every other hyperparameter of the state once it has
     changed during the fit (an injected schedule, PBT, a hook that sets it);
-  - ``steps_per_sec``: training throughput, with the hooks' time and the
-    compilation of the training programs (:mod:`purax.io.compile_time`)
-    left out;
+  - ``steps_per_sec``: training throughput since the last log point, with
+    the hooks' time and the compilation of the training programs
+    (:mod:`purax.io.compile_time`) left out; the steps still queued on the
+    device at the log point count until they finish (the wait for the
+    metrics);
   - ``compile_s``: those compilation seconds, at the log points whose window
     compiled (the first; another when ``steps_per_call='auto'`` builds its
     ``k``-step program).
@@ -101,12 +103,16 @@ class Log:
     # The hyperparameters' program is queued behind the steps, and one
     # device_get waits once for the window, them and (at the first log point
     # only) the initial values: kept on the host from then on.
+    waiting = time.perf_counter()
     applied = None if self.initial is None else _applied(loop.task, _train_state(state))
     window, applied, self.initial = jax.device_get((loop.metrics, applied, self.initial))
     scalars = {f'train/{k}': v for k, v in metrics_lib.compute(window).items()}
     now, _, hook_s, compiled, hook_compiled = self._clock(step)
     compile_s = (compiled - self.clock[3]) - (hook_compiled - self.clock[4])
-    seconds = (now - self.clock[0]) - (hook_s - self.clock[2]) - compile_s
+    # The wait for the window is the device finishing the steps queued before
+    # this log point: step time, though it passes inside a hook.
+    waited = now - waiting
+    seconds = (now - self.clock[0]) - (hook_s - self.clock[2] - waited) - compile_s
     scalars.update(self._hyperparams(applied))
     scalars['steps_per_sec'] = (step - self.clock[1]) / max(seconds, 1e-9)
     if compile_s > 0:

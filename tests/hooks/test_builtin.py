@@ -103,6 +103,32 @@ def test_steps_per_sec_leaves_out_the_compilation_and_the_hooks_by_construction(
   assert logs[0]['compile_s'] == 100.0 and 'compile_s' not in logs[1]
 
 
+def test_steps_per_sec_counts_the_steps_still_queued_at_the_log_point(monkeypatch):
+  """A call returns before the device has run its step (dispatch is
+  asynchronous), so steps are still queued when a log point waits for the
+  metrics: that wait is step time, not hook time. Faked: each call returns
+  after 1 s of host time, and each log point's fetch waits 10 s for the
+  queue."""
+  clock = FakeClock()
+  t = task((10,))
+  state = t.init(jax.random.key(0), DATA[0])
+  monkeypatch.setattr(time, 'perf_counter', lambda: clock.now)
+  monkeypatch.setattr(compile_time, 'seconds', lambda: clock.compiled)
+  real_get = jax.device_get
+
+  def queued(x):
+    if any(isinstance(a, jax.Array) for a in jax.tree.leaves(x)):   # a transfer, not host values
+      clock.advance(10.0)
+    return real_get(x)
+  monkeypatch.setattr(jax, 'device_get', queued)
+  _, history = purax.fit(t, state, DATA[:6], plan=ClockedPlan(t, clock), steps_per_call=1,
+                         hooks=[purax.hooks.Log(3)])
+  # Each window: 3 steps, 3 s of calls and 10 s of waiting for them (the
+  # first window's 100 s of compiling left out, as compile_s).
+  assert [r['steps_per_sec'] for r in history] == [3 / 13, 3 / 13]
+  assert history[0]['compile_s'] == 100.0
+
+
 def test_applied_learning_rate_is_the_one_optax_records_for_the_same_schedule():
   """The off-by-one against optax: inject_hyperparams stores the value its
   schedule gave the update it applied; purax.adamw's applied rate must equal it
