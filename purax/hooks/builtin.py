@@ -36,7 +36,7 @@ def _applied_packed(task, state):
   of one per hyperparameter; float32 round-trips exactly), any other dtype as
   the tree itself."""
   values = hparams_lib.get(state, task.tx, applied=True)
-  exact = all(jax.numpy.dtype(x.dtype) == jax.numpy.float32 for x in jax.tree.leaves(values))
+  exact = all(getattr(x, 'dtype', None) == jax.numpy.float32 for x in jax.tree.leaves(values))
   return metrics_lib.window(values) if exact and values else values
 
 
@@ -61,8 +61,9 @@ class Log:
   - ``steps_per_sec``: training throughput since the last log point, with
     the hooks' time and the compilation of the training programs
     (:mod:`purax.io.compile_time`) left out; the steps still queued on the
-    device at the log point count until they finish (the wait for the
-    metrics);
+    device at the log point count until they finish (this hook's wait for
+    the metrics; a hook that waits for the device before it, one of a lower
+    ``order`` or one due at another step, books that wait as its own time);
   - ``compile_s``: those compilation seconds, at the log points whose window
     compiled (the first; another when ``steps_per_call='auto'`` builds its
     ``k``-step program).
@@ -103,15 +104,16 @@ class Log:
     # The hyperparameters' program is queued behind the steps, and one
     # device_get waits once for the window, them and (at the first log point
     # only) the initial values: kept on the host from then on.
-    waiting = time.perf_counter()
+    before = loop.hook_seconds() - loop.hook_compile_seconds()
     applied = None if self.initial is None else _applied(loop.task, _train_state(state))
     window, applied, self.initial = jax.device_get((loop.metrics, applied, self.initial))
+    # The wait for the window is the device finishing the steps queued before
+    # this log point: step time, though it passes inside a hook (the hook time
+    # it added, compilation aside; none when the hook runs untimed, at the end).
+    waited = loop.hook_seconds() - loop.hook_compile_seconds() - before
     scalars = {f'train/{k}': v for k, v in metrics_lib.compute(window).items()}
     now, _, hook_s, compiled, hook_compiled = self._clock(step)
     compile_s = (compiled - self.clock[3]) - (hook_compiled - self.clock[4])
-    # The wait for the window is the device finishing the steps queued before
-    # this log point: step time, though it passes inside a hook.
-    waited = now - waiting
     seconds = (now - self.clock[0]) - (hook_s - self.clock[2] - waited) - compile_s
     scalars.update(self._hyperparams(applied))
     scalars['steps_per_sec'] = (step - self.clock[1]) / max(seconds, 1e-9)
