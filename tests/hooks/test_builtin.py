@@ -103,24 +103,31 @@ def test_steps_per_sec_leaves_out_the_compilation_and_the_hooks_by_construction(
   assert logs[0]['compile_s'] == 100.0 and 'compile_s' not in logs[1]
 
 
+def queued_clock(monkeypatch, wait: float = 10.0) -> FakeClock:
+  """A FakeClock behind time.perf_counter and compile_time.seconds, advanced
+  ``wait`` seconds by every jax.device_get that transfers an array (the wait
+  for the steps queued on the device; host values transfer nothing)."""
+  clock, real_get = FakeClock(), jax.device_get
+
+  def queued(x):
+    if any(isinstance(a, jax.Array) for a in jax.tree.leaves(x)):
+      clock.advance(wait)
+    return real_get(x)
+  monkeypatch.setattr(time, 'perf_counter', lambda: clock.now)
+  monkeypatch.setattr(compile_time, 'seconds', lambda: clock.compiled)
+  monkeypatch.setattr(jax, 'device_get', queued)
+  return clock
+
+
 def test_steps_per_sec_counts_the_steps_still_queued_at_the_log_point(monkeypatch):
   """A call returns before the device has run its step (dispatch is
   asynchronous), so steps are still queued when a log point waits for the
   metrics: that wait is step time, not hook time. Faked: each call returns
   after 1 s of host time, and each log point's fetch waits 10 s for the
   queue."""
-  clock = FakeClock()
+  clock = queued_clock(monkeypatch)
   t = task((10,))
   state = t.init(jax.random.key(0), DATA[0])
-  monkeypatch.setattr(time, 'perf_counter', lambda: clock.now)
-  monkeypatch.setattr(compile_time, 'seconds', lambda: clock.compiled)
-  real_get = jax.device_get
-
-  def queued(x):
-    if any(isinstance(a, jax.Array) for a in jax.tree.leaves(x)):   # a transfer, not host values
-      clock.advance(10.0)
-    return real_get(x)
-  monkeypatch.setattr(jax, 'device_get', queued)
   _, history = purax.fit(t, state, DATA[:6], plan=ClockedPlan(t, clock), steps_per_call=1,
                          hooks=[purax.hooks.Log(3)])
   # Each window: 3 steps, 3 s of calls and 10 s of waiting for them (the
@@ -133,18 +140,9 @@ def test_the_log_point_at_the_end_of_the_data_counts_its_wait_once(monkeypatch):
   """The last log point of an iterable that runs out between log points
   runs from the hook's ``end``, outside the timed hook round: its wait is
   already in the wall time. Faked as above: 7 batches, log every 3."""
-  clock = FakeClock()
+  clock = queued_clock(monkeypatch)
   t = task((9,))
   state = t.init(jax.random.key(0), DATA[0])
-  monkeypatch.setattr(time, 'perf_counter', lambda: clock.now)
-  monkeypatch.setattr(compile_time, 'seconds', lambda: clock.compiled)
-  real_get = jax.device_get
-
-  def queued(x):
-    if any(isinstance(a, jax.Array) for a in jax.tree.leaves(x)):
-      clock.advance(10.0)
-    return real_get(x)
-  monkeypatch.setattr(jax, 'device_get', queued)
   _, history = purax.fit(t, state, (b for b in DATA[:7]), plan=ClockedPlan(t, clock),
                          steps_per_call=1, hooks=[purax.hooks.Log(3)])
   assert [r['step'] for r in history] == [3, 6, 7]
