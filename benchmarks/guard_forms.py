@@ -52,6 +52,7 @@ from purax.app.models import get_model  # noqa: E402
 from purax.core import metrics as metrics_lib  # noqa: E402
 from purax.core import objectives, optim, update  # noqa: E402
 from purax.io import datasets, pipeline  # noqa: E402
+from purax.io.checkpoint import layout  # noqa: E402
 from step_overhead import handwritten_step, handwritten_tx  # noqa: E402
 from jsonout import write_json  # noqa: E402  (beside this script)
 
@@ -114,21 +115,17 @@ def steppers(task):
   }
 
 
-def _is_key(x) -> bool:
-  return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
 def scalar_packing(state):
   """``(pack, unpack)`` for states shaped like ``state``: ``pack(state)`` is
   ``(other leaves, uint32 [n])`` with every scalar float32 / int32 / uint32
   leaf bitcast into the array, and every PRNG key's data; ``unpack`` inverts
   it bit for bit. Both traceable."""
   leaves, treedef = jax.tree.flatten(state)
-  packed = [_is_key(x) or (x.shape == () and x.dtype in (jnp.float32, jnp.int32, jnp.uint32))
+  packed = [layout.is_typed_key(x) or (x.shape == () and x.dtype in (jnp.float32, jnp.int32, jnp.uint32))
             for x in leaves]
 
   def words(x):
-    if _is_key(x):
+    if layout.is_typed_key(x):
       return jax.random.key_data(x).ravel()
     return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(1)
 
@@ -143,7 +140,7 @@ def scalar_packing(state):
     for like, p in zip(leaves, packed):
       if not p:
         out.append(next(rest))
-      elif _is_key(like):
+      elif layout.is_typed_key(like):
         data = jax.random.key_data(like)
         out.append(jax.random.wrap_key_data(array[at:at + data.size].reshape(data.shape),
                                             impl=jax.random.key_impl(like)))
@@ -157,7 +154,8 @@ def scalar_packing(state):
 
 
 def _bits(tree) -> list:
-  return [np.asarray(jax.random.key_data(x) if _is_key(x) else x) for x in jax.tree.leaves(tree)]
+  """``tree``'s leaves on the host, keys as their data, to compare bit for bit."""
+  return [np.asarray(x) for x in jax.tree.leaves(layout.storable(tree))]
 
 
 def main():

@@ -37,7 +37,7 @@ def _applied_packed(task, state):
   the tree itself."""
   values = hparams_lib.get(state, task.tx, applied=True)
   exact = all(getattr(x, 'dtype', None) == jax.numpy.float32 for x in jax.tree.leaves(values))
-  return metrics_lib.window(values) if exact and values else values
+  return metrics_lib.window(values) if exact else values
 
 
 # On the device (one small program per task, compiled at the start of a fit;
@@ -104,13 +104,15 @@ class Log:
     # The hyperparameters' program is queued behind the steps, and one
     # device_get waits once for the window, them and (at the first log point
     # only) the initial values: kept on the host from then on.
-    before = loop.hook_seconds() - loop.hook_compile_seconds()
+    hook_time = lambda: loop.hook_seconds() - loop.hook_compile_seconds()  # noqa: E731
+    before = hook_time()
     applied = None if self.initial is None else _applied(loop.task, _train_state(state))
-    window, applied, self.initial = jax.device_get((loop.metrics, applied, self.initial))
+    window, applied, initial = jax.device_get((loop.metrics, applied, self.initial))
     # The wait for the window is the device finishing the steps queued before
     # this log point: step time, though it passes inside a hook (the hook time
     # it added, compilation aside; none when the hook runs untimed, at the end).
-    waited = loop.hook_seconds() - loop.hook_compile_seconds() - before
+    waited = hook_time() - before
+    self.initial = metrics_lib.as_tree(initial)     # on the host, unpacked once
     scalars = {f'train/{k}': v for k, v in metrics_lib.compute(window).items()}
     now, _, hook_s, compiled, hook_compiled = self._clock(step)
     compile_s = (compiled - self.clock[3]) - (hook_compiled - self.clock[4])
@@ -129,9 +131,9 @@ class Log:
     an ``opt_state``)."""
     if applied is None:
       return {}
-    values, initial = metrics_lib.as_tree(applied), metrics_lib.as_tree(self.initial)
+    values = metrics_lib.as_tree(applied)
     self.varying |= {k for k, v in values.items()
-                     if k in initial and not np.array_equal(v, initial[k])}
+                     if k in self.initial and not np.array_equal(v, self.initial[k])}
     return {f'train/{k}': v if np.ndim(v) else float(v) for k, v in sorted(values.items())
             if k == 'learning_rate' or k in self.varying}
 
