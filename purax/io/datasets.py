@@ -97,16 +97,44 @@ def validate(ds: ArrayDataset) -> ArrayDataset:
   return dataclasses.replace(ds, **out, num_classes=int(ds.num_classes))
 
 
+#: The example indices of ``digits``' train and test sets, in order (int16
+#: ``[1437]`` and ``[360]``): the split ``sklearn.model_selection.train_test_split(
+#: x, y, test_size=0.2, random_state=0, stratify=y)`` draws, stored so that
+#: loading digits imports no scikit-learn (its import is most of a short
+#: run's start-up) and the split stays the same whatever its version.
+#: tests/io/test_datasets.py checks it against the installed scikit-learn.
+DIGITS_SPLIT = os.path.join(os.path.dirname(__file__), 'digits_split.npz')
+
+
 def digits() -> ArrayDataset:
-  """scikit-learn's bundled digits, ``[n, 8, 8, 1]`` in [0, 1]; fixed split."""
-  from sklearn.datasets import load_digits
-  from sklearn.model_selection import train_test_split
-  data = load_digits()
-  x = (data.images / 16.0).astype(np.float32)[..., None]
-  y = data.target.astype(np.int32)
-  x_train, x_test, y_train, y_test = train_test_split(
-      x, y, test_size=0.2, random_state=0, stratify=y)
-  return ArrayDataset('digits', x_train, y_train, x_test, y_test, 10)
+  """scikit-learn's bundled digits, ``[n, 8, 8, 1]`` in [0, 1]; fixed split
+  (:data:`DIGITS_SPLIT`). Read from scikit-learn's own data file
+  (``sklearn/datasets/data/digits.csv.gz``, what ``load_digits`` reads)
+  without importing scikit-learn; through ``load_digits`` where an
+  installed version keeps it elsewhere."""
+  images, target = _bundled_digits()
+  x = (images / 16.0).astype(np.float32)[..., None]
+  y = target.astype(np.int32)
+  with np.load(DIGITS_SPLIT) as split:
+    train, test = split['train'], split['test']
+  return ArrayDataset('digits', x[train], y[train], x[test], y[test], 10)
+
+
+def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
+  """``(images [1797, 8, 8] float64, target [1797] int)`` as
+  ``sklearn.datasets.load_digits`` returns them."""
+  import gzip
+  import importlib.util
+  spec = importlib.util.find_spec('sklearn')     # locates the package, runs none of it
+  path = (os.path.join(spec.submodule_search_locations[0], 'datasets', 'data', 'digits.csv.gz')
+          if spec is not None and spec.submodule_search_locations else None)
+  if path is None or not os.path.isfile(path):
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    return data.images, data.target
+  with gzip.open(path, 'rt', encoding='utf-8') as f:
+    data = np.loadtxt(f, delimiter=',')
+  return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
 
 
 def mnist1d() -> ArrayDataset:

@@ -14,6 +14,40 @@ def test_digits_is_the_bundled_data_set_with_a_fixed_split():
   np.testing.assert_array_equal(datasets.load('digits').y_test, ds.y_test)
 
 
+def test_digits_is_scikit_learns_data_and_split_read_without_importing_it(monkeypatch):
+  """The stored split and the data file read directly give exactly what
+  scikit-learn's load_digits and train_test_split(test_size=0.2,
+  random_state=0, stratify=y) give; loading it imports no scikit-learn, and
+  without the data file where it is (another layout) load_digits reads it."""
+  import subprocess
+  import sys
+  from sklearn.datasets import load_digits
+  from sklearn.model_selection import train_test_split
+  data = load_digits()
+  x = (data.images / 16.0).astype(np.float32)[..., None]
+  y = data.target.astype(np.int32)
+  expected = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+  for ds in (datasets.digits(), _digits_without_the_data_file(monkeypatch)):
+    for got, want in zip((ds.x_train, ds.x_test, ds.y_train, ds.y_test), expected):
+      assert got.dtype == want.dtype
+      np.testing.assert_array_equal(got, want)
+  done = subprocess.run([sys.executable, '-c', 'import sys; from purax.io import datasets; '
+                         "datasets.load('digits'); print(sorted(m for m in sys.modules "
+                         "if m.split('.')[0] in ('sklearn', 'scipy')))"],
+                        capture_output=True, text=True, check=True)
+  assert done.stdout.strip() == '[]', done.stdout
+
+
+def _digits_without_the_data_file(monkeypatch):
+  real = datasets.os.path.isfile
+  monkeypatch.setattr(datasets.os.path, 'isfile',
+                      lambda p: not p.endswith('digits.csv.gz') and real(p))
+  try:
+    return datasets.digits()
+  finally:
+    monkeypatch.undo()
+
+
 def test_mnist1d_is_generated_offline_with_default_arguments():
   state = np.random.get_state()
   ds = datasets.load('mnist1d')
