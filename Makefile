@@ -9,10 +9,12 @@ ARGS   ?=
 
 .PHONY: train test bench docs venv clean
 
+# ml_dtypes < 0.7: 0.7.0 takes 1.2 s to import (jax imports it), 0.6.0 0.14 s; every
+# purax process pays it, and the test suite starts over a hundred (jax needs >= 0.5).
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[all,test]'
+	$(BIN)/python -m pip install --quiet -e '.[all,test]' 'ml_dtypes<0.7'
 	$(BIN)/python -m pip install --quiet --no-deps 'jax2onnx>=0.17.1,<0.18'   # see setup.cfg [onnx]
 	touch $@
 
