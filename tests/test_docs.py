@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import re
+import tempfile
 import warnings
 
 import pytest
@@ -137,7 +138,7 @@ def test_code_rendered_as_prose_is_a_problem(tmp_path, monkeypatch):
 def test_every_docstring_example_runs(tmp_path, monkeypatch):
   """Every ``>>>`` example of purax's docstrings, as a doctest after the prelude."""
   build = _load_build()
-  monkeypatch.chdir(tmp_path)                      # what the examples write lands here
+  _write_under(tmp_path, monkeypatch)
   monkeypatch.setenv('WANDB_MODE', 'disabled')
   scope = prelude()
   finder = doctest.DocTestFinder(exclude_empty=True)
@@ -166,7 +167,7 @@ def test_every_docstring_example_runs(tmp_path, monkeypatch):
                                   if blocks(p, 'python')])
 def test_every_python_block_of_the_pages_runs(page, tmp_path, monkeypatch):
   """A page's Python blocks, in order, in one namespace after the prelude."""
-  monkeypatch.chdir(tmp_path)
+  _write_under(tmp_path, monkeypatch)
   scope = prelude()
   if page == os.path.join('guides', 'cli.md'):      # what the page says exists: an export
     _export_digits_predict(tmp_path / 'runs' / 'mine' / 'export')
@@ -175,6 +176,14 @@ def test_every_python_block_of_the_pages_runs(page, tmp_path, monkeypatch):
       exec(compile(block, f'docs/{page} block {i + 1}', 'exec'), scope)
   if page == 'index.md':                             # the landing page's claim
     assert scope['history'][-1]['eval/accuracy'] > 0.9, scope['history'][-1]
+
+
+def _write_under(tmp_path, monkeypatch) -> None:
+  """What the examples write lands under ``tmp_path``: their relative paths
+  (the working directory) and their ``tempfile.mkdtemp()`` directories (the
+  system's temporary directory would keep them after the suite)."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
 
 
 @contextlib.contextmanager
