@@ -40,12 +40,9 @@ def test_digits_is_scikit_learns_data_and_split_read_without_importing_it(monkey
 
 def _digits_without_the_data_file(monkeypatch):
   real = datasets.os.path.isfile
-  monkeypatch.setattr(datasets.os.path, 'isfile',
-                      lambda p: not p.endswith('digits.csv.gz') and real(p))
-  try:
+  with monkeypatch.context() as m:
+    m.setattr(datasets.os.path, 'isfile', lambda p: not p.endswith('digits.csv.gz') and real(p))
     return datasets.digits()
-  finally:
-    monkeypatch.undo()
 
 
 def test_mnist1d_is_generated_offline_with_default_arguments():
