@@ -40,8 +40,9 @@ from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.population import Population
 from purax.core.state import TrainState
 from purax.core.task import Task
-from purax.hooks.builtin import standard
-from purax.hooks.loop import Loop, cadences, gcd, name_of
+from purax.hooks.standard import standard
+from purax.hooks.loop import Legacy, _Loop, cadences, is_legacy, name_of
+from purax.hooks.record import End
 from purax.io.checkpoint import layout
 from purax.io.checkpoint.run import Restored
 from purax.io.pipeline import owned
@@ -199,8 +200,12 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
 
   After each call of the plan's jitted step (one step, or ``steps_per_call``
   of them) every due hook runs (:mod:`purax.hooks`: logging, evaluation,
-  checkpoints, the stop flag, the progress bar, your own), with the true
-  step number; each hook's ``end`` runs once at the end, however the loop ends.
+  checkpoints, the stop flag, the progress bar, your own) on a read-only
+  :class:`purax.hooks.StepInfo` with the true step number. The run ends
+  ``finished`` (the steps reached, or the data ran out), ``early_stopped``
+  (a hook said so), ``stopped`` (a signal) or ``failed`` (an error); then
+  every hook runs once more with ``info.end`` set (:class:`purax.hooks.End`),
+  and ``history.end`` says how it ended.
 
   Example:
     >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
@@ -247,7 +252,8 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
       and drops ``state.step`` batches first (exact for a deterministic one).
 
   Returns:
-    ``(state, history)``: the final state and every record written.
+    ``(state, history)``: the final state and every record written (a list of
+    ``{'step': s, name: number}``; ``history.end``: the :class:`purax.hooks.End`).
 
   Raises:
     ConfigError: an argument of the wrong kind (named), a state of another
@@ -270,36 +276,33 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   expect(hooks is None or (hasattr(hooks, '__iter__') and not isinstance(hooks, (str, dict))),
          'hooks', 'None or a list of hooks (purax.hooks.standard(...))', type(hooks).__name__,
          ConfigError)
-  hooks = sorted(standard() if hooks is None else hooks, key=lambda h: getattr(h, 'order', 0))
+  hooks = [Legacy(h) if is_legacy(h) else h for h in (standard() if hooks is None else hooks)]
+  hooks = sorted(hooks, key=lambda h: getattr(h, 'order', 0))
   _check(restored.state, train_data, steps, steps_per_call, hooks)
   plan = SingleDevicePlan(task) if plan is None else plan
   start = plan.start_step(restored.state)       # host read before the loop only
   source = _Source(train_data, start, steps, restored.data_state, iterator_resume)
   expect(source.num_steps is None or 0 <= start <= source.num_steps, 'state.step',
          f'in [0, {source.num_steps}]', start, ConfigError)
+  for hook in hooks:     # an iterable's batches kept for a hook that reads them back
+    source.keep(int(getattr(hook, 'keep_batches', 0) or 0))
   host_batches = plan.checked(source.batches)
   first = next(host_batches, None)
   if first is not None:
     _check_model(task, restored.state, first, start)
     _check_batch_size(restored, first)
     source.batch_size = leading_size(first)
-  loop = Loop(task, plan, plan.place(restored.state), restored.train_metrics, start,
-              source.num_steps, steps_per_call, gcd(cadences(hooks)), hooks,
-              start=start, first=start,
-              ranges=[h.alone for h in hooks if getattr(h, 'alone', None) is not None],
-              fresh_batches=source.fresh, source=source)
+  loop = _Loop(task, plan, plan.place(restored.state), restored.train_metrics, start,
+               source.num_steps, steps_per_call, hooks, source, source.fresh)
   if first is not None and loop.metrics is None:
     loop.metrics = plan.zero_metrics(loop.state, first)
   elif loop.metrics is not None:       # a restored window (the tree of its checkpoint)
     loop.metrics = metrics_lib.window(loop.metrics)
   loop.restore_hooks(restored.hook_states, restored.hook_arrays)
-  ends = [h for h in hooks if callable(getattr(h, 'end', None))]
-  for hook in hooks:
-    if callable(getattr(hook, 'start', None)):
-      hook.start(loop)
-  loop.fresh_batches = source.fresh     # a hook may have asked to keep batches (copied once)
   batches = itertools.chain([first], host_batches) if first is not None else iter(())
   try:
+    loop.begin()
+    loop.restore_window()
     for batch, taken in plan.device_batches(batches, loop):
       try:
         loop.state, loop.metrics = plan.train_step(loop.state, loop.metrics, batch)
@@ -307,21 +310,19 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
         raise DataError(f'train_data batch of step {loop.step}' + (
             f' (or one of the {taken} batches of its call)' if taken > 1 else '') + f': {e}'
                         ) from e
-      loop.first, loop.step = loop.step, loop.step + taken
       source.advance(taken)
-      loop.at_end, loop.record = loop.step == loop.num_steps, {}
-      if loop.hooks_due():           # else nothing more this call
-        loop.run_due_hooks()
-        if loop.stop or loop.at_end:
-          break
+      loop.after_call(loop.step, taken)
+      if loop.end is not None:
+        break
     else:
-      loop.at_end = loop.step > start     # the data ran out: that is the end of training
-  except BaseException:
-    loop.failed = True
+      if loop.end is None:     # the data ran out: that is the end of training
+        loop.finish(End('finished', loop.step, 'the data ran out' if loop.step > start else
+                        'nothing left to train'))
+  except BaseException as e:
+    if loop.end is None or loop.end.status != 'failed':
+      error = f'{type(e).__name__}: {e}'.strip().rstrip(':')
+      loop.finish(End('failed', loop.step, error[:500], error=error[:500]))
     raise
-  finally:
-    for hook in ends:
-      hook.end(loop)
   return loop.state, loop.history
 
 
@@ -348,14 +349,14 @@ def _check(state, train_data, steps, steps_per_call, hooks) -> None:
          "an integer >= 1 or 'auto'", k, ConfigError)
   cadences(hooks)                          # every: None or an integer >= 0
   for hook in hooks:
-    expect(callable(hook) and hasattr(hook, 'every') and hasattr(hook, 'at_end'), 'hooks',
-           'hooks with every, at_end and __call__(step, state, record) (purax.hooks)',
+    expect(callable(hook) and hasattr(hook, 'every'), 'hooks',
+           'hooks with every and __call__(info: StepInfo) (purax.hooks)',
            type(hook).__name__, ConfigError)
-    every = hook.every
-    expect(k == 'auto' or not every or every % k == 0,
-           getattr(hook, 'option', f'{name_of(hook)}.every'),
-           f'a multiple of steps_per_call={k} (calls end at multiples of it)', every,
-           ConfigError)
+    for every in (hook.every, getattr(hook, 'log_every', None)):
+      expect(k == 'auto' or not every or every % k == 0,
+             getattr(hook, 'option', f'{name_of(hook)}.every'),
+             f'a multiple of steps_per_call={k} (calls end at multiples of it)', every,
+             ConfigError)
 
 
 def _check_model(task, state, batch, step: int) -> None:

@@ -59,8 +59,16 @@ def logged(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     for line in f:
       rec = json.loads(line)
-      out.append({k: v for k, v in rec.items() if k not in writers.TIMINGS})
+      if 'status' not in rec:          # the run's end records: ends(workdir)
+        out.append({k: v for k, v in rec.items() if k not in writers.TIMINGS})
   return out
+
+
+def ends(workdir):
+  """The end records of a run's ``metrics.jsonl`` (``{'step', 'status', 'end'}``)."""
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [{k: v for k, v in rec.items() if k != 'time'} for rec in map(json.loads, f)
+            if 'status' in rec]
 
 
 def batches(workdir):

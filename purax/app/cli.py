@@ -73,10 +73,13 @@ class EvalConfig:
   Attributes:
     workdir: the run directory written by `purax train`.
     batch_size: evaluation batch size; when unset the run's.
+    best: evaluate the best checkpoint by the run's --best-metric (a run of
+      --keep-best) instead of the newest.
   """
 
   workdir: str
   batch_size: int | None = None
+  best: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,11 +91,14 @@ class ExportConfig:
     out: output directory; when unset WORKDIR/export (jax) or WORKDIR/export-FORMAT.
     format: jax (jax.export), onnx (jax2onnx, checked by onnxruntime; the onnx
       extra) or savedmodel (jax2tf, checked by loading it back; TensorFlow).
+    best: export the best checkpoint by the run's --best-metric (a run of
+      --keep-best) instead of the newest.
   """
 
   workdir: str
   out: str | None = None
   format: Literal[EXPORT_FORMATS] = 'jax'
+  best: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
+from purax.io import signals
+
 from purax.app import dry_run, plot, runs, sweep, tune
 from purax.app.cli import (DebugNanConfig, ExportConfig, GenerateConfig, PlotConfig,
                            TuneConfig)
@@ -27,6 +29,8 @@ def run(command) -> int:
     elif isinstance(command, TrainConfig):
       metrics = runs.train(command)
       print(json.dumps({'final': metrics}, indent=None))
+      if 'stopped_by' in metrics and metrics['stopped_by'] in signals.NAMES:
+        return signals.status(signals.NAMES[metrics['stopped_by']])   # resumable, said
     elif isinstance(command, SweepConfig):
       summary = sweep.run(command)
       print(json.dumps({'best': summary['best'], 'top': summary['members'][:1]}))
@@ -45,10 +49,12 @@ def run(command) -> int:
       print(json.dumps({'lr_range': {k: summary[k] for k in ('suggestion', 'rule', 'plot',
                                                              'flags')}}))
     elif isinstance(command, ExportConfig):
-      path = runs.export_run(command.workdir, out=command.out, format=command.format)
+      path = runs.export_run(command.workdir, out=command.out, format=command.format,
+                             best=command.best)
       print(json.dumps({'exported': path}))
     else:
-      metrics = runs.evaluate_run(command.workdir, batch_size=command.batch_size)
+      metrics = runs.evaluate_run(command.workdir, batch_size=command.batch_size,
+                                  best=command.best)
       print(json.dumps({'eval': metrics}, indent=None))
   except (PuraxError, FileExistsError, FileNotFoundError) as e:
     print(f'purax: error: {e}', file=sys.stderr)

@@ -11,6 +11,7 @@ cannot fit in memory, all before a run directory is touched. ``purax train``,
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ from purax.app.config import TrainConfig
 from purax.app.hparams import HPARAMS
 from purax.app.optimizers import OPTIMIZERS, weight_decay_mask
 from purax.core import flops
+from purax.core import metrics as metrics_lib
 from purax.core import objectives
 from purax.core.spikes import SpikeGuard
 from purax.core.errors import ConfigError, expect
@@ -192,6 +194,37 @@ def run_hooks(config: TrainConfig, task, plan, data, train_data) -> tuple:
   """The hooks of :data:`HOOKS` that the config turns on, in the table's order."""
   return tuple(build(config, task, plan, data, train_data) for field, build in HOOKS.items()
                if getattr(config.run, field) not in (None, 0, False))
+
+
+def logged_names(job: Job) -> list[str]:
+  """Every metric name a run of ``job`` logs (``train/*`` of its step,
+  ``eval/*`` of its evaluation, ``eval_ema/*`` with ``--ema-decay``, the
+  log point's own numbers), from the traced programs: nothing compiles."""
+  train = sorted(metrics_lib.as_tree(job.abstract['train_metrics']))
+  evaluated = sorted(jax.eval_shape(job.task.evaluate, job.abstract['state'], job.sample))
+  names = [f'train/{k}' for k in train] + [f'eval/{k}' for k in evaluated]
+  if job.config.run.ema_decay:
+    names += [f'eval_ema/{k}' for k in evaluated]
+  names += ['train/learning_rate', 'steps_per_sec', 'early_stopping/stale']
+  return sorted(set(names))
+
+
+def check_best_metric(job: Job) -> None:
+  """``--best-metric`` names a metric the run logs, when ``--keep-best`` or
+  ``--patience`` rank by it; checked before anything compiles.
+
+  Raises:
+    ConfigError: it is not one of :func:`logged_names` (naming the close ones).
+  """
+  run = job.config.run
+  if not (run.keep_best or run.patience):
+    return
+  key, names = run.best().key, logged_names(job)
+  close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
+  expect(key in names, 'best_metric',
+         f'a metric this run logs (did you mean {" or ".join(close)}?)' if close else
+         f'a metric this run logs, one of {names}',
+         repr(run.best_metric) + ('' if key == run.best_metric else f' ({key})'), ConfigError)
 
 
 def check_memory(job: Job) -> None:

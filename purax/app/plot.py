@@ -110,14 +110,17 @@ def _number(v) -> float:
 
 
 def read_jsonl(path: str) -> list[dict]:
-  """The records of a ``metrics.jsonl`` (a line torn by a kill is skipped)."""
+  """The metric records of a ``metrics.jsonl`` (a line torn by a kill is
+  skipped; so are the run's end records, ``{"status": ...}``)."""
   records = []
   with open_file(path, encoding='utf-8') as f:
     for line in f:
       try:
-        records.append(json.loads(line))
+        record = json.loads(line)
       except ValueError:
         continue   # the last line of a killed run may be cut short
+      if isinstance(record, dict) and 'status' not in record:
+        records.append(record)
   return records
 
 

@@ -41,6 +41,7 @@ from purax.io.checkpoint import replay
 from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_init
 from purax.io import signals
 from purax.io.signals import StopOnSignal
+from purax.hooks.record import DONE, End
 from purax.loop import evaluate, fit
 from purax.nn.generate import generate
 from purax.plan import SingleDevicePlan
@@ -77,11 +78,15 @@ def train(config: TrainConfig) -> dict:
   with StopOnSignal() as stop, rundir_lib.RunDir(config) as rundir:
     starting = _start_phases(stop)
     starting('checking the run directory')
+    ended = ended_run(rundir) if rundir.resuming else None
+    if ended is not None:
+      return ended
     if config.run.fit_memory and not rundir.resuming:   # a resumed run keeps its choice
       config, _ = memory.fit_config(config, stream=sys.stderr if rundir.primary else None)
       rundir.config = config
       starting('fitting the step in memory')
     job = job_lib.build(config, phase=starting)
+    job_lib.check_best_metric(job)
     if rundir.primary:
       print_summary(job.abstract['state'], shardings=job.plan.state_sharding)
     rundir.create()
@@ -214,23 +219,30 @@ def _all_finite(tree) -> jax.Array:
 
 
 def finish(job, rundir, state, history, stop) -> dict:
-  """The run's result: ``final_metrics.json``, or where a signal stopped it.
+  """The run's result, said once: how it ended (:class:`purax.hooks.End`),
+  in ``final_metrics.json`` (a finished or early-stopped run) and in words on
+  stderr with the run directory, its checkpoints and the next commands.
+
+  Returns:
+    The final evaluation metrics; for a stopped run ``{'stopped_by':
+    SIGNAL, 'step': s}`` (a checkpoint at ``s`` committed).
 
   Raises:
     NonFiniteError: the params are not finite at the end (the run diverged).
   """
   reached = int(jax.device_get(state.step))
-  if reached < job.config.run.steps:
+  end = history.end
+  if end is None or end.status == 'stopped':
     by = stop.received or 'a signal to another process'
-    print(f'purax: stopped by {by} at step {reached}; checkpoint committed in '
-          f'{rundir.file("checkpoints")}; run the same command to resume', file=sys.stderr)
+    say_end(rundir, End('stopped', reached, f'stopped by {by}; a checkpoint at step {reached} '
+                        'is committed: run the same command to resume', signal=stop.received))
     return {'stopped_by': by, 'step': reached}
-  if stop.received:     # e.g. during the final save: the run had finished, and is kept
-    print(f'purax: {stop.received} arrived as the run finished; step {reached} is committed',
+  if stop.received:     # e.g. during the final save: the run had ended, and is kept
+    print(f'purax: {stop.received} arrived as the run ended; step {reached} is committed',
           file=sys.stderr)
   final = {k[len('eval/'):]: v for rec in history for k, v in rec.items()
            if k.startswith('eval/')}
-  if not final:   # resumed a run that had already finished
+  if not final:   # nothing was evaluated in this process
     final = evaluate(job.task, state, job.data.eval(job.config.data.eval_batch_size),
                      plan=job.plan)
   if not bool(jax.device_get(_all_finite(state.params))):
@@ -241,7 +253,84 @@ def finish(job, rundir, state, history, stop) -> dict:
   final = {k: writers.json_number(v) for k, v in final.items()}
   if rundir.primary:
     rundir_lib.write_atomic(rundir.file('final_metrics.json'), json.dumps(
-        {'step': job.config.run.steps, **final}, indent=2, allow_nan=False))
+        {'step': reached, **final, 'status': end.status, 'end': end.as_dict()}, indent=2,
+        allow_nan=False))
+  say_end(rundir, end)
+  return final
+
+
+def say_end(rundir, end: End) -> None:
+  """How the run ended, in words on stderr: the status, the run directory, its
+  last and best checkpoints and the next commands (process 0)."""
+  if not rundir.primary:
+    return
+  path = rundir.path
+  lines = [f'purax: {end.words()}']
+  where = f'purax: run directory {path}'
+  config = rundir.config
+  with contextlib.suppress(Exception):   # what the directory holds: said when readable
+    with Checkpointer(rundir.file('checkpoints'), read_only=True,
+                      keep_best=config.run.keep_best or 0,
+                      best_metric=config.run.best().key,
+                      best_mode=config.run.best_mode) as reader:
+      steps = reader.steps()
+      if steps:
+        where += f'; checkpoints: last {steps[-1]}'
+        if config.run.keep_best:
+          with contextlib.suppress(CheckpointError):
+            where += f', best {reader.best_step()} (by {config.run.best().key})'
+  lines.append(where)
+  if end.status == 'stopped':
+    lines.append(f'purax: next: purax train --workdir {path}   (resumes)')
+  elif end.status in DONE:
+    best = ' --best' if config.run.keep_best else ''
+    lines.append(f'purax: next: purax eval --workdir {path}{best}; purax plot --workdir '
+                 f'{path}; purax export --workdir {path}{best}')
+  print('\n'.join(lines), file=sys.stderr)
+
+
+def ended_run(rundir) -> dict | None:
+  """A run directory whose run has ended and that this command would not
+  train on: finished with ``--steps`` not raised, or early-stopped with
+  ``--patience`` not raised (a run from before 0.3 recorded no end: finished
+  when its newest checkpoint is at its steps). Says so and returns its
+  final metrics (``final_metrics.json``); None when there is training to do.
+  Reads only."""
+  directory = rundir.file('checkpoints')
+  if not os.path.isdir(directory):
+    return None
+  with Checkpointer(directory, read_only=True) as reader:
+    steps = reader.steps()
+    if not steps:
+      return None
+    try:
+      extra = reader.read_extra()
+    except CheckpointError:
+      return None       # the resume says what is unreadable
+  config, saved = rundir.config, rundir.saved_config()
+  step = int(extra.get('data', {}).get('next_step', steps[-1]))
+  try:
+    end = End.from_dict(extra['end']) if 'end' in extra else (
+        End('finished', step, f'reached step {step}') if step >= saved.run.steps else None)
+  except ValueError:
+    end = None
+  if end is None or not end.done:
+    return None
+  if end.status == 'finished' and config.run.steps > end.step:
+    return None                        # a longer --steps trains on
+  if end.status == 'early_stopped' and config.run.patience > saved.run.patience:
+    return None                        # a larger --patience trains on
+  final = {}
+  path = rundir.file('final_metrics.json')
+  if os.path.isfile(path):
+    with contextlib.suppress(ValueError, OSError):
+      with rundir_lib.open_file(path, encoding='utf-8') as f:
+        final = {k: v for k, v in json.load(f).items() if k not in ('step', 'status', 'end')}
+  more = ('--steps larger than ' + str(end.step) if end.status == 'finished' else
+          f'--patience larger than {saved.run.patience}')
+  print(f'purax: {rundir.path} has already ended: nothing to train (to train on, pass '
+        f'{more})', file=sys.stderr)
+  say_end(rundir, end)
   return final
 
 
@@ -304,21 +393,29 @@ def _agree_to_start(config: TrainConfig) -> None:
 # -- eval, export, generate: a saved run, restored --------------------------------------
 
 
-def restore_run(workdir: str, *, need_data: bool = True):
-  """``(job, state)`` of a run's newest readable checkpoint.
+def restore_run(workdir: str, *, need_data: bool = True, best: bool = False):
+  """``(job, state)`` of a run's newest readable checkpoint (or its best one);
+  reads only: a trainer writing the same directory is not disturbed.
 
   Without ``need_data``, a run whose data file is gone is rebuilt from the
   shapes its checkpoint records (export and generate need no data; then
-  ``job.data`` is None).
+  ``job.data`` is None). With ``best``, the checkpoint with the best
+  ``--best-metric`` among those kept (a run of ``--keep-best``).
 
   Raises:
     ConfigError: ``workdir`` is not a purax run directory;
-    CheckpointError: it has no readable checkpoint;
+    CheckpointError: it has no readable checkpoint (with ``best``: none that
+      records the best metric);
     CheckpointMismatchError: the code's model differs from the checkpoint's.
   """
   config = rundir_lib.read_config(workdir).validate()
   path = datasets.lookup(config.data.name)[2]
-  with Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+  directory = os.path.join(workdir, 'checkpoints')
+  expect(os.path.isdir(directory), 'workdir', 'a run directory with checkpoints/',
+         f'{workdir!r} without one', CheckpointError)
+  with Checkpointer(directory, read_only=True, keep_best=1, best_metric=config.run.best().key,
+                    best_mode=config.run.best_mode) as ckpt:
+    step = ckpt.best_step() if best else None
     shapes = None
     if not need_data and path is not None and not os.path.exists(path):
       shapes = ckpt.read_extra().get('data_shapes')
@@ -333,12 +430,13 @@ def restore_run(workdir: str, *, need_data: bool = True):
       job = job_lib.Job(config, None, task, sample,
                         abstract_checkpoint(task, sample, hooks=hooks), SingleDevicePlan(task), 1,
                         shapes['num_classes'])
-    tree, _, _ = ckpt.restore(job.abstract)
+    tree, _, _ = ckpt.restore(job.abstract, step)
   return job, tree['state']
 
 
-def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
-  """Restores the newest checkpoint of a run and evaluates it on the test split.
+def evaluate_run(workdir: str, *, batch_size: int | None = None, best: bool = False) -> dict:
+  """Restores the newest checkpoint of a run (or its best, ``best``) and
+  evaluates it on the test split; reads only.
 
   Raises:
     ConfigError: ``batch_size`` < 1; DataError: the data file (which holds the
@@ -346,12 +444,14 @@ def evaluate_run(workdir: str, *, batch_size: int | None = None) -> dict:
   """
   expect(batch_size is None or 1 <= batch_size < 2 ** 31, 'batch_size', '>= 1 or unset',
          batch_size, ConfigError)
-  job, state = restore_run(workdir)
+  job, state = restore_run(workdir, best=best)
   return evaluate(job.task, state, job.data.eval(batch_size or job.config.data.eval_batch_size))
 
 
-def export_run(workdir: str, *, out: str | None = None, format: str = 'jax') -> str:  # pylint: disable=redefined-builtin
-  """Exports a run's predict function (newest checkpoint) with a symbolic batch.
+def export_run(workdir: str, *, out: str | None = None, format: str = 'jax',  # pylint: disable=redefined-builtin
+               best: bool = False) -> str:
+  """Exports a run's predict function (newest checkpoint, or the best with
+  ``best``) with a symbolic batch.
 
   Inputs are float32 ``[batch, *input_shape]``; for a language model int32
   token ids ``[batch, seq_len]`` (outputs: logits ``[batch, seq_len, 256]``).
@@ -363,7 +463,7 @@ def export_run(workdir: str, *, out: str | None = None, format: str = 'jax') -> 
     The artifact's path (default ``WORKDIR/export/predict.jaxexport``,
     ``WORKDIR/export-onnx/predict.onnx``, ``WORKDIR/export-savedmodel``).
   """
-  job, state = restore_run(workdir, need_data=False)
+  job, state = restore_run(workdir, need_data=False, best=best)
   tokens = job.config.model.spec.tokens
   shape = job.sample['x'].shape[1:]
   checked = {}

@@ -8,36 +8,45 @@ A hook is any object with
   end at them: with an integer ``steps_per_call = k`` every ``n`` must be a
   multiple of ``k``, a :class:`purax.ConfigError` otherwise; ``'auto'``
   picks a ``k`` that divides every ``n``); ``0``: after every evaluation;
-  ``None``: after every call;
-- ``at_end``: also run at the last step, whatever the cadence;
-- ``__call__(step, state, record) -> (state, info)``: ``step`` is the true
-  ``state.step`` after the update; ``record`` holds the numbers written at
-  this step so far (``train/*``, ``eval/*``, each a float or, for a
-  population, a ``[members]`` array); the hook returns the state (changed or
-  not) and a dict of numbers to write (``{'stop': True}`` ends training after
-  this step, checkpointed; ``'histograms': {tag: array}`` goes to the
-  writers' ``write_histograms``);
+  ``None``: after every call, and once before the first (``info.first ==
+  info.step``);
+- ``__call__(info: StepInfo) -> Output | None``: ``info`` is the read-only
+  step record (:class:`StepInfo`: the step range, the state, the numbers
+  written at this step so far, the run's :class:`End` once it has ended);
+  the hook returns None or an :class:`Output` (a new state, numbers to
+  write, ``stop=End(...)`` to end the run after this step, histograms);
 
 and optionally
 
-- ``order``: hooks run in increasing ``order`` (default 0; the loop's own:
-  :class:`Log` -20, :class:`NonFiniteReplay` -16, :class:`NonFiniteStreak` -15,
-  :class:`Evaluate` -10, :class:`EarlyStopping` 5, :class:`Stop` 10,
-  :class:`Checkpoint` 20, :class:`Progress` 30, :class:`Profile` 100), so a
-  user hook sees this step's logs and evaluation and its state is in this
-  step's checkpoint;
-- ``name``: its key in the checkpoint (default: the class name); ``option``:
-  what an error about its ``every`` calls it (default ``NAME.every``);
 - ``state_dict() -> JSON`` and ``load_state_dict(d)``: what a later decision
   depends on (best score, patience counter), saved in every checkpoint and
-  restored on resume;
-- ``init_arrays(state) -> pytree`` and an ``arrays`` attribute: array state
-  too large for JSON (an average of the params), saved in the checkpoint's
-  array tree (``hooks/<name>``); ``init_arrays`` must be traceable;
-- ``alone``: a ``range`` of ``state.step`` whose updates must run one per call
-  (:class:`Profile`);
-- ``start(loop)`` and ``end(loop)``: at the start of ``fit`` and once at its
-  end, however it ends (:class:`Loop`).
+  restored on resume.
+
+That is the whole protocol: three methods. Attributes a hook may set:
+``order`` (hooks run in increasing ``order``, default 0; the built-ins:
+:class:`NonFiniteReplay` -16, :class:`NonFiniteStreak` -15, :class:`Evaluate`
+-10, :class:`EarlyStopping` 5, :class:`Stop` 10, :class:`Log` 15,
+:class:`Checkpoint` 20, :class:`Progress` 30, :class:`Profile` 100; so a user
+hook sees this step's evaluation, its numbers are logged and its state is in
+this step's checkpoint); ``name`` (its key in the checkpoint, default the
+class name); ``option`` (what an error about its ``every`` calls it);
+``alone`` (a ``range`` of ``state.step`` whose updates run one per call);
+``keep_batches`` (batches of an iterable source to keep for
+:meth:`StepInfo.batch`); ``log_every`` (:class:`Log`: the log points);
+``init_arrays(state)`` with an ``arrays`` attribute (array state too large for
+JSON, saved in the checkpoint's array tree, :class:`EMA`).
+
+The end of a run, in one place (:meth:`purax.hooks.loop._Loop.finish`): once
+the run has ended, every hook is called once more at the last step with
+``info.end`` set and ``info.forced`` where its cadence did not call it there
+(levanter's ``run_hooks(info, force=True)``); a hook's final call does what
+its end needs (:class:`Checkpoint` saves unless the run failed,
+:class:`Evaluate` evaluates a finished run not evaluated at its last step,
+:class:`Log` writes the end) or nothing.
+
+Hooks written for the protocol before 0.3 (``__call__(step, state, record)
+-> (state, info)``, ``at_end``, ``start(loop)``, ``end(loop)``) still run,
+with a ``DeprecationWarning``, until 0.4.
 
 Provided: the loop's own (:class:`Log`, :class:`Evaluate`,
 :class:`NonFiniteReplay`, :class:`NonFiniteStreak`, :class:`Stop`, :class:`Checkpoint`,
@@ -46,26 +55,28 @@ library (:class:`EarlyStopping`, :class:`PopulationEarlyStopping`,
 :class:`PBT`, :class:`EMA`, :class:`Histograms`).
 
 Your own hook is a plain class. This one writes the global parameter norm
-every 10 steps and stops the run when the training loss falls below a
+every 10 steps and ends the run when the training loss falls below a
 target; its one number of state (the step it first got there) survives a
 resume.
 
 Example:
   >>> class StopAtLoss:
   ...   every = 10            # run at steps 10, 20, ... (0: after every evaluation)
-  ...   at_end = False        # not at the last step unless it falls on the cadence
   ...   name = 'stop_at_loss' # its key in the checkpoint's hook state
   ...
   ...   def __init__(self, target):
   ...     self.target, self.reached = target, None
   ...
-  ...   def __call__(self, step, state, record):
-  ...     info = {'params/global_norm': float(optax.global_norm(state.params))}
-  ...     loss = record.get('train/loss')      # written at this step when it is a log point
+  ...   def __call__(self, info):
+  ...     if info.end is not None:             # the run's final call: nothing to do
+  ...       return None
+  ...     numbers = {'params/global_norm': float(optax.global_norm(info.state.params))}
+  ...     loss = info.metrics.get('train/loss')   # written at this step when it is a log point
+  ...     stop = None
   ...     if loss is not None and loss < self.target:
-  ...       self.reached = step if self.reached is None else self.reached
-  ...       info['stop'] = True
-  ...     return state, info
+  ...       self.reached = info.step if self.reached is None else self.reached
+  ...       stop = purax.hooks.End('early_stopped', info.step, f'train/loss below {self.target}')
+  ...     return purax.hooks.Output(metrics=numbers, stop=stop)
   ...
   ...   def state_dict(self):
   ...     return {'reached': self.reached}
@@ -77,8 +88,8 @@ Example:
   >>> hooks = purax.hooks.standard(log_every=10) + [StopAtLoss(target=10.0)]
   >>> state = task.init(jax.random.key(0), batch)
   >>> state, history = purax.fit(task, state, batches, steps=20, hooks=hooks)
-  >>> int(state.step)                     # stopped at its first log point
-  10
+  >>> int(state.step), history.end.status    # ended at its first log point
+  (10, 'early_stopped')
   >>> 'params/global_norm' in history[-1]
   True
 """
@@ -90,14 +101,27 @@ from purax.hooks.builtin import NonFiniteStreak as NonFiniteStreak
 from purax.hooks.builtin import Profile as Profile
 from purax.hooks.builtin import Progress as Progress
 from purax.hooks.builtin import Stop as Stop
-from purax.hooks.builtin import standard as standard
 from purax.hooks.library import EMA as EMA
 from purax.hooks.library import PBT as PBT
 from purax.hooks.library import EarlyStopping as EarlyStopping
 from purax.hooks.library import Histograms as Histograms
 from purax.hooks.library import PopulationEarlyStopping as PopulationEarlyStopping
 from purax.hooks.library import scores as scores
-from purax.hooks.loop import Loop as Loop
-from purax.hooks.nonfinite import NonFiniteReplay as NonFiniteReplay
 from purax.hooks.loop import due as due
 from purax.hooks.loop import next_due as next_due
+from purax.hooks.nonfinite import NonFiniteReplay as NonFiniteReplay
+from purax.hooks.record import STATUSES as STATUSES
+from purax.hooks.record import End as End
+from purax.hooks.record import Output as Output
+from purax.hooks.record import StepInfo as StepInfo
+from purax.hooks.standard import standard as standard
+
+
+def __getattr__(name):
+  if name == 'Loop':     # public until 0.3; what hooks saw of the loop, now private
+    import warnings
+    from purax.hooks.loop import _Loop
+    warnings.warn('purax: purax.hooks.Loop is private since 0.3 (hooks get a '
+                  'purax.hooks.StepInfo); it goes in 0.4', DeprecationWarning, stacklevel=2)
+    return _Loop
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

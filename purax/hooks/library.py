@@ -16,6 +16,7 @@ from purax.core import metrics as metrics_lib
 from purax.core import pbt
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
+from purax.hooks.record import End, Output
 
 
 def scores(record: dict, metric: str, mode: str) -> jax.Array:
@@ -38,6 +39,11 @@ class EarlyStopping:
   rule ``--keep-best`` ranks checkpoints by (``purax train --best-metric
   eval/loss --best-mode min --patience 3`` uses one for both).
 
+  The run then ends ``early_stopped`` (:class:`purax.hooks.End`, with the
+  metric, its best value and the step that had it): checkpointed, and a
+  resume of it trains nothing (``purax train`` says so) unless ``patience``
+  is raised.
+
   Attributes:
     metric: a logged name (``'eval/loss'``, ``'train/loss'``, ...; a bare
       ``'loss'`` means ``'eval/loss'``).
@@ -46,6 +52,8 @@ class EarlyStopping:
     min_delta: the improvement that counts.
     every: when it checks: 0 after every evaluation (an ``eval/*`` metric),
       or the log cadence for a ``train/*`` one.
+    best, best_step: the best score so far (to minimise: ``-accuracy`` for
+      ``'max'``) and its step; ``stale``: checks since.
   """
 
   metric: str = 'loss'
@@ -53,34 +61,44 @@ class EarlyStopping:
   patience: int = 3
   min_delta: float = 0.0
   every: int = 0
-  at_end: bool = False
   best: float = math.inf
   stale: int = 0
+  best_step: int | None = None
   name: str = 'early_stopping'
   order: int = 5          # after evaluation, EMA and your hooks; before the checkpoint
 
   def __post_init__(self):
-    expect(self.patience >= 1, 'patience', '>= 1', self.patience, ConfigError)
+    expect(isinstance(self.patience, int) and self.patience >= 1, 'patience', '>= 1',
+           self.patience, ConfigError)
     self.rule = metrics_lib.Best(self.metric, self.mode)    # checks both
 
-  def __call__(self, step, state, record):
-    score = float(self.rule.score(record))
+  def __call__(self, info):
+    if info.end is not None or self.rule.key not in info.metrics:
+      return None
+    score = float(self.rule.score(info.metrics))
     if score < self.best - self.min_delta:
-      self.best, self.stale = score, 0
+      self.best, self.stale, self.best_step = score, 0, info.step
     else:
       self.stale += 1
-    stop = self.stale >= self.patience
-    return state, {'early_stopping/stale': self.stale, **({'stop': True} if stop else {})}
+    stop = None
+    if self.stale >= self.patience:
+      best = -self.best if self.mode == 'max' else self.best
+      stop = End('early_stopped', info.step,
+                 f'{self.rule.key} did not improve on {best:.6g} (step {self.best_step}) for '
+                 f'{self.stale} checks (patience {self.patience})',
+                 metric=self.rule.key, best=best, best_step=self.best_step)
+    return Output(metrics={'early_stopping/stale': self.stale}, stop=stop)
 
   def state_dict(self) -> dict:
     return {'best': self.best if math.isfinite(self.best) else None, 'stale': self.stale,
-            'metric': self.rule.key, 'mode': self.mode}
+            'best_step': self.best_step, 'metric': self.rule.key, 'mode': self.mode}
 
   def load_state_dict(self, d: dict) -> None:
     if (d.get('metric', self.rule.key), d.get('mode', self.mode)) != (self.rule.key, self.mode):
       return      # another rule: its best and count mean nothing for this one
     self.best = math.inf if d.get('best') is None else float(d['best'])
     self.stale = int(d['stale'])
+    self.best_step = d.get('best_step')
 
 
 _early_stopping = jax.jit(pop_lib.early_stopping, static_argnames=('patience', 'min_delta'))
@@ -95,12 +113,14 @@ class PopulationEarlyStopping:
   mode: Literal['min', 'max'] = 'min'
   patience: int = 3
   every: int = 0
-  at_end: bool = False
   name: str = 'population_early_stopping'
 
-  def __call__(self, step, pop, record):
-    return _early_stopping(pop, jnp.asarray(scores(record, self.metric, self.mode)),
-                           patience=self.patience), {}
+  def __call__(self, info):
+    if info.forced:
+      return None
+    return Output(state=_early_stopping(
+        info.state, jnp.asarray(scores(info.metrics, self.metric, self.mode)),
+        patience=self.patience))
 
 
 @dataclasses.dataclass
@@ -123,7 +143,6 @@ class PBT:
   key: Any = None
   names: tuple[str, ...] | None = None
   bounds: Any = None
-  at_end: bool = False
   name: str = 'pbt'
 
   def check(self, eval_every: int) -> None:
@@ -133,17 +152,15 @@ class PBT:
            f'a multiple of eval_every={eval_every} (PBT ranks members by the evaluation '
            'at its step)', self.every, ConfigError)
 
-  def start(self, loop) -> None:
-    self.loop = loop
-
-  def __call__(self, step, pop, record):
-    if getattr(self, 'loop', None) is not None and self.loop.at_end:
-      return pop, {}   # the last step: members keep the hyperparameters they trained with
+  def __call__(self, info):
+    if info.end is not None:
+      return None   # the last step: members keep the hyperparameters they trained with
     key = jax.random.key(0) if self.key is None else self.key
-    pop, info = pbt.exploit_explore(pop, jnp.asarray(scores(record, self.metric, self.mode)),
-                                    key=jax.random.fold_in(key, step), fraction=self.fraction,
-                                    names=self.names, bounds=self.bounds)
-    return pop, {'pbt/source': np.asarray(info['source'])}
+    pop, out = pbt.exploit_explore(
+        info.state, jnp.asarray(scores(info.metrics, self.metric, self.mode)),
+        key=jax.random.fold_in(key, info.step), fraction=self.fraction, names=self.names,
+        bounds=self.bounds)
+    return Output(state=pop, metrics={'pbt/source': np.asarray(out['source'])})
 
 
 def _params_of(state):
@@ -304,6 +321,7 @@ class EMA:
   evaluate: Any = None
   params_of: Any = None
   arrays: Any = None
+  sampled_step: Any = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
     expect(0.0 <= self.decay < 1.0, 'EMA.decay', 'in [0, 1)', self.decay, ConfigError)
@@ -327,14 +345,19 @@ class EMA:
                                    params),
             'count': jnp.zeros((), jnp.int32)}
 
-  def __call__(self, step, state, record):
+  def __call__(self, info):
+    if info.first == info.step or (info.forced and not (
+        self.at_end and info.end.done and self.sampled_step != info.step)):
+      return None
+    state = info.state
+    self.sampled_step = info.step
     params = self.sampled(state)
     arrays = self.arrays if self.arrays is not None else self.init_arrays(state)
     self.arrays = _ema_update(arrays, params, jnp.float32(self.decay), self.correction)
-    if self.evaluate is None or not any(k.startswith('eval/') for k in record):
-      return state, {}
-    return state, {f'eval_ema/{k}': v for k, v in
-                   self.evaluate(self.state_with_average(state)).items()}
+    if self.evaluate is None or not info.evaluated:
+      return None
+    return Output(metrics={f'eval_ema/{k}': v for k, v in
+                           self.evaluate(self.state_with_average(state)).items()})
 
   @property
   def params(self):
@@ -413,12 +436,15 @@ class Histograms:
            'both (gradient histograms) or neither', 'only '
            + ('task' if self.batch is None else 'batch'), ConfigError)
 
-  def __call__(self, step, state, record):
+  def __call__(self, info):
+    if info.forced and not (self.at_end and info.end.done):
+      return None
+    state = info.state
     expect(not isinstance(state, pop_lib.Population), 'Histograms state',
            'a TrainState (one run)', 'a Population', ConfigError)
     histograms = {f'params/{_path_name(path)}': np.asarray(x, np.float32) for path, x in
                   jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]}
-    info = {}
+    numbers = {}
     if self.task is not None:
       grads = jax.device_get(_gradients_fn(self.task)(state, self.batch))
       squares = {}
@@ -428,6 +454,6 @@ class Histograms:
         layer = _path_name(path[:-1]) or _path_name(path)
         squares[layer] = squares.get(layer, 0.0) + float(np.sum(np.square(g, dtype=np.float64)))
       norms = {layer: math.sqrt(s) for layer, s in squares.items()}
-      info.update({f'grad_norm/{layer}': n for layer, n in norms.items()})
+      numbers.update({f'grad_norm/{layer}': n for layer, n in norms.items()})
       histograms['grad_norm'] = np.asarray(list(norms.values()), np.float32)
-    return state, {**info, 'histograms': histograms}
+    return Output(metrics=numbers, histograms=histograms)

@@ -62,7 +62,7 @@ class NonFiniteReplay:
     reports: the :class:`purax.core.nonfinite.Report` of each replay.
   """
 
-  order, at_end, name, option = -16, True, 'non_finite_replay', 'log_every'
+  order, name, option = -16, 'non_finite_replay', 'log_every'
 
   def __init__(self, every: int = 50, *, directory: str | None = None,
                every_step: bool = False, keep: int = 0, max_reports: int = 3):
@@ -75,22 +75,33 @@ class NonFiniteReplay:
     self.max_reports = max_reports
     self.alone = EVERY_UPDATE if every_step else None
     self.reports: list[nonfinite.Report] = []
+    self.since = self.replayed = None
+    self.noted = False
 
-  def start(self, loop) -> None:
-    self.loop, self.since, self.replayed, self.noted = loop, loop.step, None, False
-    if self.keep and loop.source is not None:
-      loop.source.keep(self.keep)
+  @property
+  def keep_batches(self) -> int:
+    """Batches of an iterable source the loop keeps for a replay (:attr:`keep`)."""
+    return self.keep
 
-  def __call__(self, step, state, record):
+  def __call__(self, info):
+    if self.since is None:
+      self.since, self.replayed, self.noted = info.start, None, False
+    if info.first == info.step or (info.end is not None and info.end.status == 'failed'):
+      return None
+    step, state, record = info.step, info.state, info.metrics
     since, self.since = self.since, step
     if (not isinstance(state, TrainState) or len(self.reports) >= self.max_reports
         or jax.process_count() > 1):          # a population, or a multi-host state: not replayed
-      return state, {}
+      return None
     if not self.every_step and not record.get('train/skipped'):
-      return state, {}                        # the log's number: nothing to read
-    metrics = metrics_lib.as_tree(self.loop.metrics)
-    streak = int(jax.device_get(metrics['skip_streak'].current)) if 'skip_streak' in metrics \
-        else 0
+      return None                             # the log's number: nothing to read
+    if self.every_step and info.window is None:
+      window = metrics_lib.as_tree(info._run.metrics)   # every step: the device window
+      streak = int(jax.device_get(window['skip_streak'].current)) \
+          if 'skip_streak' in window else 0
+    else:
+      window = metrics_lib.as_tree(info.window) if info.window is not None else {}
+      streak = int(window['skip_streak'].current) if 'skip_streak' in window else 0
     if not streak:
       if not self.every_step and not self.noted:    # once per fit
         self.noted = True
@@ -99,20 +110,20 @@ class NonFiniteReplay:
                       'is gone, so they cannot be replayed (purax train --debug-nans, or '
                       'purax.hooks.NonFiniteReplay(every_step=True), replays each at its step)',
                       NonFiniteWarning, stacklevel=2)
-      return state, {}
+      return None
     first = step - streak                     # the streak's first update: replayed
     if first == self.replayed:
-      return state, {}
+      return None
     self.replayed = first
-    batch = self.loop.source.batch(first) if self.loop.source is not None else None
+    batch = info.batch(first)
     if batch is None:
       warnings.warn(f'purax: the update at state.step={first} was skipped as non-finite; its '
                     'batch was not kept (an iterable source: NonFiniteReplay(keep=N) keeps '
                     'the last N), so it is not replayed', NonFiniteWarning, stacklevel=2)
-      return state, {}
+      return None
     before = before_skips(state, first, streak)
     with jax.transfer_guard('allow'):         # a replay, off the hot path
-      report = nonfinite.find(self.loop.task, before, batch)
+      report = nonfinite.find(info.plan.task, before, batch)
       self.reports.append(report)
       saved = ''
       if self.directory is not None:
@@ -123,7 +134,7 @@ class NonFiniteReplay:
                  if os.path.isfile(os.path.join(run, 'config.json')) else
                  f'; saved in {self.directory}')
     warnings.warn(f'purax: non-finite {report}{saved}', NonFiniteWarning, stacklevel=2)
-    return state, {}
+    return None
 
 
 def before_skips(state: TrainState, step: int, skipped: int) -> TrainState:

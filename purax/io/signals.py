@@ -18,6 +18,8 @@ import sys
 import threading
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The signals a run answers, by name (``'SIGTERM'``).
+NAMES = {s.name: s for s in SIGNALS}
 _pending: list[int] = []     # exits raised by exit_on_signal that have not ended the process
 
 

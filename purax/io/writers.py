@@ -56,8 +56,11 @@ class MetricWriter(Protocol):
   ``write_histograms(step: int, histograms: Mapping[str, np.ndarray])`` (value
   arrays of any shape, flattened; from :class:`purax.hooks.Histograms`).
 
-  Which writer takes what: :class:`TensorBoardWriter` all three;
-  :class:`JsonlWriter` and :class:`ConsoleWriter` scalars only (histograms
+  ``write_end(step: int, end: Mapping[str, Any])``: how the run ended
+  (:meth:`purax.hooks.End.as_dict`), once, at its last step.
+
+  Which writer takes what: :class:`TensorBoardWriter` the first three;
+  :class:`JsonlWriter` scalars and the end, :class:`ConsoleWriter` scalars only (histograms
   would be megabytes of JSON per log point, or unreadable lines); the
   Weights & Biases writer scalars and hparams.
   """
@@ -112,6 +115,13 @@ class JsonlWriter:
   def write_scalars(self, step, scalars):
     record = {'step': int(step), 'time': time.time()}
     record.update({k: json_number(v) for k, v in scalars.items()})
+    self._file.write(json.dumps(record, allow_nan=False) + '\n')
+    self._file.flush()
+
+  def write_end(self, step, end):
+    """The run's end (:meth:`purax.hooks.End.as_dict`) as one record:
+    ``{"step", "time", "status", "end": {...}}``."""
+    record = {'step': int(step), 'time': time.time(), 'status': end['status'], 'end': dict(end)}
     self._file.write(json.dumps(record, allow_nan=False) + '\n')
     self._file.flush()
 
@@ -282,6 +292,11 @@ class MultiWriter:
     for w in self._writers:
       if hasattr(w, 'write_histograms'):
         w.write_histograms(step, histograms)
+
+  def write_end(self, step, end):
+    for w in self._writers:
+      if hasattr(w, 'write_end'):
+        w.write_end(step, end)
 
   def flush(self):
     for w in self._writers:

@@ -25,10 +25,11 @@ def task(features=(13,)):
 
 
 class SetWeightDecay:
-  every, at_end, name = 6, False, 'set_wd'
+  every, name = 6, 'set_wd'
 
-  def __call__(self, step, state, record):
-    return purax.set_hyperparams(state, weight_decay=0.5), {}
+  def __call__(self, info):
+    if not info.forced:
+      return purax.hooks.Output(state=purax.set_hyperparams(info.state, weight_decay=0.5))
 
 
 def test_the_learning_rate_applied_and_changed_hyperparameters_at_every_log_point():
@@ -76,15 +77,14 @@ class ClockedPlan(SingleDevicePlan):
 
 class SlowHook:
   """A hook of 50 s, 20 of them compiling (an evaluation's first compilation)."""
-  every, at_end, name = 2, False, 'slow'
+  every, name = 2, 'slow'
 
   def __init__(self, clock):
     self.clock = clock
 
-  def __call__(self, step, state, record):
-    if step == 2:
+  def __call__(self, info):
+    if info.step == 2 and not info.forced:
       self.clock.advance(50.0, 20.0)
-    return state, {}
 
 
 def test_steps_per_sec_leaves_out_the_compilation_and_the_hooks_by_construction(monkeypatch):

@@ -36,15 +36,14 @@ def fresh_state():
 class Recorder:
   """Copies the params at its cadence (a user hook)."""
 
-  at_end = True
   name = 'recorder'
 
   def __init__(self, every):
     self.every, self.seen = every, {}
 
-  def __call__(self, step, state, record):
-    self.seen[step] = jax.tree.map(lambda p: np.asarray(p, np.float64), state.params)
-    return state, {}
+  def __call__(self, info):      # on its cadence and at the last step (the final call)
+    if info.step > info.first:
+      self.seen[info.step] = jax.tree.map(lambda p: np.asarray(p, np.float64), info.state.params)
 
 
 # The weights of (the starting params, the samples at steps 2, 4, 6) at decay 0.75,
@@ -146,13 +145,14 @@ def test_the_user_hook_of_the_module_docstring_runs_as_written():
   """The example class in purax.hooks' docstring, executed from the docstring."""
   code = re.search(r'one number of state.*?Example:\n(.*?)\n  >>> task = ', hooks_lib.__doc__,
                    re.S).group(1)
-  namespace = {'optax': __import__('optax')}
+  namespace = {'optax': __import__('optax'), 'purax': purax}
   exec(compile('\n'.join(line[6:] for line in code.splitlines()), 'hooks-doc', 'exec'),
        namespace)
   hook = namespace['StopAtLoss'](target=100.0)       # any loss is below it: stops at once
   hook.every = 2
   state, history = purax.fit(TASK, fresh_state(), DATA, hooks=purax.hooks.standard(log_every=2, progress=False) + list([hook]))
   assert int(state.step) == 2 and hook.reached == 2
+  assert history.end.status == 'early_stopped' and history.end.step == 2
   assert any('params/global_norm' in r for r in history)
   again = namespace['StopAtLoss'](target=0.0)
   again.load_state_dict(hook.state_dict())
@@ -191,17 +191,25 @@ def test_ema_on_a_mesh_resumes_onto_the_sharded_params(tmp_path):
                jax.device_get(straight.params))
 
 
+def record(step, metrics):
+  """The step record a hook gets after the call that ended at ``step``."""
+  return purax.hooks.StepInfo(first=step - 1, step=step, state=None, metrics=metrics)
+
+
 @pytest.mark.parametrize('mode,scores', [('min', (1.0, 0.875, 0.75)), ('max', (0.25, 0.375, 0.5))])
 def test_early_stopping_counts_an_improvement_of_exactly_min_delta_as_stale(mode, scores):
   """min_delta 0.25 from a best of 1.0 (max: 0.25): the next two scores improve by
   0.125 and by exactly 0.25, neither more than min_delta, so both are stale and
   patience 2 stops the run at the third evaluation, not later."""
   hook = hooks_lib.EarlyStopping(metric='loss', mode=mode, patience=2, min_delta=0.25)
-  out = [hook(0, None, {'eval/loss': s})[1] for s in scores]
-  assert out == [{'early_stopping/stale': 0}, {'early_stopping/stale': 1},
-                 {'early_stopping/stale': 2, 'stop': True}]
+  out = [hook(record(s + 1, {'eval/loss': v})) for s, v in enumerate(scores)]
+  assert [dict(o.metrics) for o in out] == [{'early_stopping/stale': s} for s in (0, 1, 2)]
+  assert [o.stop is not None for o in out] == [False, False, True]
+  end = out[-1].stop
+  assert (end.status, end.step, end.metric, end.best_step) == ('early_stopped', 3, 'eval/loss', 1)
+  assert end.best == scores[0]           # the best value itself, not the score to minimise
   assert hook.best == (1.0 if mode == 'min' else -0.25)
-  hook(0, None, {'eval/loss': scores[0] - 0.5 if mode == 'min' else scores[0] + 0.5})
+  hook(record(4, {'eval/loss': scores[0] - 0.5 if mode == 'min' else scores[0] + 0.5}))
   assert hook.stale == 0       # an improvement of more than min_delta resets the count
 
 
@@ -209,10 +217,11 @@ def test_early_stopping_by_a_train_metric_and_its_state_belongs_to_its_rule():
   """Issue 29.7: any logged metric, the rule of keep-best; a saved best and
   count of another metric or direction are not taken over on resume."""
   hook = hooks_lib.EarlyStopping(metric='train/loss', mode='min', patience=2, every=10)
-  out = [hook(s, None, {'train/loss': v})[1] for s, v in ((10, 1.0), (20, 0.5), (30, 0.7))]
-  assert [o['early_stopping/stale'] for o in out] == [0, 0, 1]
+  out = [hook(record(s, {'train/loss': v})) for s, v in ((10, 1.0), (20, 0.5), (30, 0.7))]
+  assert [o.metrics['early_stopping/stale'] for o in out] == [0, 0, 1]
   saved = hook.state_dict()
-  assert saved == {'best': 0.5, 'stale': 1, 'metric': 'train/loss', 'mode': 'min'}
+  assert saved == {'best': 0.5, 'stale': 1, 'best_step': 20, 'metric': 'train/loss',
+                   'mode': 'min'}
   same = hooks_lib.EarlyStopping(metric='train/loss', mode='min', patience=2)
   same.load_state_dict(saved)
   assert (same.best, same.stale) == (0.5, 1)

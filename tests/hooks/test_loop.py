@@ -28,15 +28,32 @@ def fresh():
 
 
 class Recorder:
-  """A user hook that records the steps it ran at and how often end ran."""
+  """A user hook that records the steps its cadence called it at, and its final calls."""
+
+  def __init__(self, every):
+    self.every, self.steps, self.ends, self.name = every, [], [], 'rec'
+
+  def __call__(self, info):
+    assert int(jax.device_get(info.state.step)) == info.step   # the true step, not a call count
+    assert dict(info.metrics) is not info.metrics              # read-only: a copy to change
+    with pytest.raises(TypeError):
+      info.metrics['x'] = 1.0
+    if not info.forced:
+      self.steps.append(info.step)
+    if info.end is not None:
+      self.ends.append((info.step, info.forced, info.end.status))
+
+
+class LegacyRecorder:
+  """A hook of the protocol before 0.3: (step, state, record), at_end, end(loop)."""
 
   def __init__(self, every, at_end=False):
-    self.every, self.at_end, self.steps, self.ends, self.name = every, at_end, [], 0, 'rec'
+    self.every, self.at_end, self.steps, self.ends, self.name = every, at_end, [], 0, 'old'
 
   def __call__(self, step, state, record):
-    assert int(jax.device_get(state.step)) == step      # the true step, not a call count
+    assert int(jax.device_get(state.step)) == step
     self.steps.append(step)
-    return state, {}
+    return state, {'old/step': float(step)}
 
   def end(self, loop):
     self.ends += 1
@@ -44,18 +61,34 @@ class Recorder:
 
 @pytest.mark.parametrize('k', [1, 4])
 def test_a_hook_sees_the_true_steps_of_its_cadence_whatever_the_steps_per_call(k):
-  hooks = [Recorder(4), Recorder(8), Recorder(None), Recorder(0), Recorder(8, at_end=True)]
-  purax.fit(TASK, fresh(), DATA, steps=22, steps_per_call=k,
-            hooks=purax.hooks.standard(log_every=4, progress=False,
-                                       eval_data=DATA[:1], eval_every=8) + hooks)
-  every4, every8, each_call, after_eval, at_end = hooks
+  hooks = [Recorder(4), Recorder(8), Recorder(None), Recorder(0)]
+  _, history = purax.fit(TASK, fresh(), DATA, steps=22, steps_per_call=k,
+                         hooks=purax.hooks.standard(log_every=4, progress=False,
+                                                    eval_data=DATA[:1], eval_every=8) + hooks)
+  every4, every8, each_call, after_eval = hooks
   assert every4.steps == [4, 8, 12, 16, 20]
   assert every8.steps == [8, 16]
-  # calls of 4 end at 4, 8, ..., 20; steps 21 and 22 (the tail) run singly
-  assert each_call.steps == (list(range(1, 23)) if k == 1 else [4, 8, 12, 16, 20, 21, 22])
+  # once before the first call; calls of 4 end at 4, 8, ..., 20; 21 and 22 (the tail) run singly
+  assert each_call.steps == (list(range(0, 23)) if k == 1 else [0, 4, 8, 12, 16, 20, 21, 22])
   assert after_eval.steps == [8, 16, 22]                   # evaluations: 8, 16 and the end
-  assert at_end.steps == [8, 16, 22]
-  assert all(h.ends == 1 for h in hooks)
+  # The one final call: every hook, at the last step, with the end; forced
+  # where its cadence did not call it there.
+  assert every4.ends == every8.ends == [(22, True, 'finished')]
+  assert each_call.ends == after_eval.ends == [(22, False, 'finished')]
+  assert history.end.status == 'finished' and history.end.step == 22
+
+
+def test_a_hook_of_the_old_protocol_runs_with_a_deprecation_warning():
+  """Hooks written before 0.3 keep working until 0.4: their cadence, at_end
+  (the last step, when the run finished), end(loop) once, their numbers written."""
+  hooks = [LegacyRecorder(8), LegacyRecorder(8, at_end=True)]
+  with pytest.warns(DeprecationWarning, match=r'protocol before 0.3.*StepInfo'):
+    _, history = purax.fit(TASK, fresh(), DATA, steps=22,
+                           hooks=purax.hooks.standard(log_every=4, progress=False) + hooks)
+  plain, at_end = hooks
+  assert plain.steps == [8, 16] and at_end.steps == [8, 16, 22]
+  assert plain.ends == at_end.ends == 1
+  assert [r['step'] for r in history if 'old/step' in r] == [8, 16, 22]
 
 
 def test_a_cadence_that_is_not_a_multiple_of_steps_per_call_is_a_named_error():
@@ -149,4 +182,6 @@ def test_a_call_with_no_hook_due_asks_no_hook(monkeypatch):
   monkeypatch.setattr(loop_lib, 'due', lambda *a, **kw: asked.append(a[2]) or real(*a, **kw))
   purax.fit(TASK, fresh(), DATA, steps=STEPS, steps_per_call=1,
             hooks=purax.hooks.standard(log_every=8, progress=False, max_consecutive_skips=None))
-  assert sorted(set(asked)) == [8, 16, 24] and len(asked) == 3 * 2   # Log, NonFiniteReplay
+  # NonFiniteReplay's cadence at 8 and 16 (Log, every=None, runs after every call
+  # that reached one); the final call asks each hook once (Log and NonFiniteReplay).
+  assert asked == [8, 16, 24, 24]

@@ -420,3 +420,54 @@ def test_a_step_directory_recording_another_step_is_not_restored(tmp_path, two_c
   with pytest.warns(RuntimeWarning, match=r'skipping unreadable checkpoint 3 .*records step 1'):
     restored, _, step = ckpt.restore(abstract)
   assert step == 2 and tree_equal(keyless(restored), keyless({'state': later}))
+
+
+def test_would_keep_and_best_step_follow_keep_best_across_a_new_checkpointer(tmp_path):
+  """A save is among the best K when its metric beats the worst of the best
+  kept (Checkpoint saves at every such evaluation); a new Checkpointer on the
+  directory (a resumed run) ranks as the one before it did."""
+  tree = {'x': np.arange(3, dtype=np.float32)}
+  with Checkpointer(str(tmp_path), keep_last=1, keep_best=2, best_metric='eval/loss',
+                    best_mode='min') as ckpt:
+    assert ckpt.would_keep({'eval/loss': 5.0}) and not ckpt.would_keep({'train/loss': 1.0})
+    assert not ckpt.would_keep({'eval/loss': float('nan')})
+    for step, loss in ((10, 3.0), (20, 1.0)):
+      ckpt.save(step, tree, metrics={'eval/loss': loss})
+    assert not ckpt.would_keep({'eval/loss': 3.0})         # not better than the worst kept
+    assert ckpt.would_keep({'eval/loss': 2.5})
+    ckpt.save(30, tree, metrics={'eval/loss': 2.0})
+    ckpt.wait()
+    assert ckpt.best_step() == 20 and ckpt.steps() == [20, 30]
+  with Checkpointer(str(tmp_path), keep_best=2, best_metric='eval/loss', best_mode='min') as again:
+    assert not again.would_keep({'eval/loss': 2.5}) and again.would_keep({'eval/loss': 1.5})
+  with Checkpointer(str(tmp_path), keep_best=0) as off:
+    assert not off.would_keep({'eval/accuracy': 1.0})
+  with Checkpointer(str(tmp_path), read_only=True, best_metric='eval/accuracy') as reader:
+    with pytest.raises(CheckpointError, match="expected a checkpoint that records "
+                                              "'eval/accuracy'"):
+      reader.best_step()
+
+
+def test_a_read_only_checkpointer_creates_cleans_and_renames_nothing(tmp_path, trained):
+  """A reader beside a writer: the writer's unfinished save stays, an
+  unreadable checkpoint is skipped but not moved aside, a missing directory is
+  not created, and a save is refused by name."""
+  _, _, state, _ = trained
+  with Checkpointer(str(tmp_path)) as writer:
+    writer.save(1, {'state': state})
+    writer.save(2, {'state': state})
+  unfinished = tmp_path / '3.orbax-checkpoint-tmp-99'
+  (unfinished / 'state').mkdir(parents=True)
+  os.remove(next(glob.iglob(str(tmp_path / '2' / 'extra' / '*'))))   # checkpoint 2 unreadable
+  before = sorted(os.listdir(tmp_path))
+  abstract = jax.eval_shape(lambda: {'state': state})
+  with Checkpointer(str(tmp_path), read_only=True) as reader:
+    with pytest.warns(RuntimeWarning, match='skipping unreadable checkpoint 2'):
+      _, _, step = reader.restore(abstract, move_aside=True)
+    assert step == 1
+    with pytest.raises(CheckpointError, match='opened read-only .* expected no save'):
+      reader.save(4, {'state': state})
+  assert sorted(os.listdir(tmp_path)) == before
+  with pytest.raises(CheckpointError, match='expected a directory to read, got none'):
+    Checkpointer(str(tmp_path / 'missing'), read_only=True)
+  assert not (tmp_path / 'missing').exists()

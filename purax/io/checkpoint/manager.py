@@ -16,7 +16,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as orbax_policies
 
 from purax.core.errors import ConfigError, expect_kind
-from purax.core.metrics import MODES, Best
+from purax.core.metrics import MODES, Best, to_minimise
 from purax.io.checkpoint import integrity, layout, quiet
 from purax.io.checkpoint.errors import CheckpointError, Unreadable
 from purax.io.checkpoint.policies import DEFAULT_INTERVAL_S, BestOfRecorded, IntervalSinceStart
@@ -54,6 +54,11 @@ class Checkpointer:
       SHA-256 of its JSON, the per-array fingerprints and signature) and
       check them; a checkpoint missing one is unreadable, not unchecked.
       ``False`` waives the checks (a checkpoint written by other tools).
+    read_only: open the directory to read it (``purax eval``, ``export``,
+      :func:`purax.restore_or_init` given a path): nothing in it is created,
+      renamed, deleted or cleaned up, so a trainer writing the same
+      directory is not disturbed (its unfinished saves are its own to clean,
+      under its run's lock); :meth:`save` is refused.
     interval_s: :meth:`should_save` is true once this many seconds have passed
       since the last save (or since this object was made), unless a save is
       still being written (orbax's ``ContinuousCheckpointingPolicy``). None or
@@ -70,11 +75,13 @@ class Checkpointer:
   def __init__(self, directory: str, *, keep_last: int = 3, keep_best: int = 0,
                best_metric: str = 'eval/accuracy', best_mode: str = 'max',
                metadata: Mapping[str, Any] | None = None, async_save: bool = True,
-               interval_s: float | None = DEFAULT_INTERVAL_S, verify: bool = True):
+               interval_s: float | None = DEFAULT_INTERVAL_S, verify: bool = True,
+               read_only: bool = False):
     expect_kind(directory, 'directory', (str, os.PathLike), 'a path', CheckpointError)
     for name, value in (('keep_last', keep_last), ('keep_best', keep_best)):
       expect_kind(value, name, (int, np.integer), 'an integer', CheckpointError)
-    for name, value in (('async_save', async_save), ('verify', verify)):
+    for name, value in (('async_save', async_save), ('verify', verify),
+                        ('read_only', read_only)):
       expect_kind(value, name, bool, 'True or False', CheckpointError)
     expect_kind(best_metric, 'best_metric', str, "a metric name, e.g. 'eval/accuracy'",
                 CheckpointError)
@@ -99,15 +106,24 @@ class Checkpointer:
     except ConfigError as e:
       raise CheckpointError(str(e)) from None
     self.best_metric = best_metric
+    self.keep_best, self.read_only = int(keep_best), bool(read_only)
     self._scores: dict[int, float] = {}
     self._writing: int | None = None   # the step of the save started last, until waited for
     preserve = [orbax_policies.LatestN(n=keep_last)]
     if keep_best:
       preserve.append(BestOfRecorded(keep_best, self._scores, self.best))
-    options = ocp.CheckpointManagerOptions(
-        preservation_policy=orbax_policies.AnyPreservationPolicy(preserve), create=True,
-        save_decision_policy=IntervalSinceStart(self.interval_s) if self.interval_s else None,
-        enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
+    if read_only:   # a reader: nothing created, cleaned up, renamed or deleted
+      options = ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                             cleanup_tmp_directories=False,
+                                             save_root_metadata=False)
+    else:
+      options = ocp.CheckpointManagerOptions(
+          preservation_policy=orbax_policies.AnyPreservationPolicy(preserve), create=True,
+          save_decision_policy=IntervalSinceStart(self.interval_s) if self.interval_s else None,
+          enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
+    if read_only and not os.path.isdir(self.directory):
+      raise CheckpointError(f'checkpoint directory {self.directory}: expected a directory to '
+                            'read, got none')
     try:
       self._manager = ocp.CheckpointManager(self.directory, options=options,
                                             item_names=('state', 'extra'))
@@ -116,11 +132,51 @@ class Checkpointer:
                             f'got {type(e).__name__}: {e}') from e
     quiet.divert_errors()   # orbax's error logs off stderr: this object raises the errors
     if keep_best:
-      for s in self._manager.all_steps():
-        with contextlib.suppress(Unreadable):   # an unreadable one does not compete
-          score = self._read_extra(s).get('metrics', {}).get(best_metric)
-          if isinstance(score, (int, float)):
-            self._scores[s] = float(score)
+      self._read_scores()
+
+  def _read_scores(self) -> None:
+    """The best metric of every committed checkpoint, read from its JSON."""
+    for s in self._manager.all_steps():
+      with contextlib.suppress(Unreadable):   # an unreadable one does not compete
+        score = self._read_extra(s).get('metrics', {}).get(self.best_metric)
+        if isinstance(score, (int, float)):
+          self._scores[s] = float(score)
+
+  def would_keep(self, metrics: Mapping[str, Any]) -> bool:
+    """Whether a save with these ``metrics`` would be among the ``keep_best``
+    best (by ``best_metric``): the metric is there, finite, and better than
+    the worst of the best kept so far (or fewer are kept). False without
+    ``keep_best``. :class:`purax.hooks.Checkpoint` saves at every such step,
+    so the best evaluations are always among the kept checkpoints."""
+    if not self.keep_best or self.best_metric not in metrics:
+      return False
+    try:
+      score = float(metrics[self.best_metric])
+    except (TypeError, ValueError):
+      return False
+    if not np.isfinite(score):
+      return False
+    ranked = sorted(float(to_minimise(v, self.best.mode)) for v in self._scores.values()
+                    if np.isfinite(v))
+    return (len(ranked) < self.keep_best
+            or float(to_minimise(score, self.best.mode)) < ranked[self.keep_best - 1])
+
+  def best_step(self) -> int:
+    """The committed checkpoint with the best ``best_metric`` (ties: the older).
+
+    Raises:
+      CheckpointError: no committed checkpoint records ``best_metric``.
+    """
+    steps = set(self.steps())
+    if not self._scores:
+      self._read_scores()
+    scored = sorted((float(to_minimise(v, self.best.mode)), s) for s, v in self._scores.items()
+                    if s in steps and np.isfinite(v))
+    if not scored:
+      raise CheckpointError(f'checkpoint directory {self.directory}: expected a checkpoint '
+                            f'that records {self.best_metric!r} (saved at an evaluation), got '
+                            f'none among steps {sorted(steps)}')
+    return scored[0][1]
 
   # -- saving --
 
@@ -148,6 +204,9 @@ class Checkpointer:
       CheckpointError: this save, or an earlier asynchronous one, failed (no
         space, no permission, ...); earlier committed checkpoints are intact.
     """
+    if self.read_only:
+      raise CheckpointError(f'checkpoint directory {self.directory}: opened read-only (a '
+                            f'reader), expected no save, got one of step {step}')
     layout.check_savable(step, tree, metrics, extra)
     step = int(step)
     metrics = {k: float(v) for k, v in (metrics or {}).items()}
@@ -278,7 +337,7 @@ class Checkpointer:
 
   def _move_aside(self, step: int) -> str | None:
     """Renames an unreadable step directory out of orbax's step names."""
-    if jax.process_index() != 0:
+    if jax.process_index() != 0 or self.read_only:
       return None
     source = os.path.join(self.directory, str(step))
     n = 1

@@ -65,7 +65,8 @@ class Restored:
     train_metrics: the running metrics window to continue (``None`` when fresh).
     step: the checkpoint's step (0 when fresh).
     data_state: an iterable's saved position (``fit`` takes the whole :class:`Restored`), or None.
-    extra: the checkpoint's JSON extra (``{}`` when fresh).
+    extra: the checkpoint's JSON extra (``{}`` when fresh); ``extra['end']``:
+      how the run had ended when it was saved (:attr:`end`).
     hook_arrays: ``{name: tree}`` of the hooks with array state (``fit``'s
       ``hook_arrays``), or None (fresh, or no such hook given).
   """
@@ -80,6 +81,15 @@ class Restored:
   @property
   def fresh(self) -> bool:
     return not self.extra
+
+  @property
+  def end(self):
+    """How the run had ended when this checkpoint was saved
+    (:class:`purax.hooks.End`), or None (a checkpoint of a run in progress,
+    or from before 0.3)."""
+    from purax.hooks.record import End
+    saved = self.extra.get('end')
+    return None if saved is None else End.from_dict(saved)
 
   @property
   def hook_states(self) -> dict | None:
@@ -110,7 +120,8 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
   Args:
     directory: a checkpoint directory (``fit``'s checkpointer's), a
       ``purax train`` run directory (its ``checkpoints/`` is used), or a
-      :class:`Checkpointer`. A missing or empty directory (or one holding only
+      :class:`Checkpointer`. A path is opened read-only (unless
+      ``move_aside``): nothing in it is created, cleaned up or renamed. A missing or empty directory (or one holding only
       unfinished saves) is "nothing here yet" and initialises.
     task: the task whose state is restored (its shapes and dtypes must match:
       strict, never a cast).
@@ -174,7 +185,10 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
   checkpointer = directory
   if not isinstance(directory, Checkpointer):
     directory = checkpoint_directory(directory)
-    checkpointer = Checkpointer(directory) if os.path.isdir(directory) else None
+    # A path is only read: nothing in it is cleaned up or locked (a trainer may be
+    # writing it); a Checkpointer given is the caller's, writer or reader.
+    checkpointer = Checkpointer(directory, read_only=not move_aside) if os.path.isdir(
+        directory) else None
   try:
     if checkpointer is not None and checkpointer.steps():
       return Restored.of(*checkpointer.restore(abstract, move_aside=move_aside))
