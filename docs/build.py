@@ -18,6 +18,13 @@ its module's page, a paragraph holding ``>>>``, a Markdown fence or a reST
 ``::`` marker. The script prints each and exits 1, leaving the previous
 output in place (the new one is built next to it and renamed in only on
 success).
+
+Only a site this script built is replaced: each holds the marker file
+:data:`MARKER`, written into ``OUT.tmp`` before Sphinx starts (so a build
+killed midway leaves a ``OUT.tmp`` that is recognised as its own). An
+existing ``OUT`` or ``OUT.tmp`` without it (any other directory, a file, a
+symlink) is refused before any work, with one line on stderr naming it,
+exit status 2, and is left untouched.
 """
 
 from __future__ import annotations
@@ -37,6 +44,43 @@ import warnings
 
 DOCS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(DOCS)
+
+#: The file every site built here holds; only a directory holding it is replaced.
+MARKER = '.purax-docs-site'
+
+
+class NotASite(Exception):
+  """``OUT`` or ``OUT.tmp`` exists and is not a site this script built."""
+
+
+def _what(path: str) -> str:
+  if os.path.islink(path):
+    return f'a symlink to {os.readlink(path)!r}'
+  if not os.path.isdir(path):
+    return 'a file' if os.path.isfile(path) else 'not a directory'
+  n = len(os.listdir(path))
+  return f'a directory of {n} {"entry" if n == 1 else "entries"} without {MARKER}'
+
+
+def check_out(out: str) -> None:
+  """Refuses to replace what this script did not build: ``out`` and
+  ``out.tmp`` must each be absent or a directory (not a symlink) holding
+  :data:`MARKER` as a regular file. Reads only.
+
+  Raises:
+    NotASite: naming the path, what was expected and what is there.
+  """
+  for path in (out.rstrip('/') or out, out.rstrip('/') + '.tmp'):
+    if not os.path.lexists(path):
+      continue
+    marker = os.path.join(path, MARKER)
+    if (os.path.isdir(path) and not os.path.islink(path) and os.path.isfile(marker)
+        and not os.path.islink(marker)):
+      continue
+    raise NotASite(f'{path}: expected no such path or a site built by docs/build.py (a '
+                   f'directory holding {MARKER}), got {_what(path)}; left untouched '
+                   '(remove it or choose another OUT)')
+
 
 #: Modules with no page of their own (``python -m purax``).
 SKIP = ('purax.__main__',)
@@ -210,12 +254,23 @@ def check_html(out: str) -> list[str]:
 
 
 def build(out: str) -> list[str]:
-  """Builds the site into ``out``; returns the problems (none: success)."""
+  """Builds the site into ``out``; returns the problems (none: success).
+
+  Raises:
+    NotASite: ``out`` or ``out.tmp`` exists and is not a site built here
+      (:func:`check_out`), before any work.
+  """
+  check_out(out)
   sys.path.insert(0, ROOT)
   from sphinx.application import Sphinx
   from sphinx.util.docutils import docutils_namespace, patch_docutils
-  tmp = out.rstrip('/') + '.tmp'
-  shutil.rmtree(tmp, ignore_errors=True)
+  from purax.io.safe_files import write_atomic
+  out = out.rstrip('/') or out
+  tmp = out + '.tmp'
+  shutil.rmtree(tmp, ignore_errors=True)     # our own leftover (check_out)
+  os.makedirs(tmp)
+  write_atomic(os.path.join(tmp, MARKER), 'A site built by docs/build.py; its next build '
+               'replaces this directory.\n')
   with tempfile.TemporaryDirectory(prefix='purax-docs-') as staging:
     stage(staging)
     log = io.StringIO()
@@ -239,7 +294,11 @@ def build(out: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
   out = argv[0] if argv else os.path.join(DOCS, '_build', 'html')
-  problems = build(out)
+  try:
+    problems = build(out)
+  except NotASite as e:
+    print(f'docs: {e}', file=sys.stderr)
+    return 2
   for p in problems:
     print(f'docs: {p}', file=sys.stderr)
   if problems:

@@ -114,14 +114,92 @@ def test_a_problem_fails_the_build_and_keeps_the_previous_site(tmp_path, monkeyp
 
     def build(self):
       self.warning.write('docs/guides/x.md:3: WARNING: py:func reference target not found: nope\n')
-      os.makedirs(self.outdir)
+      os.makedirs(self.outdir, exist_ok=True)
 
   monkeypatch.setattr(sphinx.application, 'Sphinx', Warns)
   monkeypatch.setattr(build, 'stage', lambda staging: None)
   (tmp_path / 'html').mkdir()
+  (tmp_path / 'html' / build.MARKER).write_text('')
   (tmp_path / 'html' / 'old.html').write_text('previous build')
   assert build.main([str(tmp_path / 'html')]) == 1
   assert (tmp_path / 'html' / 'old.html').read_text() == 'previous build'
+  assert not (tmp_path / 'html.tmp').exists()
+
+
+def _tree(root):
+  """``relative path -> bytes`` (a directory: None) of everything under ``root``."""
+  out = {}
+  for dirpath, dirs, files in os.walk(root):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(dirpath, name), root)] = None
+    for name in files:
+      with open(os.path.join(dirpath, name), 'rb') as f:
+        out[os.path.relpath(os.path.join(dirpath, name), root)] = f.read()
+  return out
+
+
+@pytest.mark.parametrize('which', ['out', 'tmp'])
+def test_a_directory_it_did_not_build_is_refused_and_left_untouched(which, tmp_path, monkeypatch,
+                                                                     capsys):
+  """An existing OUT (or OUT.tmp) without the marker is refused before any
+  work (nothing staged, Sphinx never started): one line naming it, exit 2,
+  every byte as it was."""
+  build = _load_build()
+  monkeypatch.setattr(build, 'stage', lambda staging: pytest.fail('staged'))
+  out = tmp_path / 'html'
+  mine = out if which == 'out' else tmp_path / 'html.tmp'
+  (mine / 'notes').mkdir(parents=True)
+  (mine / 'index.html').write_bytes(b'my own page\x00\xff')
+  (mine / 'notes' / 'a.txt').write_bytes(b'keep me')
+  before = _tree(tmp_path)
+  assert build.main([str(out)]) == 2
+  err = capsys.readouterr().err.splitlines()
+  assert err == [f'docs: {mine}: expected no such path or a site built by docs/build.py (a '
+                 f'directory holding {build.MARKER}), got a directory of 2 entries without '
+                 f'{build.MARKER}; left untouched (remove it or choose another OUT)'], err
+  assert _tree(tmp_path) == before
+
+
+def test_a_file_or_a_link_at_out_is_refused(tmp_path, monkeypatch, capsys):
+  build = _load_build()
+  monkeypatch.setattr(build, 'stage', lambda staging: pytest.fail('staged'))
+  site = tmp_path / 'site'
+  site.mkdir()
+  (site / build.MARKER).write_text('')
+  (tmp_path / 'link').symlink_to(site)
+  (tmp_path / 'file').write_bytes(b'data')
+  before = _tree(tmp_path)
+  assert build.main([str(tmp_path / 'file')]) == 2
+  assert 'got a file;' in capsys.readouterr().err
+  assert build.main([str(tmp_path / 'link')]) == 2
+  assert f'got a symlink to {str(site)!r};' in capsys.readouterr().err
+  assert _tree(tmp_path) == before
+
+
+def test_its_own_site_and_leftover_are_replaced(tmp_path, monkeypatch):
+  """A previous site (marker) is replaced by the new one, which holds the
+  marker; a leftover OUT.tmp of a killed build (marker) is removed first."""
+  build = _load_build()
+  import sphinx.application
+
+  class Builds:
+    def __init__(self, srcdir, confdir, outdir, doctreedir, builder, **_):
+      self.outdir = outdir
+
+    def build(self):
+      with open(os.path.join(self.outdir, 'index.html'), 'w') as f:
+        f.write('<article><pre>new</pre></article>')
+
+  monkeypatch.setattr(sphinx.application, 'Sphinx', Builds)
+  monkeypatch.setattr(build, 'stage', lambda staging: None)
+  monkeypatch.setattr(build, 'docstring_examples', lambda: {})
+  for name in ('html', 'html.tmp'):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / build.MARKER).write_text('')
+    (tmp_path / name / 'old.html').write_text('old')
+  assert build.main([str(tmp_path / 'html')]) == 0
+  assert sorted(os.listdir(tmp_path)) == ['html']
+  assert sorted(os.listdir(tmp_path / 'html')) == sorted([build.MARKER, 'index.html'])
 
 
 def test_code_rendered_as_prose_is_a_problem(tmp_path, monkeypatch):

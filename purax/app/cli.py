@@ -127,7 +127,10 @@ class PlotConfig:
 
   Attributes:
     workdir: a run directory (metrics.jsonl) or a sweep directory (sweep.json).
-    out: the PNG's path; when unset WORKDIR/curves.png.
+    out: the PNG's path, in an existing directory; when unset WORKDIR/curves.png.
+      Refused: one of the run's own files or anything in its subdirectories
+      (config.json, metrics.jsonl, checkpoints/, ...; symlinks resolved), an
+      existing directory, an existing file that is not a PNG.
   """
 
   workdir: str

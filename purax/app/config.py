@@ -51,6 +51,7 @@ profile = lazy.module('purax.io.profile')
 writers = lazy.module('purax.io.writers')
 mesh_lib = lazy.module('purax.parallel.mesh')
 budget = lazy.module('purax.plan.budget')
+spikes = lazy.module('purax.core.spikes')
 
 #: The file of a run directory that holds its config (:func:`read_config`).
 CONFIG = 'config.json'
@@ -228,6 +229,26 @@ class RunConfig:
 
 SECTIONS = ('model', 'data', 'optimizer', 'run')
 
+
+def check_spike_window(optimizer, members: int = 1) -> None:
+  """Refuses a loss-spike guard (``--spike-k``) whose window (``--spike-window``),
+  one per member, cannot fit in memory: before any state is made
+  (:func:`purax.plan.budget.expect_fits`).
+
+  Raises:
+    ConfigError: naming ``spike_window``, the memory available and the
+      memory needed.
+  """
+  if not optimizer.spike_k:
+    return          # no guard: the window is never allocated
+  window = optimizer.spike_window
+  budget.expect_fits(members * spikes.window_bytes(window), 'spike_window', window,
+                     'a window whose state' + (f' ({members} members)' if members > 1 else ''),
+                     how='float32 [window, 2] of loss and gradient norm'
+                     + (' per member' if members > 1 else ''),
+                     hint='use a smaller --spike-window' + (' or fewer members'
+                                                            if members > 1 else ''))
+
 #: Characters a W&B project name may not hold (wandb refuses them at ``wandb.init``).
 WANDB_FORBIDDEN = '/\\#?%:'
 
@@ -314,6 +335,7 @@ class TrainConfig(Sections):
     m = self.optimizer.microbatches
     expect(self.data.batch_size % m == 0, 'batch_size', f'a multiple of microbatches={m}',
            self.data.batch_size, ConfigError)
+    check_spike_window(self.optimizer)
     return self
 
   def _check_types(self) -> None:

@@ -111,6 +111,12 @@ class Data:
     return sample_batch(self.x_train.shape[1:], self.x_train.dtype, self.y_train.shape[1:],
                         self.y_train.dtype, batch_size)
 
+  def example_bytes(self) -> int:
+    """Bytes of one example of :meth:`sample`'s batch (inputs and targets)."""
+    x = int(np.prod(self.x_train.shape[1:], dtype=np.int64)) * 4      # int32 or float32
+    y = int(np.prod(self.y_train.shape[1:], dtype=np.int64)) * np.dtype(self.y_train.dtype).itemsize
+    return x + y
+
   def train(self, batch_size: int, seed: int, num_steps: int):
     """Random-access training batches: ``[s]`` is step ``s``'s ``{'x', 'y'}``."""
     return self.train_batches(batch_size=batch_size, seed=seed, num_steps=num_steps)

@@ -34,6 +34,7 @@ from purax.core.errors import ConfigError, expect
 
 # Parses specs when a config is checked (its draws need jax): imported on use.
 search = lazy.module('purax.app.search')
+spikes = lazy.module('purax.core.spikes')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +141,8 @@ _SETTINGS = (
     ('spike_k', float, 0.0, 'loss-spike guard: skip an update whose loss or gradient norm '
      'exceeds the mean of the last --spike-window steps plus K standard deviations (e.g. 6; '
      'counted as train/spikes; 0: off)'),
-    ('spike_window', int, 128, 'steps of history the loss-spike guard compares with (>= 2)'),
+    ('spike_window', int, 128, 'steps of history the loss-spike guard compares with (in '
+     '[2, 2**24]; its state is 8 bytes a step, per sweep member, checked against the memory)'),
     ('z_loss', float, 0.0, 'language models: add Z_LOSS * log(Z)**2 to each token\'s loss, '
      'Z the softmax normalizer (PaLM used 1e-4; 0: off)'),
 )
@@ -151,7 +153,6 @@ _SETTING_CHECKS = {
     'loss_scale': (lambda v: math.isfinite(v) and 1 <= v <= 2.0 ** 24, 'in [1, 2**24]'),
     'max_consecutive_skips': (lambda v: v >= 1, '>= 1'),
     'spike_k': (lambda v: math.isfinite(v) and v >= 0, 'a finite number >= 0 (0: off)'),
-    'spike_window': (lambda v: v >= 2, '>= 2'),
     'z_loss': (lambda v: math.isfinite(v) and v >= 0, 'a finite number >= 0 (0: off)'),
 }
 
@@ -196,6 +197,11 @@ def _check_optimizer(self) -> None:
       parse_spec(row, value)
   for name, (ok, expected) in _SETTING_CHECKS.items():
     expect(ok(getattr(self, name)), name, expected, getattr(self, name), ConfigError)
+  window = self.spike_window      # a sanity bound; the memory: config.check_spike_window
+  expect(2 <= window <= spikes.MAX_WINDOW, 'spike_window',
+         f'an integer in [2, 2**24 = {spikes.MAX_WINDOW}] (steps of history)',
+         f'{window}' + (f', whose state would need {spikes.window_bytes(window) / 2 ** 30:.2f} '
+                        'GiB per member' if window > spikes.MAX_WINDOW else ''), ConfigError)
 
 
 def _values(self) -> dict[str, float]:

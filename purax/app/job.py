@@ -143,7 +143,11 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
   data = config.data.load()
   phase('loading the data')
   task = build_task(config, num_classes=data.num_classes, input_shape=data.input_shape)
-  sample = data.sample(config.data.batch_size)
+  batch_size = config.data.batch_size
+  budget.expect_fits(batch_size * data.example_bytes(), 'batch_size', batch_size,
+                     'a batch that', how='the inputs and targets of one batch',
+                     hint='use a smaller --batch-size')      # before the sample is made
+  sample = data.sample(batch_size)
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
   phase('tracing the model')
   run = config.run
@@ -227,25 +231,43 @@ def check_best_metric(job: Job) -> None:
          repr(run.best_metric) + ('' if key == run.best_metric else f' ({key})'), ConfigError)
 
 
+def state_bytes(job: Job) -> int:
+  """Bytes of one state of the job (its abstract state: nothing allocated)."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(job.abstract['state']))
+
+
 def check_memory(job: Job) -> None:
   """Refuses a transformer run whose activations cannot fit, before compiling."""
   config, model = job.config, job.task.model
   if not hasattr(model, 'num_heads'):
     return
   n = job.num_devices
-  state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(job.abstract['state']))
   need = flops.transformer_step_bytes(
       batch=max(1, config.data.batch_size // n), seq_len=int(job.sample['x'].shape[1]),
       d_model=model.d_model, num_layers=model.num_layers, num_heads=model.num_heads,
       vocab=model.vocab_size if hasattr(model, 'vocab_size') else 0,
       bytes_per_value=jnp.dtype(model.dtype).itemsize, remat=config.model.remat,
-      microbatches=config.optimizer.microbatches) + state_bytes // n
-  have = budget.available_bytes(jax.devices()[0])
-  expect(have is None or need <= have, 'batch_size',
-         f'a step that fits the {have / 2**30:.1f} GiB available on {jax.devices()[0].device_kind} '
-         '(use a smaller --batch-size or --seq-len, --microbatches, or --remat full)',
-         f'{config.data.batch_size}, estimated to need {need / 2**30:.1f} GiB of activations and '
-         'state (purax.core.flops.transformer_step_bytes)', ConfigError)
+      microbatches=config.optimizer.microbatches) + state_bytes(job) // n
+  budget.expect_fits(need, 'batch_size', config.data.batch_size, 'a step that',
+                     how='activations and state: purax.core.flops.transformer_step_bytes',
+                     hint='use a smaller --batch-size or --seq-len, --microbatches, or '
+                     '--remat full')
+
+
+def check_population_memory(job: Job, members: int, field: str, *, seeds: int = 1) -> None:
+  """Refuses a population whose states cannot fit, before it is made:
+  ``members`` copies of the job's state (:func:`state_bytes`) and a batch for
+  each of ``seeds`` distinct seeds (:func:`purax.plan.budget.expect_fits`).
+
+  Raises:
+    ConfigError: naming ``field`` (``members``, ``num_lrs``), the memory
+      available and the memory needed.
+  """
+  each = state_bytes(job)
+  need = members * each + seeds * job.config.data.batch_size * job.data.example_bytes()
+  budget.expect_fits(need, field, members, f'a population of {members} members that',
+                     how=f'{members} x {each / 2 ** 20:.2f} MiB of state, and the batches',
+                     hint='use fewer members, or a smaller model')
 
 
 def with_throughput(writer, job: Job):

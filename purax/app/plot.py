@@ -14,6 +14,10 @@ vertical lines on every panel. A run directory is read from its
 ``sweep.json``, with one colour per member and a legend naming each member
 by the hyperparameters that differ across the sweep (and its seed).
 
+An ``--out`` path is checked before anything is read or drawn
+(:func:`check_out`): the plot never replaces a file of the run or sweep it
+draws, nor anything that is not a PNG.
+
 matplotlib is in the ``cli`` extra and imported on use, with the Agg backend
 (no display needed).
 """
@@ -43,6 +47,17 @@ STYLES = {'train': '-', 'eval': '--', 'eval_ema': ':'}
 MAIN_PANELS = (('loss', ('loss',)), ('accuracy', ('accuracy',)),
                ('learning rate', ('learning_rate',)), ('grad norm', ('grad_norm',)),
                ('throughput', ('steps_per_sec', 'tokens_per_sec')))
+
+#: The entries purax writes at the top of a run or sweep directory: an
+#: ``--out`` there is refused, existing or not (the run may write it later).
+#: Everything in a subdirectory (``checkpoints/``, ``best/``, ``nonfinite/``,
+#: an export, a profile) is refused too.
+RUN_ENTRIES = ('config.json', 'metrics.jsonl', 'final_metrics.json', 'sweep.json',
+               'member.json', 'lr_range.json', 'lr_range.png', '.purax.lock', 'checkpoints',
+               'best', 'nonfinite', 'export', 'members')
+
+#: The first bytes of every PNG file.
+PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 
 #: Record keys that are not series.
 NOT_SERIES = ('step', 'time', 'pbt/source')
@@ -88,6 +103,50 @@ def exploit_steps(records: Sequence[Mapping]) -> list[int]:
 
 def _style(key: str) -> str:
   return STYLES.get(key.split('/', 1)[0] if '/' in key else '', '-')
+
+
+def _inside(path: str, root: str) -> str | None:
+  """``path`` relative to ``root`` when it lies inside it (both real paths), else None."""
+  rel = os.path.relpath(path, root)
+  return None if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def check_out(workdir: str, out: str) -> None:
+  """Refuses an ``--out`` that would replace something other than a PNG the
+  plot may own; reads only.
+
+  ``out`` is taken as named and with every symlink resolved
+  (``os.path.realpath``); in either form it must not be one of the run's
+  entries (:data:`RUN_ENTRIES`) or lie in a subdirectory of ``workdir``, nor
+  be an existing directory or an existing file that does not start with the
+  PNG signature (a PNG written before, e.g. ``curves.png``, is replaced),
+  and its directory must exist.
+
+  Raises:
+    ConfigError: naming ``out``, what was expected and what it is.
+  """
+  expected = 'a new or PNG file outside the run\'s own files, in an existing directory'
+  named = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(out))),
+                       os.path.basename(out))
+  expect(bool(os.path.basename(out)) and os.path.isdir(os.path.dirname(named)), 'out',
+         expected, f'{out!r} (its directory does not exist)' if os.path.basename(out)
+         else f'{out!r} (a directory name)', ConfigError)
+  root = os.path.realpath(workdir)
+  for path in dict.fromkeys((named, os.path.realpath(out))):
+    rel = _inside(path, root)
+    expect(rel is None or (os.sep not in rel and rel not in RUN_ENTRIES), 'out', expected,
+           f'{out!r}' + (f' (-> {path!r})' if path != os.path.abspath(out) else '')
+           + f", the run's own {rel!r}", ConfigError)
+  real = os.path.realpath(out)
+  if not os.path.lexists(real):
+    return
+  what = ('a directory' if os.path.isdir(real) else 'a FIFO, socket or device'
+          if not os.path.isfile(real) else None)
+  if what is None:
+    with open_file(real, 'rb') as f:
+      head = f.read(len(PNG_SIGNATURE))
+    what = None if head == PNG_SIGNATURE else 'an existing file that is not a PNG'
+  expect(what is None, 'out', expected, f'{out!r}, {what}', ConfigError)
 
 
 def _pyplot():
@@ -193,8 +252,11 @@ def plot_run(workdir: str, out: str | None = None) -> str:
   returns the path.
 
   Raises:
-    ConfigError: ``workdir`` has no ``metrics.jsonl``, or it has no records.
+    ConfigError: ``out`` is refused (:func:`check_out`); ``workdir`` has no
+      ``metrics.jsonl``, or it has no records.
   """
+  if out is not None:
+    check_out(workdir, out)
   path = os.path.join(workdir, 'metrics.jsonl')
   expect(os.path.isfile(path), 'workdir', 'a run directory with metrics.jsonl',
          repr(workdir), ConfigError)
@@ -286,7 +348,13 @@ def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int
 
 def plot_sweep(workdir: str, out: str | None = None) -> str:
   """Curves of a sweep directory (``sweep.json``) into ``out`` (default
-  ``WORKDIR/curves.png``); returns the path."""
+  ``WORKDIR/curves.png``); returns the path.
+
+  Raises:
+    ConfigError: ``out`` is refused (:func:`check_out`).
+  """
+  if out is not None:
+    check_out(workdir, out)
   with open_file(os.path.join(workdir, 'sweep.json'), encoding='utf-8') as f:
     summary = json.load(f)
   return plot_sweep_summary(summary, out or os.path.join(workdir, 'curves.png'))
@@ -296,7 +364,8 @@ def plot(workdir: str, out: str | None = None) -> str:
   """A sweep's or a run's curves, whichever ``workdir`` holds; returns the PNG's path.
 
   Raises:
-    ConfigError: ``workdir`` is neither (no ``sweep.json``, no ``metrics.jsonl``).
+    ConfigError: ``workdir`` is neither (no ``sweep.json``, no ``metrics.jsonl``);
+      ``out`` is refused (:func:`check_out`), before anything is drawn.
   """
   if os.path.isfile(os.path.join(workdir, 'sweep.json')):
     return plot_sweep(workdir, out)

@@ -106,10 +106,11 @@ def run(config: SweepConfig) -> dict:
     ConfigError, DataError: before anything is written; FileExistsError: the
       sweep directory exists. A sweep that fails midway removes its directory.
   """
-  config = config.validate().resolved()
+  config = config.validate().resolved()     # the population's size is bounded
   seeds, hparams = members(config)
   base = config.base(seed=int(seeds[0]))
   job = job_lib.build(base, mesh=False)
+  job_lib.check_population_memory(job, len(seeds), 'members', seeds=len(np.unique(seeds)))
   steps, batch_size = config.run.steps, config.data.batch_size
   unique, batch_index = np.unique(seeds, return_inverse=True)
   train_data = SeedBatches([job.data.train(batch_size, int(u), steps) for u in unique])

@@ -19,8 +19,11 @@ from purax.app.models import ModelConfig
 from purax.core import lazy
 from purax.core.errors import ConfigError, expect
 
-# The ranking rule, used by the methods: imported on use.
+# The ranking rule and the population's bound, used by the methods: imported on use.
 metrics_lib = lazy.module('purax.core.metrics')
+pop_lib = lazy.module('purax.core.population')
+search = lazy.module('purax.app.search')
+config_lib = lazy.module('purax.app.config')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +32,8 @@ class PopulationConfig:
 
   Attributes:
     seeds: comma-separated seeds; crossed with every list spec.
-    members: population size when a spec is random; when unset the grid size.
+    members: population size when a spec is random; when unset the grid size
+      (at most 2**16, and the members' states must fit in memory).
     sample_seed: seed of the random draws.
     metric: eval metric that ranks members (loss is minimised, accuracy maximised).
     patience: early-stop a member after N evaluations without improvement (0: off).
@@ -122,7 +126,25 @@ class SweepConfig(Sections):
     expect(not random or self.population.members is not None, 'members',
            f'a population size (--members N) when a spec is random ({", ".join(random)})',
            'unset', ConfigError)
+    size, how = self.population_size()
+    expect(1 <= size <= pop_lib.MAX_MEMBERS, 'members',
+           f'a population of 1 to 2**16 = {pop_lib.MAX_MEMBERS} members', f'{size} ({how})',
+           ConfigError)
+    config_lib.check_spike_window(self.optimizer, members=size)
     return self
+
+  def population_size(self) -> tuple[int, str]:
+    """``(members, how)``: ``--members``, or the grid's size (each list spec's
+    length times the seeds), counted without building it."""
+    if self.population.members is not None:
+      return self.population.members, '--members'
+    lengths = [len(s) for s in self.specs().values() if isinstance(s, tuple)]
+    seeds = len(search.parse_seeds(self.population.seeds))
+    size = seeds
+    for n in lengths:
+      size *= n
+    return size, ('the grid: ' + ' x '.join(map(str, [n for n in lengths if n > 1] + [seeds]))
+                  + ' seeds')
 
   def specs(self) -> dict[str, Any]:
     """``state name -> spec`` of every hyperparameter the optimizer and the loss

@@ -40,6 +40,7 @@ def run(config: RangeConfig) -> dict:
   expect(not os.path.exists(workdir), 'workdir', 'a directory that does not exist yet',
          repr(workdir), FileExistsError)
   job = job_lib.build(config.train_config(), mesh=False)
+  job_lib.check_population_memory(job, config.run.num_lrs, 'num_lrs')   # before any state
   state = job.init(config.run.seed)
   lrs = tune.log_grid(config.run.min_lr, config.run.max_lr, config.run.num_lrs)
   result = tune.lr_range_test(job.task, state, (job.train_data[s] for s in

@@ -19,8 +19,10 @@ from purax.core.errors import ConfigError, expect
 from purax.core.strategies import STRATEGIES
 from purax.tune.rules import RULES
 
-# The grid's check, used by validate(): imported on use.
+# The grid's check and the population's bound, used by validate(): imported on use.
 lr_range = lazy.module('purax.tune.lr_range')
+pop_lib = lazy.module('purax.core.population')
+config_lib = lazy.module('purax.app.config')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +35,8 @@ class RangeRunConfig:
     seed: seed of initialization, shuffling and dropout (one initial state for all).
     min_lr: the smallest learning rate of the grid.
     max_lr: the largest learning rate of the grid.
-    num_lrs: learning rates in the grid, log-spaced (members of the population).
+    num_lrs: learning rates in the grid, log-spaced (members of the population;
+      2 to 2**16, and their states must fit in memory).
     rule: how the rate is suggested: steepest (the steepest descent of the
       smoothed loss, Lightning's lr_find) or minimum (a tenth of the rate of
       least loss, fastai's lr_find).
@@ -67,6 +70,10 @@ class RangeConfig(Sections):
     """Raises ConfigError naming the field, the expected and the actual value."""
     self.train_config().validate()
     run = self.run
+    expect(2 <= run.num_lrs <= pop_lib.MAX_MEMBERS, 'num_lrs',
+           f'2 to 2**16 = {pop_lib.MAX_MEMBERS} learning rates (each a member of the '
+           'population, with a whole training state)', run.num_lrs, ConfigError)
+    config_lib.check_spike_window(self.optimizer, members=run.num_lrs)
     lr_range.log_grid(run.min_lr, run.max_lr, run.num_lrs)
     expect(run.max_lr <= 10, 'max_lr', '<= 10 (the bound of a learning rate)', run.max_lr,
            ConfigError)

@@ -186,6 +186,11 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
 #: Members per chunk of ``'chunked'`` without a size.
 CHUNK = 8
 
+#: The most members the command line trains as one population (``purax
+#: sweep``, ``purax tune lr --num-lrs``): each holds a whole training state,
+#: and the hyperparameter arrays, metrics and reports are per member.
+MAX_MEMBERS = 2 ** 16
+
 #: The ``'auto'`` rule: members per chunk on CPU; elsewhere all members
 #: vmapped (one program fills a GPU/TPU). The CPU's rule was measured
 #: (``benchmarks/README.md``, "Population strategies on the CPU").

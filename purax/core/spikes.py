@@ -46,6 +46,17 @@ from flax import struct
 
 from purax.core.errors import ConfigError, expect, expect_kind
 
+#: The longest window: its state is 128 MiB (a window of a billion steps
+#: would need 7.45 GiB per member, and compares with history no run has).
+MAX_WINDOW = 2 ** 24
+
+
+def window_bytes(window: int) -> int:
+  """Bytes of one member's :class:`SpikeWindow` of ``window`` steps
+  (``values`` float32 ``[window, 2]``, ``size`` and ``index``)."""
+  return 8 * int(window) + 8
+
+
 #: Floor of the standard deviations: a window of equal values still lets an
 #: update through whose value is equal up to float32 rounding.
 STD_FLOOR = 1e-6
@@ -72,7 +83,7 @@ class SpikeGuard:
   ``k`` standard deviations (see the module docstring).
 
   Attributes:
-    window: steps of history (>= 2); the guard acts once
+    window: steps of history (in ``[2, MAX_WINDOW]``); the guard acts once
       :attr:`min_history` of them are filled.
     k: standard deviations above the mean that make a spike (> 0, finite).
 
@@ -85,8 +96,10 @@ class SpikeGuard:
 
   def __post_init__(self):
     expect_kind(self.window, 'spike_guard.window', int, 'an integer >= 2')
-    expect(not isinstance(self.window, bool) and self.window >= 2, 'spike_guard.window',
-           'an integer >= 2', self.window, ConfigError)
+    expect(not isinstance(self.window, bool) and 2 <= self.window <= MAX_WINDOW,
+           'spike_guard.window', f'an integer in [2, 2**24 = {MAX_WINDOW}]',
+           f'{self.window}' + (f' (its state would need {window_bytes(self.window) / 2 ** 30:.2f} '
+                               'GiB)' if self.window > MAX_WINDOW else ''), ConfigError)
     expect_kind(self.k, 'spike_guard.k', numbers.Real, 'a number > 0')
     expect(math.isfinite(self.k) and self.k > 0, 'spike_guard.k', 'a finite number > 0',
            self.k, ConfigError)

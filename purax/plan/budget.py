@@ -3,7 +3,10 @@
 :func:`default_budget` is what :func:`purax.plan.fit_memory` and
 ``purax train --fit-memory`` use without ``--memory-budget``; a CPU reports
 no device limit, and then the host's available memory stands in (and the
-budget says so).
+budget says so). :func:`expect_fits` is the one check of an option that
+sizes an allocation (``--spike-window``, a sweep's members, ``--num-lrs``,
+``--batch-size``): the bytes it needs against the bytes available, before
+anything of that size is allocated.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ import numpy as np
 
 from purax.core import summary as summary_lib
 from purax.core.errors import ConfigError, expect
+
+#: Needs of at most this many bytes pass :func:`expect_fits` without asking
+#: the device: every device has that much, and a config check of ordinary
+#: values then touches no device (nor starts a backend before a multi-host
+#: run has connected).
+ALWAYS_FITS = 64 * 2 ** 20
 
 #: Share of the device's memory kept out of the default budget: the batches
 #: prefetched to the device, the runtime's own buffers, fragmentation.
@@ -80,3 +89,46 @@ def default_budget(device=None) -> tuple[int, str]:
     return budget, f"{keep} of {device.device_kind}'s {summary_lib.human_bytes(limit)}"
   return budget, (f"{keep} of the host's available {summary_lib.human_bytes(limit)} "
                   f'({device.platform} reports no device memory limit)')
+
+
+def _where(device) -> str:
+  stats = device.memory_stats() if hasattr(device, 'memory_stats') else None
+  if stats and stats.get('bytes_limit'):
+    return f'on {device.device_kind}'
+  return f"the host's available memory: {device.platform} reports no device memory limit"
+
+
+def expect_fits(need: int, field: str, value, expected: str, *, how: str = '',
+                hint: str = '', device=None, available: int | None = None) -> None:
+  """Raises unless ``need`` bytes fit in the memory available: the check of an
+  option that sizes an allocation, made before anything of that size exists.
+
+  The message reads ``FIELD: expected EXPECTED fits in the 30.00 GiB
+  available (WHERE; HINT), got VALUE, needing 7.45 GiB (HOW)``, e.g.
+  ``expect_fits(8 * window, 'spike_window', window, 'a window whose state')``.
+
+  Args:
+    need: the bytes the value needs.
+    field: the option, as the message names it.
+    value: its value.
+    expected: what it should be, completed by "fits in ...".
+    how: what ``need`` counts (optional).
+    hint: what to change (optional).
+    device: whose memory (default the first device; :func:`available_bytes`).
+    available: the bytes available, instead of asking ``device``.
+
+  Raises:
+    ConfigError: ``need`` exceeds the bytes available (unknown: passes;
+      at most :data:`ALWAYS_FITS`: passes without asking the device).
+  """
+  if need <= ALWAYS_FITS and available is None:
+    return
+  device = jax.devices()[0] if device is None and available is None else device
+  have = available_bytes(device) if available is None else available
+  if have is None or need <= have:
+    return
+  where = _where(device) if device is not None else 'as given'
+  detail = f'{where}; {hint}' if hint else where
+  raise ConfigError(f'{field}: expected {expected} fits in the {summary_lib.human_bytes(have)} '
+                    f'available ({detail}), got {value}, needing '
+                    f'{summary_lib.human_bytes(need)}' + (f' ({how})' if how else ''))

@@ -210,8 +210,8 @@ def test_a_language_model_batch_that_cannot_fit_is_refused_with_the_estimate(tmp
   assert run('train', '--model', 'lm', '--dataset', 'pystdlib', '--batch-size', '60000',
              '--seq-len', '512', '--workdir', str(workdir), '--no-progress') == 2
   err = capsys.readouterr().err
-  assert re.search(r'batch_size: expected a step that fits the [\d.]+ GiB available .*'
-                   r'got 60000, estimated to need [\d.]+ GiB', err), err
+  assert re.search(r'batch_size: expected a step that fits in the [\d.]+ GiB available .*'
+                   r'got 60000, needing [\d.]+ GiB \(activations and state', err), err
   assert not workdir.exists()
 
 

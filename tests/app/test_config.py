@@ -151,3 +151,22 @@ def test_hparams_are_the_fields_that_change_the_computation():
   resumable = {name.split('.')[1] for name in config_lib.resumable_changes()}
   assert set(config.flat()) - set(hparams) == resumable - {'steps', 'decay_steps', 'patience'}
   assert {'dry_run', 'progress', 'workdir', 'debug_nans', 'profile_memory'}.isdisjoint(hparams)
+
+
+def test_the_spike_window_is_bounded_and_its_state_checked_against_the_memory(monkeypatch):
+  """An absurd --spike-window is refused whatever the memory, naming what its
+  state would need; with --spike-k (the guard on) a window whose state does
+  not fit the memory available is refused by config validation, before any
+  state exists (purax.plan.budget.expect_fits)."""
+  with pytest.raises(ConfigError, match=r'^spike_window: expected an integer in \[2, 2\*\*24 = '
+                     r'16777216\] \(steps of history\), got 1000000000, whose state would '
+                     r'need 7.45 GiB per member$'):
+    TrainConfig.of(spike_window=10 ** 9).validate()
+  from purax.plan import budget
+  monkeypatch.setattr(budget, 'available_bytes', lambda device=None: 100 * 2 ** 20)
+  TrainConfig.of(spike_window=2 ** 24).validate()          # no guard: nothing allocated
+  with pytest.raises(ConfigError, match=r'^spike_window: expected a window whose state fits in '
+                     r'the 100.00 MiB available \(.*use a smaller --spike-window\), got '
+                     r'16777216, needing 128.00 MiB \(float32 \[window, 2\]'):
+    TrainConfig.of(spike_k=6.0, spike_window=2 ** 24).validate()
+  TrainConfig.of(spike_k=6.0, spike_window=2 ** 20).validate()     # 8 MiB: fits

@@ -1,6 +1,7 @@
 """purax plot: PNG curves for a run directory and for a sweep directory."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -52,6 +53,7 @@ def test_run_plot_writes_a_png(tmp_path):
 def test_sweep_plot_writes_a_png_through_the_cli(tmp_path, capsys):
   sweep = write_sweep(tmp_path / 'sweep')
   out = tmp_path / 'other' / 'sweep.png'
+  out.parent.mkdir()
   assert cli.main(['plot', '--workdir', str(sweep), '--out', str(out)]) == 0
   assert json.loads(capsys.readouterr().out)['plot'] == str(out)
   assert out.read_bytes().startswith(PNG)
@@ -92,6 +94,82 @@ def test_the_png_replaces_a_link_and_is_never_written_through_one(tmp_path):
   assert victim.read_bytes() == b'precious'
   assert not (run / 'curves.png').is_symlink()
   assert (run / 'curves.png').read_bytes().startswith(PNG)
+
+
+def _tree(root):
+  """``relative path -> (bytes or None for a directory, or the link's target)``."""
+  out = {}
+  for dirpath, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(dirpath, name)
+      rel = os.path.relpath(path, root)
+      if os.path.islink(path):
+        out[rel] = ('link', os.readlink(path))
+      elif os.path.isdir(path):
+        out[rel] = None
+      else:
+        with open(path, 'rb') as f:
+          out[rel] = f.read()
+  return out
+
+
+def test_out_never_replaces_the_runs_files_a_directory_or_a_non_png(tmp_path, monkeypatch,
+                                                                    capsys):
+  """--out naming a file of the run (also through a symlink, or a link to its
+  directory), anything under its subdirectories, an existing directory or
+  non-PNG file, or a path whose directory does not exist is refused (ConfigError
+  naming out, exit 2) before anything is drawn; every byte stays as it was."""
+  run = write_run(tmp_path / 'run')
+  (run / 'checkpoints' / '40').mkdir(parents=True)
+  (run / 'checkpoints' / '40' / 'state').write_bytes(b'arrays')
+  (tmp_path / 'notes.txt').write_bytes(b'mine')
+  (tmp_path / 'dir').mkdir()
+  (tmp_path / 'to_config').symlink_to(run / 'config.json')
+  (tmp_path / 'to_run').symlink_to(run)
+  monkeypatch.setattr(plot, '_pyplot', lambda: pytest.fail('drew before checking --out'))
+  before = _tree(tmp_path)
+  refused = {
+      run / 'config.json': "the run's own 'config.json'",
+      run / 'metrics.jsonl': "the run's own 'metrics.jsonl'",
+      run / 'final_metrics.json': "the run's own 'final_metrics.json'",   # not written yet
+      run / 'checkpoints': "the run's own 'checkpoints'",
+      run / 'checkpoints' / '40' / 'state': "the run's own 'checkpoints/40/state'",
+      run / 'checkpoints' / 'new.png': "the run's own 'checkpoints/new.png'",
+      tmp_path / 'to_config': "the run's own 'config.json'",
+      tmp_path / 'to_run' / 'metrics.jsonl': "the run's own 'metrics.jsonl'",
+      tmp_path / 'notes.txt': 'an existing file that is not a PNG',
+      tmp_path / 'dir': 'a directory',
+      tmp_path / 'nowhere' / 'x.png': 'its directory does not exist',
+  }
+  for out, why in refused.items():
+    with pytest.raises(ConfigError) as e:
+      plot.plot(str(run), str(out))
+    assert str(e.value).startswith(
+        "out: expected a new or PNG file outside the run's own files, in an existing "
+        f"directory, got {str(out)!r}"), e.value
+    assert why in str(e.value), (why, e.value)
+    assert cli.main(['plot', '--workdir', str(run), '--out', str(out)]) == 2
+    assert 'out: expected' in capsys.readouterr().err
+  assert _tree(tmp_path) == before
+  sweep = write_sweep(tmp_path / 'sweep')
+  (sweep / 'best').mkdir()
+  before = _tree(sweep)
+  for name in ('sweep.json', 'best/config.json'):
+    with pytest.raises(ConfigError, match=f"the run's own '{name}'"):
+      plot.plot(str(sweep), str(sweep / name))
+  assert _tree(sweep) == before
+
+
+def test_out_may_replace_a_png_or_be_a_new_file(tmp_path):
+  run = write_run(tmp_path / 'run')
+  assert plot.plot(str(run)) == str(run / 'curves.png')
+  old = (run / 'curves.png').read_bytes()
+  (run / 'curves.png').write_bytes(PNG + b'older')
+  assert plot.plot(str(run), str(run / 'curves.png')) == str(run / 'curves.png')
+  assert (run / 'curves.png').read_bytes() == old       # drawn again
+  other = tmp_path / 'elsewhere.png'
+  assert plot.plot(str(run), str(other)) == str(other)
+  assert other.read_bytes().startswith(PNG)
 
 
 RECORDS = [

@@ -154,7 +154,8 @@ def test_cli_random_sweep_end_to_end(tmp_path, capsys):
 
 @pytest.mark.parametrize('args, message', [
     (['--lr', 'loguniform:1e-5'], "--learning-rate: expected 'v1,v2,...'"),
-    (['--lr', 'loguniform:1e-5:1e-2', '--members', '0'], 'members: expected >= 1, got 0'),
+    (['--lr', 'loguniform:1e-5:1e-2', '--members', '0'],
+     'members: expected a population of 1 to 2**16 = 65536 members, got 0'),
     (['--seeds', '0,-1'], '--seeds: expected integers >= 0'),
     (['--lr', 'loguniform:1e-5:1e-2'], 'members: expected a population size (--members N) '
      'when a spec is random (--learning-rate), got unset'),
@@ -190,3 +191,44 @@ def test_pbt_off_the_evaluation_cadence_is_a_clear_error():
     SweepConfig.of(learning_rate='1e-3,2e-3', pbt_every=50, eval_every=100).validate()
   with pytest.raises(ConfigError, match=r'pbt_every: expected a multiple of eval_every=2'):
     purax.hooks.PBT(every=3).check(2)
+
+
+@pytest.mark.parametrize('args, match', [
+    (['--members', str(10 ** 9), '--lr', 'loguniform:1e-4:1e-2'],
+     r'^members: expected a population of 1 to 2\*\*16 = 65536 members, got 1000000000 '
+     r'\(--members\)$'),
+    (['--lr', ','.join(str(v) for v in range(1, 11)), '--seeds', ','.join(map(str, range(10 ** 4)))],
+     r'^members: expected a population of 1 to 2\*\*16 = 65536 members, got 100000 \(the grid: '
+     r'10 x 10000 seeds\)$'),
+    (['--members', '65536', '--lr', 'loguniform:1e-4:1e-2', '--spike-k', '6', '--spike-window',
+      str(2 ** 24)],
+     r'^spike_window: expected a window whose state \(65536 members\) fits in the [\d.]+ [MG]iB '
+     r'available .*, got 16777216, needing 8192.00 GiB \(float32 \[window, 2\] .* per member\)$'),
+])
+def test_a_population_beyond_its_bound_or_the_memory_is_refused_by_the_config(args, match):
+  """The population's size (--members, or the grid counted without building
+  it) and each member's spike window are checked by SweepConfig.validate(),
+  in well under a second, before any array of that size exists."""
+  import time
+  config = cli.parse(['sweep', *args])
+  start = time.perf_counter()
+  with pytest.raises(ConfigError, match=match):
+    config.validate()
+  assert time.perf_counter() - start < 5
+
+
+def test_members_whose_states_do_not_fit_are_refused_before_the_population_is_made(
+    tmp_path, monkeypatch):
+  """Job level: members x the job's state (traced, not allocated) against the
+  memory available (here 1 MiB), before purax.core.population.init runs."""
+  from purax.plan import budget
+  monkeypatch.setattr(budget, 'available_bytes', lambda device=None: 2 ** 20)
+  monkeypatch.setattr(budget, 'ALWAYS_FITS', 0)
+  monkeypatch.setattr(P, 'init', lambda *a, **k: pytest.fail('the population was made'))
+  config = cli.parse(['sweep', '--model', 'mlp', '--lr', '1e-3,1e-2', '--seeds', '0,1',
+                      '--steps', '2', '--workdir', str(tmp_path / 's')])
+  with pytest.raises(ConfigError, match=r'^members: expected a population of 4 members that '
+                     r'fits in the 1.00 MiB available \(.*use fewer members, or a smaller '
+                     r'model\), got 4, needing [\d.]+ MiB \(4 x [\d.]+ MiB of state'):
+    sweep.run(config)
+  assert os.listdir(tmp_path) == []

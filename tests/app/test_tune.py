@@ -4,8 +4,10 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from purax import tune
+from purax.core.errors import ConfigError
 from purax.app import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,3 +58,28 @@ def test_tune_lr_refuses_an_existing_directory_and_bad_grids_before_any_work(tmp
   assert cli.main(['tune', 'lr', '--max-lr', '20']) == 2
   assert 'max_lr: expected <= 10' in capsys.readouterr().err
   assert os.listdir(tmp_path) == ['taken']
+
+
+def test_num_lrs_beyond_its_bound_or_the_memory_is_refused_before_any_state(tmp_path, capsys,
+                                                                            monkeypatch):
+  """--num-lrs 1e9 is refused by the config at once (before its grid, 8 GB of
+  float64, is made); a grid whose states do not fit the memory available
+  (here 1 MiB) is refused after the job is traced, before any state exists."""
+  import time
+  from purax.app import job as job_lib
+  from purax.app import tune as app_tune
+  from purax.plan import budget
+  start = time.perf_counter()
+  assert cli.main(['tune', 'lr', '--num-lrs', str(10 ** 9), '--workdir', str(tmp_path / 'a')]) == 2
+  assert time.perf_counter() - start < 5
+  assert ('num_lrs: expected 2 to 2**16 = 65536 learning rates (each a member of the '
+          'population, with a whole training state), got 1000000000') in capsys.readouterr().err
+  monkeypatch.setattr(budget, 'available_bytes', lambda device=None: 2 ** 20)
+  monkeypatch.setattr(budget, 'ALWAYS_FITS', 0)
+  monkeypatch.setattr(job_lib.Job, 'init', lambda self, seed: pytest.fail('a state was made'))
+  config = cli.parse(['tune', 'lr', '--model', 'mlp', '--num-lrs', '16', '--steps', '2',
+                      '--workdir', str(tmp_path / 'b')]).what
+  with pytest.raises(ConfigError, match=r'^num_lrs: expected a population of 16 members that '
+                     r'fits in the 1.00 MiB available .*, got 16, needing [\d.]+ MiB'):
+    app_tune.run(config)
+  assert os.listdir(tmp_path) == []
