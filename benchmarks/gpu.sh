@@ -20,7 +20,8 @@
 #      chunked loss); MFU, temporary memory, compile time, the compiled
 #      program's op counts (conditionals: 0 expected for purax on a GPU). It
 #      writes its JSON after every measurement and starts none after
-#      LM_BUDGET_S seconds.
+#      LM_BUDGET_S seconds. Then, from its JSON, purax_fp8's cuBLASLt float8
+#      GEMMs against its float8 dots (12 a layer; skipped off the GPU).
 #   2. benchmarks/lm_memory.py --config gpt2: the step's temporary memory with
 #      full logits and with the chunked loss, on the device.
 #   3. with GPU_EXTRAS=1 only: population.py, step_overhead.py, memory.py --time
@@ -74,6 +75,26 @@ run versions 0 $PY -c 'import jax, flax, optax, purax; print("jax", jax.__versio
 run lm 60 $PY benchmarks/lm.py --config "$CONFIGS" --variants "$VARIANTS" --no-depth \
   --interleave no --steps "$STEPS" --trials "$TRIALS" --budget-s "$LM_BUDGET_S" \
   --out "$OUT/lm_gpu.json"
+# Whether XLA:GPU kept purax_fp8's float8 dots as cuBLASLt float8 GEMMs: 4
+# matmuls a layer, each 1 forward + 2 backward dots (tests/nn/test_fp8.py
+# counts them in the CUDA-lowered program on the CPU); skipped off the GPU.
+$PY - "$OUT/lm_gpu.json" <<'EOF' 2>&1 | tee -a "$LOG"
+import json, sys
+try:
+  r = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+  sys.exit(f'fp8 GEMMs: no lm_gpu.json ({e})')
+for name, entry in r.get('configs', {}).items():
+  m = entry.get('purax_fp8')
+  if r.get('platform') != 'gpu' or not isinstance(m, dict) or 'float8_gemms' not in m:
+    print(f'fp8 GEMMs {name}: skipped (platform {r.get("platform")}, purax_fp8 '
+          f'{"measured" if isinstance(m, dict) and "float8_gemms" in m else "not measured"})')
+    continue
+  want = 12 * entry['shape']['layers']
+  got = m['float8_gemms']
+  print(f'fp8 GEMMs {name}: {got} __cublas$lt$matmul$f8 for {want} float8 dots'
+        + ('' if got == want else ': XLA upcast the rest (compute capability < 8.9?)'))
+EOF
 if [ "${GPU_SMOKE:-0}" != 1 ]; then
   run lm_diagnostics 60 $PY benchmarks/lm.py --config "$DIAG_CONFIG" --no-depth \
     --variants purax_noguard,purax_plain_loss,purax_chunked --interleave no \

@@ -45,7 +45,9 @@ heads, seq 2048, batch 8), bfloat16 compute, float32 params; on CPU ``cpu``
 fused-attention custom calls found in its HLO, or XLA's), not the one asked for;
 ``hlo_ops`` counts the compiled program's instructions by opcode (fusions,
 custom calls, conditionals, copies, ...: what XLA made of the step on this
-device; ``benchmarks/hlo_diff.py`` compares the programs before XLA).
+device; ``benchmarks/hlo_diff.py`` compares the programs before XLA);
+``float8_gemms`` counts its cuBLASLt float8 GEMMs (``__cublas$lt$matmul$f8``
+custom calls: ``purax_fp8``'s float8 dots kept as float8 on the GPU).
 
 ``--config tiny`` (bfloat16, 2 layers, vocab 512) is the smoke form of the
 GPU measurement that ``benchmarks/gpu.sh`` runs with ``GPU_SMOKE=1`` on any
@@ -204,6 +206,9 @@ class Run:
     text = self.compiled.as_text()
     self.cudnn_calls = kernels_in_hlo(text)
     self.hlo_ops = hlo_ops(text)
+    # purax_fp8's float8 dots as XLA:GPU runs them: cuBLASLt float8 GEMMs
+    # (compute capability 8.9+), else upcast to wider dots (0 here).
+    self.float8_gemms = text.count('custom_call_target="__cublas$lt$matmul$f8"')
     for _ in range(2):   # warm-up
       self.state, out = self.compiled(self.state, self.batch)
     jax.block_until_ready(self.state)
@@ -236,6 +241,7 @@ class Run:
         'attention_kernel': 'cudnn' if self.cudnn_calls else 'xla',
         'cudnn_calls': self.cudnn_calls,
         'hlo_ops': self.hlo_ops,
+        'float8_gemms': self.float8_gemms,
     }
 
   def close(self):

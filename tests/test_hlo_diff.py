@@ -7,6 +7,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'benchmarks'))
@@ -45,3 +46,27 @@ def test_summarize_counts_kinds_branches_bytes_and_areas():
   assert cpu['custom_calls'] == {}
   table = hlo_diff.table('cpu', 'cuda', cpu, cuda)
   assert 'ops inside conditional branches' in table and 'area/kind' in table
+  # The difference itemised by area, and what is left beyond the guard's selects.
+  d = hlo_diff.diff(cpu, cuda)
+  assert d['difference_by_area'] and all(
+      v == [cpu['areas'].get(k, [0, 0])[i] - cuda['areas'].get(k, [0, 0])[i] for i in (0, 1)]
+      for k, v in d['difference_by_area'].items())
+  assert sum(v[1] for v in d['difference_by_area'].values()) == \
+      cpu['total_result_bytes'] - cuda['total_result_bytes']
+  assert d['guard_select_bytes'] == 0 and d['excess_over_guard_pct'] == pytest.approx(
+      100 * (cpu['total_result_bytes'] - cuda['total_result_bytes']) / cuda['total_result_bytes'])
+  assert 'the difference by area: ' in table and "beyond the guard's selects" in table
+
+
+def test_the_lm_loss_at_zero_smoothing_adds_no_logits_sized_value_to_plain_cross_entropy():
+  # lm.py's tiny config (logits [4, 64, 512]) lowered for CUDA: purax's default
+  # step, and the same step with optax's cross-entropy as its loss.
+  with hlo_diff.pretend_cuda():
+    ours, plain = (hlo_diff.summarize(hlo_diff.lowered_text(*hlo_diff.builtin('tiny', name)))
+                   for name in ('purax', 'purax_plain_loss'))
+  logits = 4 * 64 * 512 * 4                                  # one float32 copy
+  producing = lambda s: {v[1]: v[2] for v in s['largest_values']}.get('4x64x512xf32')  # noqa: E731
+  assert producing(ours) == producing(plain) == 9, (producing(ours), producing(plain))
+  # The label-smoothing term (s = 0, traced) adds only per-token values.
+  for area in ('loss', 'loss:bwd'):
+    assert abs(ours['areas'][area][1] - plain['areas'][area][1]) < logits / 8, area

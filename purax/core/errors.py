@@ -36,6 +36,12 @@ class NonFiniteWarning(RuntimeWarning):
   (:class:`purax.hooks.NonFiniteReplay`), or why it could not be replayed."""
 
 
+class Float8UpcastWarning(UserWarning):
+  """Float8 matmuls were asked for on a device whose XLA backend upcasts
+  them (no float8 GEMMs: anything but an NVIDIA GPU of compute capability
+  8.9+): the step trains with float8 rounding and no float8 speed."""
+
+
 class OutOfMemoryError(PuraxError):
   """A train step does not fit the device's memory: no configuration that
   :func:`purax.plan.fit_memory` tried fits the budget (the message names the

@@ -118,30 +118,90 @@ def token_losses(logits: jax.Array, labels: jax.Array,
   so there is no argmax pass over ``[..., vocab]``; a tie for the largest
   counts as correct.
 
+  The gradient is a custom VJP: one elementwise expression over ``[...,
+  vocab]`` (:func:`_token_terms_bwd`) in which label smoothing is a per-token
+  coefficient, so at ``s = 0`` (traced, not a branch) the backward pass
+  produces the ``[..., vocab]`` values of plain cross-entropy and no more;
+  the gradients equal autodiff's of the same formula to float32 rounding
+  (``tests/core/test_losses.py``), with respect to ``label_smoothing`` too.
+  Reverse mode only: ``jax.jvp`` through it raises (as through any
+  ``jax.custom_vjp``).
+
   Args:
     logits: ``[..., vocab]``, any float dtype (computed in float32).
     labels: ``[...]`` integers in ``[0, vocab)``.
     label_smoothing: float32 ``[]`` in ``[0, 1)``; may be traced.
   """
   logits = at_least_float32(logits)
-  # Shifted by the (constant) max: lse - z[label] then cancels no large offset.
-  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-  logits = logits - top
-  # Their max is 0, so exp neither overflows nor underflows to an all-zero
-  # sum: the log-sum-exp without jax.nn.logsumexp's second max pass.
-  lse = jnp.log(jnp.sum(jnp.exp(logits), axis=-1))
-  picked = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
   s = jnp.asarray(label_smoothing, logits.dtype)
-  nll = lse - picked
-  # The smoothing term's mean is one more reduction over the vocabulary even
-  # at s = 0 (s is traced: populations sweep it); a one-pass custom-VJP form
-  # was measured and kept a second [..., vocab] buffer alive (+12% temporary
-  # memory at vocab 4096), so this one stays.
-  loss = (1.0 - s) * nll + s * (lse - jnp.mean(logits, axis=-1))
-  correct = jax.lax.stop_gradient(picked >= 0).astype(jnp.float32)
+  loss, nll, correct, lse = _token_terms(logits, labels.astype(jnp.int32), s)
   if log_z:
-    return loss, nll, correct, lse + top[..., 0]
+    return loss, nll, correct, lse
   return loss, nll, correct
+
+
+def _token_terms_fwd(logits, labels, s):
+  """``(loss, nll, correct, log_z)`` and the backward pass's residuals."""
+  # Shifted by the max (a constant of the gradient): lse - z[label] then
+  # cancels no large offset, and exp neither overflows nor underflows to an
+  # all-zero sum: the log-sum-exp without jax.nn.logsumexp's second max pass.
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  shifted = logits - top
+  exp = jnp.exp(shifted)
+  total = jnp.sum(exp, axis=-1)
+  lse = jnp.log(total)
+  picked = jnp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
+  nll = lse - picked
+  # The smoothing term's mean: one more reduction over the vocabulary, a
+  # sibling of the sum of exponentials (s is traced: populations sweep it).
+  smooth = lse - jnp.mean(shifted, axis=-1)
+  loss = (1.0 - s) * nll + s * smooth
+  correct = (picked >= 0).astype(jnp.float32)       # the label's logit is the max
+  # Saved: exp(z - max), which the autodiff of this formula saves too, and
+  # per-token values; no other [..., vocab] value.
+  return (loss, nll, correct, lse + top[..., 0]), (exp, total, labels, s, smooth - nll)
+
+
+def _token_terms_bwd(residuals, cotangents):
+  """The gradient in one elementwise expression over ``[..., vocab]``:
+  ``dz = c1 * exp(z - max) - c3``, then ``- c2`` at the label (one scatter
+  onto ``dz``), with per-token ``c1 = (g_loss + g_nll + g_log_z) / sum(exp)``,
+  ``c2 = (1 - s) * g_loss + g_nll`` and ``c3 = s * g_loss / vocab``: the
+  softmax gradient ``softmax - (1 - s) * one_hot - s / vocab`` of the loss
+  plus those of ``nll`` and ``log_z``. The smoothing term is the ``c3``
+  subtraction, the operand that the scatter of a one-hot gradient would
+  otherwise get as zeros: at ``s = 0`` the step produces no ``[..., vocab]``
+  value that plain cross-entropy (optax's, autodiff) does not."""
+  exp, total, labels, s, d_smoothing = residuals
+  g_loss, g_nll, _, g_log_z = cotangents        # `correct` is a step function
+  vocab = exp.shape[-1]
+  c1 = (g_loss + g_nll + g_log_z) / total
+  c2 = (1.0 - s) * g_loss + g_nll
+  c3 = s * g_loss / vocab
+  dz = exp * c1[..., None] - c3[..., None]
+  dz = _add_at(dz, labels, -c2)
+  return dz, None, jnp.sum(g_loss * d_smoothing).astype(s.dtype)
+
+
+@jax.custom_vjp
+def _token_terms(logits, labels, s):
+  return _token_terms_fwd(logits, labels, s)[0]
+
+
+_token_terms.defvjp(_token_terms_fwd, _token_terms_bwd)
+
+
+def _add_at(x: jax.Array, labels: jax.Array, values: jax.Array) -> jax.Array:
+  """``x[..., labels] += values`` (``x`` ``[..., vocab]``, ``labels`` and
+  ``values`` ``[...]``): one scatter onto ``x``, as the transpose of
+  ``take_along_axis`` is, without its zeros."""
+  batch = tuple(range(labels.ndim))
+  numbers = jax.lax.ScatterDimensionNumbers(
+      update_window_dims=(), inserted_window_dims=(labels.ndim,),
+      scatter_dims_to_operand_dims=(labels.ndim,), operand_batching_dims=batch,
+      scatter_indices_batching_dims=batch)
+  return jax.lax.scatter_add(x, labels[..., None], values, numbers,
+                             mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
 
 
 class ChunkedLogits(struct.PyTreeNode):

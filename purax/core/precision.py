@@ -14,7 +14,10 @@ output float32), ``fp16`` (the same with float16; needs loss scaling, see
 :mod:`purax.core.loss_scale`), ``fp8`` (``bf16`` with the large matmuls of
 the models that support it in float8: inputs and weights in e4m3, their
 gradients in e5m2, each scaled by its current absolute maximum;
-``matmul=float8`` in a jmp-style string; :mod:`purax.nn.fp8`). ``auto``
+``matmul=float8`` in a jmp-style string; :mod:`purax.nn.fp8`: float8 GEMMs
+on NVIDIA GPUs of compute capability 8.9+; elsewhere XLA upcasts them and
+:meth:`Policy.model_kwargs` warns, :class:`~purax.core.errors.Float8UpcastWarning`,
+:func:`float8_upcast`). ``auto``
 resolves for the platform the run is on (:func:`resolve`): ``bf16`` on a GPU
 or TPU (their matrix units run bfloat16 at several times the float32 rate),
 ``fp32`` on the CPU (no bfloat16 matmul speed-up, and the suite's bitwise
@@ -25,11 +28,12 @@ properties are stated in float32); a run records the policy it resolved to
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
 
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import ConfigError, Float8UpcastWarning, expect
 
 _DTYPES = {'float32': jnp.float32, 'f32': jnp.float32, 'bfloat16': jnp.bfloat16,
            'bf16': jnp.bfloat16, 'float16': jnp.float16, 'f16': jnp.float16,
@@ -75,9 +79,24 @@ class Policy:
     return jnp.dtype(self.compute_dtype) == jnp.float16 or \
         jnp.dtype(self.param_dtype) == jnp.float16
 
-  def model_kwargs(self) -> dict:
+  def model_kwargs(self, *, device=None) -> dict:
     """``{'dtype': compute, 'param_dtype': params}`` for purax.nn models, and
-    ``'fp8': True`` when the policy asks for float8 matmuls."""
+    ``'fp8': True`` when the policy asks for float8 matmuls.
+
+    Args:
+      device: the ``jax.Device`` the model will run on (default:
+        ``jax.devices()[0]``); asked only with float8 matmuls.
+
+    Warns:
+      Float8UpcastWarning: float8 matmuls on a device where XLA upcasts
+        them (:func:`float8_upcast`): the model is built all the same (it
+        trains, with float8 rounding, at no float8 speed).
+    """
+    if self.fp8:
+      reason = float8_upcast(device)
+      if reason:
+        warnings.warn(f'purax: precision {self}: {reason}', Float8UpcastWarning,
+                      stacklevel=2)
     return {'dtype': self.compute_dtype, 'param_dtype': self.param_dtype,
             **({'fp8': True} if self.fp8 else {})}
 
@@ -85,6 +104,39 @@ class Policy:
     name = lambda d: jnp.dtype(d).name
     return (f'params={name(self.param_dtype)},compute={name(self.compute_dtype)},'
             + ('matmul=float8,' if self.fp8 else '') + 'output=float32')
+
+
+#: The compute capability from which XLA:GPU runs float8 dots as cuBLASLt
+#: float8 GEMMs (Ada 8.9, Hopper 9.0 and later).
+FLOAT8_CAPABILITY = (8, 9)
+
+
+def float8_upcast(device=None) -> str | None:
+  """Why a float8 ``dot_general`` would not run as a float8 GEMM on
+  ``device`` (default: ``jax.devices()[0]``), or ``None`` where it would:
+  an NVIDIA GPU of compute capability 8.9 or later. Elsewhere XLA upcasts
+  the float8 operands (XLA:CPU computes the products in float32 from the
+  float8 values: the same numbers to rounding, no float8 speed).
+
+  Example:
+    >>> from purax.core.precision import float8_upcast
+    >>> reason = float8_upcast()     # on a CPU: 'on cpu (cpu) XLA upcasts ...'
+    >>> reason is None or 'XLA upcasts float8 matmuls' in reason
+    True
+  """
+  device = jax.devices()[0] if device is None else device
+  capability = getattr(device, 'compute_capability', None)
+  if device.platform in ('gpu', 'cuda') and capability is not None:
+    try:
+      if tuple(int(p) for p in str(capability).split('.')[:2]) >= FLOAT8_CAPABILITY:
+        return None
+    except ValueError:          # not CUDA's 'major.minor' (ROCm's 'gfx942')
+      pass
+  where = f'{device.platform} ({device.device_kind}' + (
+      f', compute capability {capability})' if capability is not None else ')')
+  return (f'on {where} XLA upcasts float8 matmuls: float8 GEMMs need an NVIDIA GPU of '
+          'compute capability 8.9+ (Ada, Hopper); the step trains with float8 rounding at '
+          'no float8 speed')
 
 
 PRESETS = {

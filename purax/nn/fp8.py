@@ -22,7 +22,8 @@ float8 GEMM on compute capability 8.9 and later (Ada, Hopper); elsewhere it
 upcasts the operands (XLA:CPU runs this module's matmuls in float32 from the
 float8 values: the same products to rounding, at no speed gain), so a model
 built with ``fp8=True`` trains and is tested anywhere and is fast where the
-hardware has float8 units.
+hardware has float8 units. The ``fp8`` precision policy warns where it would
+not be (:func:`purax.core.precision.float8_upcast`).
 
 Which matmuls: :class:`purax.nn.transformer.DecoderLM` and
 :class:`~purax.nn.transformer.TransformerEncoder` with ``fp8=True`` (the

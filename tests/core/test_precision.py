@@ -2,6 +2,7 @@
 cannot (float16 params: the optimizer's arithmetic in float16) is refused."""
 
 import itertools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +89,9 @@ def test_auto_is_float32_on_the_cpu_and_bf16_compute_with_float32_params_elsewhe
 def test_fp8_is_a_preset_and_a_matmul_field_of_a_16_bit_compute_policy():
   fp8 = get_policy('fp8')
   assert fp8.fp8 and fp8.compute_dtype == jnp.bfloat16 and fp8.param_dtype == jnp.float32
-  assert fp8.model_kwargs() == {'dtype': jnp.bfloat16, 'param_dtype': jnp.float32, 'fp8': True}
+  h100 = Device('gpu', 'NVIDIA H100 80GB HBM3', '9.0')
+  assert fp8.model_kwargs(device=h100) == {'dtype': jnp.bfloat16, 'param_dtype': jnp.float32,
+                                           'fp8': True}
   assert get_policy(str(fp8)) == fp8 and str(fp8) == \
       'params=float32,compute=bfloat16,matmul=float8,output=float32'
   assert 'fp8' not in get_policy('bf16').model_kwargs()
@@ -97,3 +100,44 @@ def test_fp8_is_a_preset_and_a_matmul_field_of_a_16_bit_compute_policy():
     get_policy('compute=float32,matmul=float8')
   with pytest.raises(purax.ConfigError, match=r"precision matmul: expected one of"):
     get_policy('compute=bf16,matmul=int4')
+
+
+class Device:
+  """What float8_upcast reads of a jax.Device."""
+
+  def __init__(self, platform, device_kind, compute_capability=None):
+    self.platform, self.device_kind = platform, device_kind
+    if compute_capability is not None:
+      self.compute_capability = compute_capability
+
+
+@pytest.mark.parametrize('device, upcast', [
+    (Device('gpu', 'NVIDIA H100 80GB HBM3', '9.0'), None),
+    (Device('gpu', 'NVIDIA L4', '8.9'), None),                  # Ada
+    (Device('gpu', 'NVIDIA B200', '10.0'), None),
+    (Device('gpu', 'NVIDIA A100-SXM4-80GB', '8.0'),
+     'gpu (NVIDIA A100-SXM4-80GB, compute capability 8.0)'),
+    (Device('gpu', 'AMD Instinct MI300X', 'gfx942'), 'compute capability gfx942'),
+    (Device('tpu', 'TPU v5 lite'), 'tpu (TPU v5 lite)'),
+    (None, 'cpu (cpu)'),                                        # this process's device
+])
+def test_float8_matmuls_warn_where_xla_would_upcast_them(device, upcast):
+  from purax.core import precision
+  reason = precision.float8_upcast(device)
+  fp8, bf16 = get_policy('fp8'), get_policy('bf16')
+  if upcast is None:
+    assert reason is None
+    with warnings.catch_warnings():
+      warnings.simplefilter('error')
+      assert fp8.model_kwargs(device=device)['fp8']
+    return
+  assert upcast in reason and 'XLA upcasts float8 matmuls' in reason
+  # The model is built all the same (it trains, at no float8 speed), with a
+  # named warning, one line under the command line (it starts with 'purax:').
+  with pytest.warns(purax.core.errors.Float8UpcastWarning,
+                    match=r'^purax: precision params=float32,compute=bfloat16,matmul=float8,'
+                          r'output=float32: on .*8\.9\+'):
+    assert fp8.model_kwargs(device=device)['fp8']
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    bf16.model_kwargs(device=device)           # no float8 asked: nothing to say

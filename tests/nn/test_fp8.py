@@ -2,6 +2,7 @@
 close to the exact one; a float8 LM step lowers to float8 dots for CUDA and
 trains on the CPU (XLA:CPU upcasts the float8 operands: the same products)."""
 
+import collections
 import re
 
 import jax
@@ -53,30 +54,49 @@ def test_the_product_is_that_of_the_scaled_float8_operands_and_close_to_the_exac
 
 @pytest.fixture(scope='module')
 def lm_task():
-  def task(fp8_on):
-    model = DecoderLM(vocab_size=64, d_model=32, num_layers=1, num_heads=4, max_len=16,
-                      dtype=jnp.bfloat16, fp8=fp8_on)
+  def task(fp8_on, num_layers=1, scan_layers=None):
+    model = DecoderLM(vocab_size=64, d_model=32, num_layers=num_layers, num_heads=4, max_len=16,
+                      dtype=jnp.bfloat16, fp8=fp8_on, scan_layers=scan_layers)
     return purax.Task(model=model, tx=purax.adamw(learning_rate=1e-2, total_steps=20),
                       loss=purax.objectives.language_model)
   tokens = RNG.integers(0, 64, (8, 17)).astype(np.int32)
   return task, {'x': tokens[:, :-1], 'y': tokens[:, 1:]}
 
 
-def test_an_fp8_lm_step_lowers_to_float8_dots_for_cuda(lm_task):
-  task_of, batch = lm_task
-  task = task_of(True)
+#: A dot_general in StableHLO: its two operand element types and its result's.
+DOT = re.compile(r'stablehlo\.dot_general .*?: \(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\) '
+                 r'-> tensor<[^>]*x(\w+)>')
+
+
+def float8_dots(task, batch):
+  """``Counter`` of ``'lhs x rhs -> result'`` over the dot_generals of the
+  train step lowered for CUDA (on this CPU: no GPU needed) that read a
+  float8 operand."""
   state = jax.eval_shape(task.init, jax.random.key(0), batch)
   text = jax.jit(task.step).trace(state, batch).lower(lowering_platforms=('cuda',)).as_text()
-  dots = re.findall(r'stablehlo\.dot_general .*?: \(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)',
-                    text)
-  kinds = sorted(f'{a}x{b}' for a, b in dots if a.startswith('f8') or b.startswith('f8'))
-  # 4 matmuls in the layer (qkv, out, two MLP): forward e4m3 x e4m3; backward
-  # the input gradient e5m2 x e4m3, the weight gradient e4m3 x e5m2.
-  assert kinds == sorted(['f8E4M3FNxf8E4M3FN'] * 4 + ['f8E5M2xf8E4M3FN'] * 4
-                         + ['f8E4M3FNxf8E5M2'] * 4), kinds
-  plain = task_of(False)
-  text = jax.jit(plain.step).trace(state, batch).lower(lowering_platforms=('cuda',)).as_text()
-  assert 'f8E4M3FN' not in text
+  dots = DOT.findall(text)
+  assert dots, 'no dot_general parsed'
+  return collections.Counter(f'{a} x {b} -> {c}' for a, b, c in dots
+                             if a.startswith('f8') or b.startswith('f8'))
+
+
+@pytest.mark.parametrize('num_layers, scan_layers', [(2, False), (3, True)])
+def test_an_fp8_lm_step_lowers_to_one_float8_dot_forward_and_two_backward_per_matmul(
+    lm_task, num_layers, scan_layers):
+  task_of, batch = lm_task
+  # Each block runs 4 matmuls through fp8.matmul (q/k/v, the attention's
+  # output, the MLP's two); each is 1 forward dot (e4m3 x e4m3) and 2
+  # backward (the input gradient e5m2 x e4m3, the weight gradient e4m3 x
+  # e5m2, accumulated in float32). Unrolled layers appear once each in the
+  # program; scanned ones once, in the scan's body.
+  per_program = 4 * (1 if scan_layers else num_layers)
+  got = float8_dots(task_of(True, num_layers, scan_layers), batch)
+  assert got == {'f8E4M3FN x f8E4M3FN -> bf16': per_program,
+                 'f8E5M2 x f8E4M3FN -> bf16': per_program,
+                 'f8E4M3FN x f8E5M2 -> f32': per_program}, got
+  # No float8 operand meets a wider one (XLA would upcast the pair), and the
+  # bfloat16 model has none.
+  assert not float8_dots(task_of(False, num_layers, scan_layers), batch)
 
 
 def test_an_fp8_lm_trains_on_the_cpu_close_to_bf16(lm_task):
