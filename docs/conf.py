@@ -35,7 +35,7 @@ myst_heading_anchors = 3
 # autodoc + napoleon: Google docstrings (Args/Returns/Raises/Example), members
 # in source order, the signature's annotations as written.
 autodoc_member_order = 'bysource'
-autodoc_default_options = {'members': True}
+autodoc_default_options = {'members': True, 'ignore-module-all': True}  # __all__ lists the public names (tests/test_public_api.py); each page documents its own objects
 autodoc_typehints = 'signature'
 autodoc_typehints_format = 'short'
 autodoc_preserve_defaults = True

@@ -11,9 +11,9 @@ first used (:func:`purax.core.lazy.attach`), so ``purax --help`` needs none.
 
 from purax.core import lazy as _lazy
 
-__version__ = '0.2.0'
+__version__ = '0.3.0'
 
-__getattr__, __dir__ = _lazy.attach(__name__, {
+_PUBLIC = {
     'core': 'purax.core',
     'io': 'purax.io',
     'nn': 'purax.nn',
@@ -43,4 +43,8 @@ __getattr__, __dir__ = _lazy.attach(__name__, {
     'StopOnSignal': 'purax.io.signals:StopOnSignal',
     'evaluate': 'purax.loop:evaluate',
     'fit': 'purax.loop:fit',
-})
+    'open_run': 'purax.app.saved_run:open_run',
+}
+__getattr__, __dir__ = _lazy.attach(__name__, _PUBLIC)
+#: The public names (each bound on first use).
+__all__ = sorted(_PUBLIC)

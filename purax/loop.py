@@ -192,9 +192,68 @@ def _check_batch_size(restored: Restored, first) -> None:
          'on any number of devices, or start a new run)', size, ConfigError)
 
 
+#: ``fit``'s keywords before 0.2 that became hooks (:func:`purax.hooks.standard`'s
+#: options of the same names): deprecated, mapped onto them until 0.4.
+HOOK_KEYWORDS = ('eval_data', 'log_every', 'eval_every', 'writer', 'progress', 'checkpointer',
+                 'checkpoint_every', 'should_stop', 'max_consecutive_skips')
+#: ``fit``'s keywords before 0.2 that became a :class:`Restored` (what
+#: :func:`purax.restore_or_init` returns): deprecated until 0.4.
+RESTORED_KEYWORDS = {'train_metrics': 'train_metrics', 'data_state': 'data_state',
+                     'hook_state': 'extra', 'hook_arrays': 'hook_arrays'}
+#: ``fit``'s keywords before 0.2 that became the plan's
+#: (:class:`purax.plan.SingleDevicePlan`'s options): deprecated until 0.4.
+PLAN_KEYWORDS = ('prefetch', 'checks')
+
+
+def _legacy_keywords(state, plan, hooks, legacy: dict, task):
+  """``(state, plan, hooks)`` with ``fit``'s keywords before 0.2 mapped onto
+  what replaced them, each named in a DeprecationWarning.
+
+  Raises:
+    TypeError: a keyword ``fit`` never had.
+  """
+  unknown = sorted(set(legacy) - set(HOOK_KEYWORDS) - set(RESTORED_KEYWORDS)
+                   - set(PLAN_KEYWORDS))
+  if unknown:
+    raise TypeError(f'fit() got an unexpected keyword argument {unknown[0]!r}')
+  options = {k: legacy[k] for k in HOOK_KEYWORDS if k in legacy}
+  if options:
+    warnings.warn(
+        f'purax: fit({", ".join(f"{k}=" for k in options)}...) is deprecated since 0.2 and '
+        'goes in 0.4: pass hooks=purax.hooks.standard('
+        + ', '.join(f'{k}=...' for k in options) + ') (CHANGELOG.md)', DeprecationWarning,
+        stacklevel=3)
+    expect(hooks is None, 'hooks', "None when fit's deprecated hook keywords are given "
+           f'({sorted(options)}: put them in purax.hooks.standard(...) with the others)',
+           'a list of hooks', ConfigError)
+    hooks = standard(**options)
+  restored = {k: legacy[k] for k in RESTORED_KEYWORDS if k in legacy}
+  if restored:
+    warnings.warn(
+        f'purax: fit({", ".join(f"{k}=" for k in restored)}...) is deprecated since 0.2 and '
+        'goes in 0.4: pass state=purax.restore_or_init(...) (a Restored brings the metrics '
+        'window, the data position and the hooks\' state along; CHANGELOG.md)',
+        DeprecationWarning, stacklevel=3)
+    if not isinstance(state, Restored):
+      state = Restored(state, restored.get('train_metrics'), 0, restored.get('data_state'),
+                       {'hooks': restored['hook_state']} if restored.get('hook_state') else {},
+                       restored.get('hook_arrays'))
+  placement = {k: legacy[k] for k in PLAN_KEYWORDS if k in legacy}
+  if placement:
+    warnings.warn(
+        f'purax: fit({", ".join(f"{k}=" for k in placement)}...) is deprecated since 0.2 and '
+        'goes in 0.4: pass plan=purax.plan.SingleDevicePlan(task, '
+        + ', '.join(f'{k}=...' for k in placement) + ') (CHANGELOG.md)', DeprecationWarning,
+        stacklevel=3)
+    expect(plan is None, 'plan', "None when fit's deprecated prefetch/checks are given",
+           type(plan).__name__, ConfigError)
+    plan = SingleDevicePlan(task, **placement)
+  return state, plan, hooks
+
+
 def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | None = None,
         plan=None, hooks: Iterable | None = None, steps_per_call: int | Literal['auto'] = 'auto',
-        iterator_resume: Literal['error', 'warn', 'skip'] = 'error',
+        iterator_resume: Literal['error', 'warn', 'skip'] = 'error', **deprecated,
         ) -> tuple[Any, list[dict[str, Any]]]:
   """Trains from ``state.step`` to ``steps``: the plan's step, then the hooks.
 
@@ -250,6 +309,14 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
       cannot be repositioned does: ``'error'`` refuses, ``'warn'`` says so in
       one line and continues on what the iterator yields, ``'skip'`` draws
       and drops ``state.step`` batches first (exact for a deterministic one).
+    **deprecated: ``fit``'s keywords before 0.2, mapped onto what replaced
+      them with a ``DeprecationWarning`` until 0.4: ``eval_data``,
+      ``log_every``, ``eval_every``, ``writer``, ``progress``,
+      ``checkpointer``, ``checkpoint_every``, ``should_stop``,
+      ``max_consecutive_skips`` (:func:`purax.hooks.standard`'s options);
+      ``train_metrics``, ``data_state``, ``hook_state``, ``hook_arrays`` (a
+      :class:`Restored`); ``prefetch``, ``checks``
+      (:class:`purax.plan.SingleDevicePlan`'s).
 
   Returns:
     ``(state, history)``: the final state and every record written (a list of
@@ -268,6 +335,8 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
     NonFiniteError: from :class:`purax.hooks.NonFiniteStreak`.
   """
   expect_kind(task, 'task', Task, 'a purax.Task')
+  if deprecated:
+    state, plan, hooks = _legacy_keywords(state, plan, hooks, deprecated, task)
   restored = state if isinstance(state, Restored) else Restored(state, None, 0, None, {})
   expect_kind(restored.state, 'state', (TrainState, Population),
               'a TrainState (task.init), a Population or a Restored (purax.restore_or_init)')

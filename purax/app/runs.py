@@ -445,6 +445,12 @@ def evaluate_run(workdir: str, *, batch_size: int | None = None, best: bool = Fa
   expect(batch_size is None or 1 <= batch_size < 2 ** 31, 'batch_size', '>= 1 or unset',
          batch_size, ConfigError)
   job, state = restore_run(workdir, best=best)
+  return evaluate_state(job, state, batch_size)
+
+
+def evaluate_state(job: job_lib.Job, state, batch_size: int | None = None) -> dict:
+  """The metrics of ``state`` on the job's test split (batches of ``batch_size``,
+  default the run's)."""
   return evaluate(job.task, state, job.data.eval(batch_size or job.config.data.eval_batch_size))
 
 

@@ -14,6 +14,7 @@ intervals (the command line validates against it, PBT clips to it).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Mapping
 
 import jax
@@ -46,6 +47,17 @@ def names(state) -> tuple[str, ...]:
   """The hyperparameters ``state`` carries: the optimizer's, then ``state.hparams``."""
   opt = {n for node in _injected(state.opt_state) for n in node.hyperparams}
   return tuple(sorted(opt)) + tuple(sorted({*(getattr(state, 'hparams', None) or {})} - opt))
+
+
+class _OptimizerOnly:
+  """An optimizer state where :func:`set` takes a state (the form before 0.2)."""
+
+  def __init__(self, opt_state):
+    self.opt_state, self.hparams = opt_state, {}
+
+  def replace(self, opt_state, hparams):
+    del hparams
+    return _OptimizerOnly(opt_state)
 
 
 def _check_state(state) -> None:
@@ -153,12 +165,21 @@ def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: di
   has the name (at any depth) and to ``state.hparams`` when it has it; a
   stacked state takes ``[members]`` values. Traceable (PBT sets them in jit).
 
+  ``set(state.opt_state, name=value)`` (an optimizer state, the form before
+  0.2) returns the optimizer state with the values set: deprecated, with a
+  ``DeprecationWarning``, until 0.4.
+
   Raises:
     ConfigError: a name the state does not carry, a non-finite value, or a
       value outside its :data:`BOUNDS` interval (:func:`check`: named, with
       the member of a stacked value; values traced under ``jit`` / ``vmap``
       are not checked, and the step's guard skips an update they would spoil).
   """
+  if not hasattr(state, 'opt_state') and _injected(state):
+    warnings.warn('purax: set_hyperparams(opt_state, ...) is deprecated since 0.2 and goes '
+                  'in 0.4: pass the state, set_hyperparams(state, ...), which returns the '
+                  'state (CHANGELOG.md)', DeprecationWarning, stacklevel=2)
+    return set(_OptimizerOnly(state), values, **kwargs).opt_state
   _check_state(state)
   expect(values is None or isinstance(values, Mapping), 'values', 'None or a mapping name -> '
          'value', type(values).__name__, ConfigError)

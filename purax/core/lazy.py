@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from typing import Any, Callable, Mapping
 
 
@@ -85,7 +86,7 @@ def module(name: str) -> Any:
   return _Module(name)
 
 
-def attach(package: str, names: Mapping[str, str]
+def attach(package: str, names: Mapping[str, str], deprecated: Mapping[str, tuple] = {}
            ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
   """``__getattr__`` and ``__dir__`` for a package whose public names are
   bound on first access (PEP 562)::
@@ -95,8 +96,10 @@ def attach(package: str, names: Mapping[str, str]
   ``names`` maps each public name to its import path; ``dir(package)`` lists
   them. A name bound once is kept in the package (later accesses are plain
   lookups); a name outside the table that is a submodule (``purax.core.task``)
-  is imported as one. No ``__all__``: a package's page of the API reference
-  documents its own objects, as before, not these names a second time.
+  is imported as one. ``deprecated`` maps an old spelling to ``(import path,
+  new spelling, version it goes in)``: it still works, with a
+  ``DeprecationWarning`` naming the replacement at each access, and is not
+  listed by ``dir``.
 
   Raises:
     AttributeError: (from ``__getattr__``) neither a public name nor a submodule.
@@ -107,6 +110,11 @@ def attach(package: str, names: Mapping[str, str]
     if name in names:
       value = namespace[name] = resolve(names[name])
       return value
+    if name in deprecated:
+      path, new, until = deprecated[name]
+      warnings.warn(f'purax: {package}.{name} is deprecated: use {new} (it goes in {until}; '
+                    'CHANGELOG.md)', DeprecationWarning, stacklevel=2)
+      return resolve(path)
     try:
       return resolve(f'{package}.{name}')
     except ModuleNotFoundError as e:

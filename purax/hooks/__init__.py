@@ -125,3 +125,27 @@ def __getattr__(name):
                   'purax.hooks.StepInfo); it goes in 0.4', DeprecationWarning, stacklevel=2)
     return _Loop
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+__all__ = [
+    'Checkpoint',
+    'EMA',
+    'EarlyStopping',
+    'End',
+    'Evaluate',
+    'Histograms',
+    'Log',
+    'NonFiniteReplay',
+    'NonFiniteStreak',
+    'Output',
+    'PBT',
+    'PopulationEarlyStopping',
+    'Profile',
+    'Progress',
+    'STATUSES',
+    'StepInfo',
+    'Stop',
+    'due',
+    'next_due',
+    'scores',
+    'standard',
+]

@@ -321,7 +321,7 @@ class EMA:
   evaluate: Any = None
   params_of: Any = None
   arrays: Any = None
-  sampled_step: Any = dataclasses.field(default=None, repr=False)
+  sampled_step: Any = dataclasses.field(default=None, init=False, repr=False)
 
   def __post_init__(self):
     expect(0.0 <= self.decay < 1.0, 'EMA.decay', 'in [0, 1)', self.decay, ConfigError)

@@ -8,3 +8,13 @@ from purax.nn.resnet import ResidualBlock as ResidualBlock
 from purax.nn.generate import generate as generate
 from purax.nn.transformer import DecoderLM as DecoderLM
 from purax.nn.transformer import TransformerEncoder as TransformerEncoder
+
+__all__ = [
+    'CNN',
+    'DecoderLM',
+    'MLP',
+    'ResNet',
+    'ResidualBlock',
+    'TransformerEncoder',
+    'generate',
+]

@@ -41,3 +41,42 @@ from purax.parallel.spmd import with_axis_name as with_axis_name
 from purax.parallel.plan import Plan as Plan
 from purax.parallel.step import ShardedPlan as ShardedPlan
 from purax.parallel.step import sharded as sharded
+
+__all__ = [
+    'AXES',
+    'DEFAULT_TABLE',
+    'Plan',
+    'Rules',
+    'ShardedPlan',
+    'batch_sharding',
+    'batch_shardings',
+    'bytes_per_device',
+    'data_parallel',
+    'distributed',
+    'for_mesh',
+    'fsdp',
+    'logical_axes',
+    'make_mesh',
+    'parse_mesh',
+    'pmap_step',
+    'replicate',
+    'replicated',
+    'shard',
+    'shard_map_step',
+    'sharded',
+    'shardings',
+    'split_batch',
+    'state_shardings',
+    'tensor_parallel',
+    'unreplicate',
+    'with_axis_name',
+]
+
+from purax.core import lazy as _lazy  # noqa: E402
+
+# Spellings before 0.2, still working with a DeprecationWarning until 0.4.
+__getattr__, _ = _lazy.attach(__name__, {}, deprecated={
+    'Sharded': ('purax.parallel.step:ShardedPlan',
+                'purax.parallel.ShardedPlan (purax.parallel.sharded(task, mesh, rules, batch))',
+                '0.4'),
+})

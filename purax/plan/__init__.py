@@ -36,3 +36,35 @@ from purax.plan.single import SingleDevicePlan as SingleDevicePlan
 from purax.plan.single import Stacked as Stacked
 from purax.plan.single import multi_train_step as multi_train_step
 from purax.plan.single import train_step as train_step
+
+__all__ = [
+    'MemoryFit',
+    'PROBE_STEPS',
+    'Plan',
+    'PopulationPlan',
+    'ShardedPlan',
+    'SingleDevicePlan',
+    'Stacked',
+    'auto',
+    'check_values',
+    'choose_steps_per_call',
+    'fit_memory',
+    'host_batch_transfer',
+    'memory',
+    'multi_train_step',
+    'to_step',
+    'train_step',
+]
+
+from purax.core import lazy as _lazy  # noqa: E402
+
+# Spellings before 0.2, still working with a DeprecationWarning until 0.4.
+__getattr__, _ = _lazy.attach(__name__, {}, deprecated={
+    'Population': ('purax.plan.population:PopulationPlan', 'purax.plan.PopulationPlan', '0.4'),
+    'SingleDevice': ('purax.plan.single:SingleDevicePlan', 'purax.plan.SingleDevicePlan',
+                     '0.4'),
+    'Sharded': ('purax.parallel.step:ShardedPlan',
+                'purax.plan.ShardedPlan (purax.parallel.sharded(task, mesh, rules, batch))',
+                '0.4'),
+    'MIN_GAIN': ('purax.plan.auto:MIN_GAIN', 'purax.plan.auto.MIN_GAIN', '0.4'),
+})

@@ -10,10 +10,13 @@ command line reads :data:`RULES` without importing jax.
 
 from purax.core import lazy as _lazy
 
-__getattr__, __dir__ = _lazy.attach(__name__, {
+_PUBLIC = {
     'LRRange': 'purax.tune.lr_range:LRRange',
     'RULES': 'purax.tune.rules:RULES',
     'log_grid': 'purax.tune.lr_range:log_grid',
     'lr_range_test': 'purax.tune.lr_range:lr_range_test',
     'suggest': 'purax.tune.lr_range:suggest',
-})
+}
+__getattr__, __dir__ = _lazy.attach(__name__, _PUBLIC)
+#: The public names (each bound on first use).
+__all__ = sorted(_PUBLIC)

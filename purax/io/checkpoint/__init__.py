@@ -50,3 +50,14 @@ from purax.io.checkpoint.layout import check_signature as check_signature
 from purax.io.checkpoint.layout import signature as signature
 from purax.io.checkpoint.manager import Checkpointer as Checkpointer
 from purax.io.checkpoint.policies import DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S
+
+__all__ = [
+    'CheckpointError',
+    'CheckpointMismatchError',
+    'Checkpointer',
+    'DEFAULT_INTERVAL_S',
+    'HOST_LEAF_BYTES',
+    'check_signature',
+    'fingerprints',
+    'signature',
+]
