@@ -128,5 +128,5 @@ def test_plan_population_and_set_hyperparams_of_an_opt_state_before_0_2():
     opt_state = purax.set_hyperparams(state.opt_state, peak_learning_rate=3e-4)
   new = purax.set_hyperparams(state, peak_learning_rate=3e-4)
   assert tree_equal(opt_state, new.opt_state)
-  with pytest.warns(DeprecationWarning, match=r'purax.hooks.Loop is private since 0.3'):
+  with pytest.warns(DeprecationWarning, match=r'purax.hooks.Loop is deprecated: use purax.hooks.StepInfo'):
     purax.hooks.Loop

@@ -314,9 +314,9 @@ def ended_run(rundir) -> dict | None:
         End('finished', step, f'reached step {step}') if step >= saved.run.steps else None)
   except ValueError:
     end = None
-  if end is None or not end.done:
-    return None
-  if end.status == 'finished' and config.run.steps > end.step:
+  if end is None or not end.done or config.run.steps < end.step:
+    return None                        # (fewer --steps than it reached: the resume says so)
+  if end.status == 'finished' and config.run.steps != end.step:
     return None                        # a longer --steps trains on
   if end.status == 'early_stopped' and config.run.patience > saved.run.patience:
     return None                        # a larger --patience trains on

@@ -117,14 +117,13 @@ from purax.hooks.record import StepInfo as StepInfo
 from purax.hooks.standard import standard as standard
 
 
-def __getattr__(name):
-  if name == 'Loop':     # public until 0.3; what hooks saw of the loop, now private
-    import warnings
-    from purax.hooks.loop import _Loop
-    warnings.warn('purax: purax.hooks.Loop is private since 0.3 (hooks get a '
-                  'purax.hooks.StepInfo); it goes in 0.4', DeprecationWarning, stacklevel=2)
-    return _Loop
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+from purax.core import lazy as _lazy  # noqa: E402
+
+# Public until 0.3; what hooks saw of the loop, now private (they get a StepInfo).
+__getattr__, _ = _lazy.attach(__name__, {}, deprecated={
+    'Loop': ('purax.hooks.loop:_Loop', 'purax.hooks.StepInfo (hooks get the step record, '
+             'not the loop)', '0.4'),
+})
 
 __all__ = [
     'Checkpoint',

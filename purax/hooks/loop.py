@@ -15,6 +15,7 @@ from purax.core.errors import ConfigError, expect
 from purax.hooks.record import End, Output, StepInfo
 from purax.hooks.window import Window
 from purax.io import compile_time
+from purax.io.checkpoint.run import checkpoint_extra, checkpoint_tree
 
 
 def name_of(hook) -> str:
@@ -296,7 +297,6 @@ class _Loop:
 
   def checkpoint(self, info: StepInfo) -> tuple[dict, dict]:
     """``(tree, extra)`` of this step (:meth:`StepInfo.checkpoint`)."""
-    from purax.io.checkpoint.run import checkpoint_extra, checkpoint_tree
     tree = checkpoint_tree(self.state, self.metrics, self.hook_arrays())
     extra = checkpoint_extra(self.position, self.hook_states())
     if self.end is not None and self.end.status != 'failed':

@@ -66,7 +66,8 @@ class Restored:
     step: the checkpoint's step (0 when fresh).
     data_state: an iterable's saved position (``fit`` takes the whole :class:`Restored`), or None.
     extra: the checkpoint's JSON extra (``{}`` when fresh); ``extra['end']``:
-      how the run had ended when it was saved (:attr:`end`).
+      how the run had ended when it was saved
+      (:meth:`purax.hooks.End.from_dict`), absent while it trained.
     hook_arrays: ``{name: tree}`` of the hooks with array state (``fit``'s
       ``hook_arrays``), or None (fresh, or no such hook given).
   """
@@ -81,15 +82,6 @@ class Restored:
   @property
   def fresh(self) -> bool:
     return not self.extra
-
-  @property
-  def end(self):
-    """How the run had ended when this checkpoint was saved
-    (:class:`purax.hooks.End`), or None (a checkpoint of a run in progress,
-    or from before 0.3)."""
-    from purax.hooks.record import End
-    saved = self.extra.get('end')
-    return None if saved is None else End.from_dict(saved)
 
   @property
   def hook_states(self) -> dict | None:
