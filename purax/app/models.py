@@ -183,8 +183,9 @@ class ModelConfig:
   Attributes:
     name: model name (a key of purax.app.models.MODELS), or your own model's
       factory as MODULE:FACTORY (e.g. mypkg.nets:make_net, importable from
-      PYTHONPATH or the current directory; called with num_classes= and the
-      keywords it names: purax.app.models).
+      PYTHONPATH or the current directory; called with the keywords it names
+      among num_classes, input_shape, rngs, dtype and the options above:
+      purax.app.models).
     dropout_rate: dropout rate of the model (mlp, cnn, transformer, lm).
     d_model: width of transformer/lm; when unset the model's own.
     num_layers: layers of transformer/lm; when unset the model's own.
