@@ -384,7 +384,8 @@ class TrainConfig(Sections):
     if config.run.workdir:
       return config
     name = self.data.name.replace(':', '_').replace('/', '_')
-    workdir = os.path.join('runs', f"{name}-{config.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    model = config.model.name.replace(':', '_')
+    workdir = os.path.join('runs', f"{name}-{model}-{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(config, run=dataclasses.replace(config.run, workdir=workdir))
 
   def saved_form(self) -> 'TrainConfig':

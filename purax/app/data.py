@@ -2,8 +2,13 @@
 
 ``--dataset`` takes a key of the one data-set table,
 :data:`purax.io.datasets.DATASETS` (a loader, a help line, the loss that fits
-the data); :meth:`DataConfig.load` gives a :class:`Data`: the arrays,
-random-access training batches by step and evaluation batches.
+the data), or your own function as ``MODULE:FUNCTION``
+(:func:`purax.io.datasets.from_function`); ``--loss`` replaces the data
+set's loss by a key of :data:`purax.core.objectives.BUILTIN` or your own
+loss function as ``MODULE:FUNCTION`` (the contract of
+:mod:`purax.core.objectives`). :meth:`DataConfig.load` gives a
+:class:`Data`: the arrays, random-access training batches by step and
+evaluation batches.
 """
 
 from __future__ import annotations
@@ -36,11 +41,15 @@ class DataConfig:
   Attributes:
     name: 'digits', 'mnist1d', or 'npz:PATH' (arrays x_train, y_train, x_test,
       y_test); for --model lm: 'pystdlib' (the Python standard library's
-      sources) or 'text:PATH' (any UTF-8 file).
+      sources) or 'text:PATH' (any UTF-8 file); or your own MODULE:FUNCTION
+      returning (x_train, y_train, x_test, y_test) (purax.io.datasets.from_function).
     batch_size: examples per update.
     eval_batch_size: examples per evaluation batch (the last is padded).
     seq_len: tokens (bytes) per example of a text dataset (--model lm).
     num_classes: override the number of classes (npz data without num_classes).
+    loss: the loss; when unset the data set's own (classification, language_model);
+      a key of purax.core.objectives.BUILTIN, or your own MODULE:FUNCTION
+      (outputs, batch, hparams) -> (values, weight, metrics) (purax.core.objectives).
   """
 
   name: Annotated[str, tyro.conf.arg(name='dataset')] = 'digits'
@@ -48,16 +57,36 @@ class DataConfig:
   eval_batch_size: int = field(512, resumable=True)
   seq_len: int = 128
   num_classes: int | None = None
+  loss: str | None = None
 
   @property
   def spec(self) -> datasets.Source:
     """The row of :data:`purax.io.datasets.DATASETS` that ``name`` selects."""
     return datasets.lookup(self.name)[0]
 
-  @property
-  def loss(self) -> Callable:
-    """The loss that fits the data (:data:`purax.core.objectives.BUILTIN`)."""
-    return objectives.BUILTIN[self.spec.loss]
+  def objective(self) -> Callable:
+    """The loss: ``--loss`` (a key of :data:`purax.core.objectives.BUILTIN` or
+    a user's import path, imported), else the one that fits the data.
+
+    Raises:
+      ConfigError: an unknown name, a path that does not import, or names
+        no function (:func:`purax.core.lazy.user`).
+    """
+    if self.loss is None:
+      return objectives.BUILTIN[self.spec.loss]
+    if self.loss in objectives.BUILTIN:
+      return objectives.BUILTIN[self.loss]
+    if not lazy.is_import_path(self.loss):
+      raise lazy.expected_path('loss', self.loss, sorted(objectives.BUILTIN), 'FUNCTION',
+                               'mypkg.losses:my_loss')
+    fn = lazy.user(self.loss, 'loss')
+    expect(callable(fn), 'loss', f'{self.loss} to be a function (outputs, batch, hparams) -> '
+           '(values, weight, metrics)', type(fn).__name__, ConfigError)
+    return fn
+
+  def loss_hparams(self) -> frozenset[str]:
+    """The hyperparameters the loss declares (:func:`purax.loss_function`)."""
+    return frozenset(dict(objectives.spec_of(self.objective()).hparams))
 
   def load(self) -> 'Data':
     """Loads the data set (ConfigError, DataError: naming what is wrong)."""
@@ -67,8 +96,12 @@ class DataConfig:
     return Data(ds, functools.partial(pipeline.train_dataset, ds.x_train, ds.y_train))
 
   def validate(self) -> 'DataConfig':
-    """Raises ConfigError naming the field, the expected and the actual value."""
-    datasets.lookup(self.name)
+    """Raises ConfigError naming the field, the expected and the actual value
+    (your own data set's and loss's code is imported: ConfigError naming what fails)."""
+    source, argument, _ = datasets.lookup(self.name)
+    if source.user:
+      datasets.user_function(argument)
+    self.objective()
     for name in ('batch_size', 'eval_batch_size', 'seq_len'):
       value = getattr(self, name)
       expect(1 <= value < INT32_LIMIT, name, '>= 1 and < 2**31', value, ConfigError)

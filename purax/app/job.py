@@ -48,7 +48,8 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
   Raises:
     DataError: inputs of ``input_shape`` do not suit the model.
   """
-  model = models.build(config.model, num_classes=num_classes, seq_len=config.data.seq_len)
+  model = models.build(config.model, num_classes=num_classes, seq_len=config.data.seq_len,
+                       input_shape=input_shape)
   models.check_input_shape(model, (1, *input_shape), field='x_train')
   opt, run = config.optimizer, config.run
   values = opt.values()
@@ -57,11 +58,10 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
   tx = spec.transformation(values, total_steps=total, warmup_steps=min(opt.warmup_steps, total),
                            weight_decay_mask=weight_decay_mask(opt.weight_decay_mask))
   policy = get_policy(config.model.precision)
-  loss = config.data.loss
+  loss = config.data.objective()
   if opt.z_loss:
     loss = objectives.language_model_loss(z_loss=opt.z_loss)
-  return Task(model=model, tx=tx, loss=loss,
-              hparams={row.state: values[row.state] for row in HPARAM_ROWS['loss']},
+  return Task(model=model, tx=tx, loss=loss, hparams=loss_hparams(config, values),
               microbatches=opt.microbatches,
               loss_scale=opt.loss_scale if policy.needs_loss_scaling else None,
               eval_params=spec.eval_params,
@@ -70,6 +70,23 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
 
 #: The hyperparameter table's rows by where they live: the optimizer's, Task.hparams.
 HPARAM_ROWS = {w: tuple(r for r in HPARAMS if r.where == w) for w in ('optimizer', 'loss')}
+
+
+def loss_hparams(config: TrainConfig, values: dict) -> dict[str, float]:
+  """``Task.hparams``: the loss rows of the table that the loss declares
+  (``--label-smoothing`` for the built-in losses; a ``--loss`` of your own
+  declares its own with :func:`purax.loss_function`).
+
+  Raises:
+    ConfigError: a row set away from its default for a loss that does not declare it.
+  """
+  declared = config.data.loss_hparams()
+  for row in HPARAM_ROWS['loss']:
+    expect(row.state in declared or values[row.state] == row.default, row.field,
+           f'{row.default} for --loss {config.data.loss} (it declares '
+           f'{sorted(declared) or "no hyperparameter"}: purax.loss_function(hparams=...))',
+           values[row.state], ConfigError)
+  return {row.state: values[row.state] for row in HPARAM_ROWS['loss'] if row.state in declared}
 
 
 @dataclasses.dataclass
@@ -239,7 +256,7 @@ def state_bytes(job: Job) -> int:
 def check_memory(job: Job) -> None:
   """Refuses a transformer run whose activations cannot fit, before compiling."""
   config, model = job.config, job.task.model
-  if not hasattr(model, 'num_heads'):
+  if not hasattr(model, 'num_heads') or config.model.spec.factory:   # purax's transformers
     return
   n = job.num_devices
   need = flops.transformer_step_bytes(

@@ -118,6 +118,13 @@ class SweepConfig(Sections):
       ConfigError: naming the field, the expected and the actual value.
     """
     self.optimizer.validate()
+    declared, defaults = self.data.loss_hparams(), OptimizerSearch()
+    for row in hparams_lib.HPARAMS:    # a loss row the loss does not declare is not searched
+      value = getattr(self.optimizer, row.field)
+      expect(row.where != 'loss' or row.state in declared or value == getattr(defaults, row.field),
+             row.field, f'unset for --loss {self.data.loss} (it declares '
+             f'{sorted(declared) or "no hyperparameter"}: purax.loss_function(hparams=...))',
+             repr(value), ConfigError)
     self.base().validate()
     self.population.validate(self.run.eval_every)
     specs = self.specs()
@@ -148,9 +155,11 @@ class SweepConfig(Sections):
 
   def specs(self) -> dict[str, Any]:
     """``state name -> spec`` of every hyperparameter the optimizer and the loss
-    take (a tuple or a distribution)."""
+    take (a tuple or a distribution): a loss row only when the loss declares it."""
+    declared = self.data.loss_hparams()
     return {row.state: hparams_lib.parse_spec(row, getattr(self.optimizer, row.field))
-            for row in hparams_lib.HPARAMS if hparams_lib.takes(self.optimizer.name, row)}
+            for row in hparams_lib.HPARAMS if hparams_lib.takes(self.optimizer.name, row)
+            and (row.where != 'loss' or row.state in declared)}
 
   def base(self, values: Mapping[str, float] | None = None, *, seed: int | None = None,
            workdir: str | None = None) -> TrainConfig:
@@ -171,6 +180,6 @@ class SweepConfig(Sections):
     if self.run.workdir:
       return self
     name = self.data.name.replace(':', '_').replace('/', '_')
-    workdir = os.path.join('runs', f"sweep-{name}-{self.model.name}-"
+    workdir = os.path.join('runs', f"sweep-{name}-{self.model.name.replace(':', '_')}-"
                            f"{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(self, run=dataclasses.replace(self.run, workdir=workdir))

@@ -89,5 +89,6 @@ class RangeConfig(Sections):
     if self.run.workdir:
       return self
     name = self.data.name.replace(':', '_').replace('/', '_')
-    workdir = os.path.join('runs', f"lr-{name}-{self.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    model = self.model.name.replace(':', '_')
+    workdir = os.path.join('runs', f"lr-{name}-{model}-{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(self, run=dataclasses.replace(self.run, workdir=workdir))

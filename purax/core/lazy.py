@@ -21,6 +21,11 @@ holds that, and that no purax import sits inside a function);
 ``tests/test_layers.py`` reads the import paths, so the import direction
 holds for them too, and checks that each names a module and its attribute.
 
+The user's own code named on the command line (``--model mypkg.nets:make_net``,
+``--loss``, ``--dataset``) is imported here too, after parsing, by
+:func:`user`: each way it can fail is a :class:`~purax.core.errors.ConfigError`
+naming the option, what was expected and what was found.
+
 Example:
   >>> from purax.core import lazy
   >>> lazy.resolve('purax.core.errors:ConfigError').__name__
@@ -32,10 +37,15 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import os
+import re
 import sys
 import warnings
 from typing import Any, Callable, Mapping
+
+from purax.core.errors import ConfigError
 
 
 def resolve(target: Any) -> Any:
@@ -54,6 +64,68 @@ def resolve(target: Any) -> Any:
   obj = importlib.import_module(name)
   for part in filter(None, attr.split('.')):
     obj = getattr(obj, part)
+  return obj
+
+
+#: A user's import path: ``module.path:name`` (dotted identifiers on either side).
+IMPORT_PATH = re.compile(r'[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*')
+
+
+def is_import_path(text: Any) -> bool:
+  """Whether ``text`` has the form ``module.path:name`` (nothing is imported)."""
+  return isinstance(text, str) and IMPORT_PATH.fullmatch(text) is not None
+
+
+def path_hint(text: str) -> str:
+  """`` (did you mean 'a.b:c'?)`` for a dotted ``'a.b.c'`` without ``':'``, else ``''``."""
+  meant = ':'.join(text.rsplit('.', 1))
+  return f' (did you mean {meant!r}?)' if ':' not in text and is_import_path(meant) else ''
+
+
+def expected_path(field: str, text: str, names: Any = (), what: str = 'NAME',
+                  example: str = 'mypkg.nets:make_net') -> ConfigError:
+  """The error for ``text`` that is neither one of ``names`` nor ``MODULE:NAME``
+  (a dotted path without ``':'`` gets the path it probably meant)."""
+  known = f'one of {tuple(names)} or ' if names else ''
+  return ConfigError(f'{field}: expected {known}MODULE:{what}, an import path with a colon '
+                     f'(e.g. {example}), got {text!r}{path_hint(text)}')
+
+
+def user(path: str, field: str) -> Any:
+  """The object a user's import path ``module.path:name`` names, for the
+  command line's ``--model``, ``--loss`` and ``--dataset``.
+
+  The module is imported from ``sys.path`` (``PYTHONPATH``); the current
+  directory is searched last, as ``python -m purax`` searches it first, so
+  ``purax train --model mynets:make_net`` finds ``./mynets.py`` either way.
+
+  Raises:
+    ConfigError: naming ``field``: ``path`` without ``':'``; a module that does
+      not import (naming it and the ImportError); a name the module does not
+      define (naming the close ones, or those it defines).
+  """
+  if not is_import_path(path):
+    raise expected_path(field, path)
+  module_name, _, attr = path.partition(':')
+  if os.getcwd() not in sys.path and '' not in sys.path:
+    sys.path.append(os.getcwd())
+  try:
+    obj = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ConfigError(f'{field}: expected module {module_name!r} to import (from sys.path, '
+                      f'PYTHONPATH or the current directory), got {type(e).__name__}: {e}'
+                      ) from None
+  where = module_name
+  for part in attr.split('.'):
+    if not hasattr(obj, part):
+      names = sorted(n for n in dir(obj) if not n.startswith('_'))
+      close = difflib.get_close_matches(part, names, n=3, cutoff=0.5)
+      hint = (f'did you mean {" or ".join(close)}?' if close else
+              f"it defines {', '.join(names[:12]) + (', ...' if len(names) > 12 else '')}"
+              if names else 'it defines no public name')
+      raise ConfigError(f'{field}: expected a name that {where} defines ({hint}), got '
+                        f'{part!r} in {path!r}')
+    obj, where = getattr(obj, part), f'{where}.{part}'
   return obj
 
 

@@ -10,6 +10,8 @@
   ``x_test``, ``y_test`` and optionally ``num_classes``.
 - ``pystdlib`` and ``text:PATH``: byte-level language-model corpora
   (:mod:`purax.io.text`).
+- ``MODULE:FUNCTION`` (``mypkg.data:load``): your own function's arrays
+  (:func:`from_function`), a row built on the fly by :func:`lookup`.
 
 :data:`DATASETS` is the one table of data sets: a name (``digits``) or a
 prefix (``npz:``) maps to a :class:`Source` (its loader, a line of help,
@@ -31,6 +33,7 @@ from typing import Callable, Union
 
 import numpy as np
 
+from purax.core import lazy
 from purax.core.errors import ConfigError, DataError, expect
 from purax.io import text
 
@@ -216,6 +219,54 @@ def _read(archive, key: str, path: str) -> np.ndarray:
                     f'read ({type(e).__name__}: {e})') from None
 
 
+def user_function(path: str) -> Callable:
+  """The function ``path`` (``module.path:function``) names, imported
+  (:func:`purax.core.lazy.user`).
+
+  Raises:
+    ConfigError: the module does not import, lacks the name, or it is no function.
+  """
+  fn = lazy.user(path, 'dataset')
+  expect(callable(fn), 'dataset', f'{path} to be a function () -> (x_train, y_train, x_test, '
+         'y_test)', type(fn).__name__, ConfigError)
+  return fn
+
+
+def from_function(path: str, num_classes: int | None = None) -> ArrayDataset:
+  """The data set your function ``path`` (``'mypkg.data:load'``) returns.
+
+  The function is called with no argument and returns the four arrays
+  ``(x_train, y_train, x_test, y_test)`` (a tuple, or a dict of those keys
+  and optionally ``num_classes``) or an :class:`ArrayDataset`: inputs
+  ``[n, ...features]``, integer labels ``[n]``. Without ``num_classes`` the
+  classes are the largest training label + 1, as for an ``.npz`` file;
+  :func:`validate` checks the rest (naming the array).
+
+  Raises:
+    ConfigError: as :func:`user_function`. DataError: a result of another kind (named).
+  """
+  out = user_function(path)()
+  if isinstance(out, dict) and all(k in out for k in NPZ_KEYS):
+    num_classes = out.get('num_classes') if num_classes is None else num_classes
+    arrays = [out[k] for k in NPZ_KEYS]
+  elif isinstance(out, (tuple, list)) and len(out) == 4:
+    arrays = list(out)
+  elif isinstance(out, ArrayDataset):
+    arrays = [out.x_train, out.y_train, out.x_test, out.y_test]
+    num_classes = out.num_classes if num_classes is None else num_classes
+  else:
+    raise DataError(f'dataset: expected {path}() to return (x_train, y_train, x_test, y_test), '
+                    f'a dict of those keys or a purax.io.datasets.ArrayDataset, got '
+                    f'{type(out).__name__}' + (f' of length {len(out)}'
+                                               if isinstance(out, (tuple, list)) else ''))
+  arrays = [np.asarray(a) for a in arrays]
+  if num_classes is None:
+    y = arrays[1]
+    num_classes = max(2, int(y.max()) + 1) if np.issubdtype(y.dtype, np.integer) and y.size \
+        else 2
+  return ArrayDataset(path, *arrays, num_classes=num_classes)
+
+
 Dataset = Union[ArrayDataset, text.TextDataset]
 
 
@@ -231,12 +282,14 @@ class Source:
     tokens: a byte corpus for language models (``seq_len`` applies,
       ``num_classes`` is the vocabulary and cannot be set).
     loss: the key in :data:`purax.core.objectives.BUILTIN` of the loss that fits it.
+    user: the row of a user's ``MODULE:FUNCTION`` (:func:`from_function`).
   """
 
   load: Callable[..., Dataset]
   help: str
   tokens: bool = False
   loss: str = 'classification'
+  user: bool = False
 
 
 def _builtin(make: Callable[[], ArrayDataset]) -> Callable[..., ArrayDataset]:
@@ -271,9 +324,17 @@ DATASETS: dict[str, Source] = {
 }
 
 
+#: The row of a user's ``MODULE:FUNCTION``, which :func:`lookup` gives.
+USER = Source(lambda path, *, num_classes=None, **unused: from_function(path, num_classes),
+              'MODULE:FUNCTION: your own function () -> (x_train, y_train, x_test, y_test)',
+              user=True)
+
+
 def lookup(name: str) -> tuple[Source, str, str | None]:
   """The row of ``name``: an exact key, else its prefix (``npz:``, ``text:``),
-  else ``npz:`` for a path ending in ``.npz``.
+  else ``npz:`` for a path ending in ``.npz``, else :data:`USER` for an
+  import path ``module.path:function`` (a module named ``npz`` or ``text``
+  is read as those prefixes).
 
   Returns:
     ``(source, argument, path)``: the row, what its loader is given, and the
@@ -289,8 +350,11 @@ def lookup(name: str) -> tuple[Source, str, str | None]:
       return source, name[len(key):], name[len(key):]
   if name.endswith('.npz'):
     return DATASETS['npz:'], name, name
+  if lazy.is_import_path(name):
+    return USER, name, None
   raise ConfigError(f"dataset: expected one of {[k for k in DATASETS if not k.endswith(':')]} "
-                    f"or {[k + 'PATH' for k in DATASETS if k.endswith(':')]}, got {name!r}")
+                    f"or {[k + 'PATH' for k in DATASETS if k.endswith(':')]} or MODULE:FUNCTION "
+                    f"(your own, e.g. mypkg.data:load), got {name!r}{lazy.path_hint(name)}")
 
 
 def load(name: str, *, num_classes: int | None = None, seq_len: int | None = None,

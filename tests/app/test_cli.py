@@ -77,7 +77,7 @@ def test_npz_data_with_mlp(tmp_path):
 
 
 @pytest.mark.parametrize('args, message', [
-    (['--dataset', 'cifar10'], "dataset: expected one of ['digits', 'mnist1d', 'pystdlib'] or ['npz:PATH', 'text:PATH'], got 'cifar10'"),
+    (['--dataset', 'cifar10'], "dataset: expected one of ['digits', 'mnist1d', 'pystdlib'] or ['npz:PATH', 'text:PATH'] or MODULE:FUNCTION (your own, e.g. mypkg.data:load), got 'cifar10'"),
     (['--batch-size', '5000'], 'batch_size: expected in [1, 1437] (training examples), got 5000'),
     (['--steps', '0'], 'steps: expected >= 1 and < 2**31, got 0'),
     (['--learning-rate', '-1'], 'learning_rate: expected a finite value in (0, 10], got -1.0'),
@@ -256,7 +256,8 @@ PARSED_ONLY = [
     (['--help'], 0, 'usage: purax [-h]'), (['tune', 'lr', '--help'], 0, 'usage: purax tune lr'),
     *[([name, '--help'], 0, f'usage: purax {name}') for name in cli.SUBCOMMANDS],
     (['train', '--learning-rat', '1e-3'], 2, 'Unrecognized options: --learning-rat'),
-    (['train', '--model', 'nope'], 2, "Expected one of ('mlp', 'cnn', 'resnet'"),
+    (['train', '--model', 'nope'], 2, "model: expected one of ('mlp', 'cnn', 'resnet'"),
+    (['train', '--model', 'mypkg.nets.make_net'], 2, "(did you mean 'mypkg.nets:make_net'?)"),
     (['train', '--optimizer', 'nope'], 2, "Expected one of ('adamw', 'sgd'"),
     (['train', '--steps', 'many'], 2, 'Error parsing --steps'),
     (['sweep', '--weight-decay-mask', 'nope'], 2, "Expected one of ('matrices', 'all')"),

@@ -143,7 +143,7 @@ def test_hparams_are_the_fields_that_change_the_computation():
   hparams = config.hparams()
   assert set(hparams) == {
       'model', 'dropout_rate', 'd_model', 'num_layers', 'num_heads', 'remat', 'scan_layers',
-      'precision', 'dataset', 'batch_size', 'seq_len', 'num_classes', 'learning_rate',
+      'precision', 'dataset', 'batch_size', 'seq_len', 'num_classes', 'loss', 'learning_rate',
       'weight_decay', 'b1', 'b2', 'clip_norm', 'label_smoothing', 'warmup_steps',
       'microbatches', 'loss_scale', 'seed', 'ema_decay', 'ema_every', 'steps', 'decay_steps',
       'patience', 'optimizer', 'weight_decay_mask', 'momentum', 'z_loss', 'spike_k',
