@@ -116,8 +116,8 @@ class PopulationEarlyStopping:
   name: str = 'population_early_stopping'
 
   def __call__(self, info):
-    if info.forced:
-      return None
+    if info.end is not None:
+      return None   # the run has ended: no member stops now
     return Output(state=_early_stopping(
         info.state, jnp.asarray(scores(info.metrics, self.metric, self.mode)),
         patience=self.patience))
