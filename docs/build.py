@@ -165,6 +165,27 @@ def pages() -> dict[str, list[str]]:
   return out
 
 
+#: What the docstring examples assume: the names they use without defining
+#: them. ``tests/test_docs.py`` runs the examples as doctests in these names;
+#: the API reference's front page shows them. (The guides' blocks need none:
+#: each carries its own imports and data.)
+DOCTEST_SETUP = """\
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import purax
+from purax import parallel
+
+rng = np.random.default_rng(0)
+x = rng.random((64, 8, 8, 1), dtype=np.float32)                 # 64 images [8, 8, 1]
+batch = {'x': x, 'y': (x.sum((1, 2, 3)) > 32).astype(np.int32)}    # labels [64], int32
+batches = [batch] * 20                                           # a data set: 20 steps
+test = [batch]                                                   # evaluation batches
+"""
+
+
 #: The API pages in reading order (the rest follow by name).
 ORDER = ('purax', 'purax.core', 'purax.nn', 'purax.loop', 'purax.hooks', 'purax.plan',
          'purax.parallel', 'purax.io', 'purax.io.checkpoint', 'purax.testing', 'purax.app')
@@ -176,9 +197,11 @@ def api_index(names: list[str]) -> str:
   lines = _heading('API reference', '=') + [
       'One page per package (its modules are sections), generated from the',
       'docstrings. The examples run in the test suite',
-      '(``tests/test_docs.py``) after this prelude, which defines the names they',
-      'use without defining them (``batch``, ``batches``, ``test``):', '',
-      '.. literalinclude:: ../prelude.py', '   :language: python', '',
+      '(``tests/test_docs.py``) as doctests after this code, which defines the',
+      'names they use without defining them (``batch``, ``batches``, ``test``):', '',
+      '.. code-block:: python', ''] + ['   ' + line if line else ''
+                                      for line in DOCTEST_SETUP.splitlines()] + [
+      '',
       '.. toctree::', '   :maxdepth: 1', ''] + [f'   {n}' for n in ordered]
   return '\n'.join(lines) + '\n'
 

@@ -3,10 +3,13 @@ example renders as code and runs, the landing page links the core API.
 
 The site is built once per session (in this process: purax is imported
 already) by the ``site`` fixture that the HTML tests share. The docstring
-examples run as doctests and the pages' Python blocks page by page, all in
-this process after ``docs/prelude.py`` (what the pages say they assume);
-``purax`` lines of the pages' bash blocks are parsed and validated as the
-README's are.
+examples run as doctests in this process, in the names
+``docs/build.py``'s ``DOCTEST_SETUP`` defines (shown on the API reference's
+front page). Every Python block of the pages runs on its own in a fresh
+interpreter (:func:`block_runs`): as a reader copies it, with nothing before
+it but the block it says in words it continues ("Continuing the block
+above"). ``purax`` lines of the pages' bash blocks are parsed and validated
+as the README's are.
 """
 
 import contextlib
@@ -18,6 +21,8 @@ import io
 import logging
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import warnings
 
@@ -35,16 +40,51 @@ def _load_build():
   return build
 
 
-def prelude() -> dict:
+def doctest_globals() -> dict:
+  """The names the docstring examples use without defining them
+  (``docs/build.py``'s ``DOCTEST_SETUP``)."""
   scope: dict = {}
-  with open(os.path.join(DOCS, 'prelude.py'), encoding='utf-8') as f:
-    exec(compile(f.read(), 'docs/prelude.py', 'exec'), scope)
+  exec(compile(_load_build().DOCTEST_SETUP, 'DOCTEST_SETUP', 'exec'), scope)
   return scope
 
 
 def blocks(path: str, language: str) -> list[str]:
   with open(path, encoding='utf-8') as f:
     return re.findall(rf'^```{language}\n(.*?)^```', f.read(), re.S | re.M)
+
+
+#: The words before a Python block that make it continue the Python block above it.
+CONTINUES = re.compile(r'continuing the block above', re.I)
+#: The words before a block that tell the reader to start Python with host devices.
+DEVICES = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
+
+
+def block_runs(path: str) -> list[tuple[str, str, int]]:
+  """``(name, source, devices)`` of each run of a page's Python blocks.
+
+  A block runs alone, or after the blocks it continues: one that says
+  "Continuing the block above" in the prose since the Python block before it
+  runs concatenated with that one (which then is not run alone as well: its
+  run is the chain's beginning). ``devices``: the host device count the prose
+  before a block of the run tells the reader to set (1 otherwise).
+  """
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  found, last = [], 0
+  for m in re.finditer(r'^```python\n(.*?)^```', text, re.S | re.M):
+    found.append((text[last:m.start()], m.group(1)))
+    last = m.end()
+  runs: list[tuple[list[int], str, int]] = []
+  for i, (prose, source) in enumerate(found):
+    devices = int(max(DEVICES.findall(prose), key=int, default=1))
+    if CONTINUES.search(prose):
+      assert runs, f'{path}: block 1 continues no block'
+      chain, previous, n = runs.pop()
+      runs.append((chain + [i + 1], previous + source, max(n, devices)))
+    else:
+      runs.append(([i + 1], source, devices))
+  return [('block' + '+'.join(map(str, chain)), source, devices)
+          for chain, source, devices in runs]
 
 
 @pytest.fixture(scope='module')
@@ -214,11 +254,12 @@ def test_code_rendered_as_prose_is_a_problem(tmp_path, monkeypatch):
 
 
 def test_every_docstring_example_runs(tmp_path, monkeypatch):
-  """Every ``>>>`` example of purax's docstrings, as a doctest after the prelude."""
+  """Every ``>>>`` example of purax's docstrings, as a doctest in the names of
+  ``DOCTEST_SETUP``."""
   build = _load_build()
   _write_under(tmp_path, monkeypatch)
   monkeypatch.setenv('WANDB_MODE', 'disabled')
-  scope = prelude()
+  scope = doctest_globals()
   finder = doctest.DocTestFinder(exclude_empty=True)
   runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
   out, ran = io.StringIO(), 0
@@ -241,19 +282,28 @@ def test_every_docstring_example_runs(tmp_path, monkeypatch):
   assert runner.failures == 0, out.getvalue()[-6000:]
 
 
-@pytest.mark.parametrize('page', [os.path.relpath(p, DOCS) for p in PAGES
-                                  if blocks(p, 'python')])
-def test_every_python_block_of_the_pages_runs(page, tmp_path, monkeypatch):
-  """A page's Python blocks, in order, in one namespace after the prelude."""
-  _write_under(tmp_path, monkeypatch)
-  scope = prelude()
+BLOCK_RUNS = [(os.path.relpath(p, DOCS), *run) for p in PAGES for run in block_runs(p)]
+
+
+@pytest.mark.parametrize('page,name,source,devices', BLOCK_RUNS,
+                         ids=[f'{page}:{name}' for page, name, _, _ in BLOCK_RUNS])
+def test_every_python_block_of_the_pages_runs_alone(page, name, source, devices, tmp_path):
+  """A page's Python block (or the chain it continues) in a fresh interpreter:
+  this checkout's purax, CPU, the XLA flags of the suite's child processes
+  and the device count the page names; its files land under ``tmp_path``
+  (the working directory and the temporary directory)."""
   if page == os.path.join('guides', 'cli.md'):      # what the page says exists: an export
     _export_digits_predict(tmp_path / 'runs' / 'mine' / 'export')
-  for i, block in enumerate(blocks(os.path.join(DOCS, page), 'python')):
-    with contextlib.redirect_stdout(io.StringIO()), user_code():
-      exec(compile(block, f'docs/{page} block {i + 1}', 'exec'), scope)
+  env = dict(os.environ, JAX_PLATFORMS='cpu', WANDB_MODE='disabled', TMPDIR=str(tmp_path),
+             PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  env['XLA_FLAGS'] = (os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', '')
+                      + (f' --xla_force_host_platform_device_count={devices}'
+                         if devices > 1 else '')).strip()
+  done = subprocess.run([sys.executable, '-c', source], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, f'docs/{page} {name}:\n{done.stderr[-3000:]}'
   if page == 'index.md':                             # the landing page's claim
-    assert scope['history'][-1]['eval/accuracy'] > 0.9, scope['history'][-1]
+    assert float(done.stdout.split()[-1]) > 0.9, done.stdout[-500:]
 
 
 def _write_under(tmp_path, monkeypatch) -> None:

@@ -1,18 +1,24 @@
 """``purax plot --workdir DIR``: learning curves of a run or a sweep, as a PNG;
 and the curve of a learning-rate range test (``purax tune lr``, :func:`plot_lr_range`).
 
-Every logged series against the step, one panel per quantity
-(:func:`panels`): loss and accuracy of every family (``train/*`` solid,
-``eval/*`` dashed, ``eval_ema/*`` dotted), the learning rate
-(``train/learning_rate`` as logged; for a run logged before it was, the
-schedule recomputed from ``config.json``), the gradient norm with the
-per-layer ``grad_norm/*`` of ``--histograms``, throughput, and a panel for
-each other quantity (``examples``, ``skipped``, ``compile_s``, ...). PBT's
-exploit steps (:func:`exploit_steps`: a member copied another) are grey
-vertical lines on every panel. A run directory is read from its
-``metrics.jsonl`` and ``config.json``; a sweep directory from its
-``sweep.json``, with one colour per member and a legend naming each member
-by the hyperparameters that differ across the sweep (and its seed).
+Only series that carry information get a panel (:func:`panels`): loss and
+accuracy with every family together (``train/*`` solid, ``eval/*`` dashed,
+``eval_ema/*`` dotted: the eval curve beside the training one), the
+learning rate (``train/learning_rate`` as logged; for a run logged before it
+was, the schedule recomputed from ``config.json``), the gradient norm with
+the per-layer ``grad_norm/*`` of ``--histograms``, and a panel for each other
+quantity that changes. A series whose values are all equal, or that has one
+point, draws no panel of its own: its name and value go into one note line
+under the figure (:func:`constants`; e.g. ``train/examples=64,
+train/skipped=0``). Timings (``steps_per_sec``, ``tokens_per_sec``, ``mfu``,
+``compile_s``: :data:`purax.io.writers.TIMINGS`) measure the machine, not
+the learning: no panel, their median (``compile_s``: total) on the note
+(:func:`timings`). PBT's exploit steps (:func:`exploit_steps`: a member
+copied another) are grey vertical lines on every panel. A run directory is
+read from its ``metrics.jsonl`` (the run's end records skipped) and
+``config.json``; a sweep directory from its ``sweep.json``, with one colour
+per member and a legend naming each member by the hyperparameters that
+differ across the sweep (and its seed).
 
 An ``--out`` path is checked before anything is read or drawn
 (:func:`check_out`): the plot never replaces a file of the run or sweep it
@@ -38,15 +44,15 @@ from purax.core.errors import ConfigError, expect
 from purax.app.optimizers import OPTIMIZERS
 from purax.core.optim import SCHEDULES
 from purax.io.safe_files import open_file, write_atomic
+from purax.io.writers import TIMINGS
 
 #: Line styles of the families (the part of a name before its ``/``).
 STYLES = {'train': '-', 'eval': '--', 'eval_ema': ':'}
 
 #: The panels drawn first, and the quantities (names after the family) each
-#: holds; every other quantity gets a panel of its own, after them.
+#: holds; every other quantity that changes gets a panel of its own, after them.
 MAIN_PANELS = (('loss', ('loss',)), ('accuracy', ('accuracy',)),
-               ('learning rate', ('learning_rate',)), ('grad norm', ('grad_norm',)),
-               ('throughput', ('steps_per_sec', 'tokens_per_sec')))
+               ('learning rate', ('learning_rate',)), ('grad norm', ('grad_norm',)))
 
 #: The entries purax writes at the top of a run or sweep directory: an
 #: ``--out`` there is refused, existing or not (the run may write it later).
@@ -62,33 +68,117 @@ PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 #: Record keys that are not series.
 NOT_SERIES = ('step', 'time', 'pbt/source')
 
+#: Quantities that measure the machine, not the learning: on the note, never a panel.
+TIMING = tuple(k for k in TIMINGS if k not in NOT_SERIES)
+
 
 def _quantity(key: str) -> str:
   return key.split('/', 1)[1] if '/' in key else key
 
 
-def panels(records: Sequence[Mapping]) -> dict[str, list[str]]:
-  """``panel title -> keys``: where each logged series of ``records`` is drawn.
-
-  Every key holding numbers (a number, or a population's ``[members]`` list)
-  is in exactly one panel: the :data:`MAIN_PANELS` by quantity (``eval_ema/loss``
-  beside ``train/loss``; the per-layer ``grad_norm/LAYER`` beside
-  ``train/grad_norm``), any other quantity in a panel of its own.
-  """
+def _keys(records: Sequence[Mapping]) -> list[str]:
+  """Every key of ``records`` holding numbers (a number, or a population's
+  ``[members]`` list; null and 'nan' strings as non-finite), in first-seen order."""
   keys: dict[str, None] = {}
   for r in records:
     for k, v in r.items():
       if k not in NOT_SERIES and (isinstance(v, (int, float, list)) or v is None
                                   or isinstance(v, str)) and not isinstance(v, bool):
         keys.setdefault(k)
+  return list(keys)
+
+
+def _values(records: Sequence[Mapping], key: str) -> tuple[int, np.ndarray]:
+  """``(points, values)``: how many records hold ``key``, and all their values
+  (a population's every member) as floats."""
+  held = [r[key] for r in records if key in r]
+  return len(held), np.asarray([_number(x) for v in held for x in np.ravel(v)], np.float64)
+
+
+def _flat(records: Sequence[Mapping], key: str) -> bool:
+  """Whether ``key`` is one point, or one value throughout (NaN equals NaN)."""
+  points, values = _values(records, key)
+  return points <= 1 or np.unique(values).size <= 1 or bool(np.all(np.isnan(values)))
+
+
+def _grouped(records: Sequence[Mapping]) -> dict[str, list[str]]:
+  """``panel title -> keys`` of every non-timing series, empty main panels kept."""
   out: dict[str, list[str]] = {title: [] for title, _ in MAIN_PANELS}
   where = {q: title for title, quantities in MAIN_PANELS for q in quantities}
-  for key in keys:
+  for key in _keys(records):
+    if _quantity(key) in TIMING:
+      continue
     title = 'grad norm' if key.startswith('grad_norm/') else where.get(
         _quantity(key), _quantity(key).replace('_', ' '))
     out.setdefault(title, []).append(key)
-  # The learning rate stays: a run logged before it was draws the schedule there.
-  return {t: k for t, k in out.items() if k or t == 'learning rate'}
+  return out
+
+
+def panels(records: Sequence[Mapping], schedule: bool = False) -> dict[str, list[str]]:
+  """``panel title -> keys``: the panels drawn, and the series each holds.
+
+  A panel is drawn when one of its series changes (more than one point, not
+  all equal); it then holds all of them, constant ones included (a final
+  evaluation's one point beside the training curve). The :data:`MAIN_PANELS`
+  group by quantity (``eval/loss`` and ``eval_ema/loss`` beside
+  ``train/loss``; the per-layer ``grad_norm/LAYER`` beside
+  ``train/grad_norm``); any other quantity gets a panel of its own. Timings
+  (:data:`TIMING`) get none. ``schedule``: the learning rate can be drawn
+  from the config, so its panel stays when no learning rate was logged.
+  Every other series is in :func:`constants`.
+  """
+  out = {t: keys for t, keys in _grouped(records).items()
+         if any(not _flat(records, k) for k in keys)}
+  if schedule and 'learning rate' not in out and not any(
+      _quantity(k) == 'learning_rate' for k in _keys(records)):
+    out['learning rate'] = []
+  order = [title for title, _ in MAIN_PANELS]
+  return dict(sorted(out.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order
+                     else len(order)))
+
+
+def _fmt(v: float) -> str:
+  return f'{v:.4g}'
+
+
+def constants(records: Sequence[Mapping], schedule: bool = False) -> dict[str, str]:
+  """``key -> value`` of the series no panel draws (:func:`panels`): each
+  one value throughout or one point (a population's differing members listed)."""
+  drawn = {k for keys in panels(records, schedule).values() for k in keys}
+  out = {}
+  for keys in _grouped(records).values():
+    for key in keys:
+      if key not in drawn:
+        _, values = _values(records, key)
+        unique = np.unique(values) if values.size else values
+        out[key] = (_fmt(unique[0]) if unique.size == 1 or np.all(np.isnan(values))
+                    else '[' + ', '.join(map(_fmt, values)) + ']')
+  return out
+
+
+def timings(records: Sequence[Mapping]) -> dict[str, str]:
+  """``key -> 'median M'`` of each timing series (``compile_s``: ``'total T'``)."""
+  out = {}
+  for key in _keys(records):
+    if _quantity(key) in TIMING:
+      _, values = _values(records, key)
+      values = values[np.isfinite(values)]
+      if values.size:
+        out[key] = (f'total {_fmt(values.sum())}' if _quantity(key) == 'compile_s'
+                    else f'median {_fmt(float(np.median(values)))}')
+  return out
+
+
+def note(records: Sequence[Mapping], schedule: bool = False) -> str:
+  """The line under the figure: the :func:`constants` and the :func:`timings`."""
+  parts = []
+  flat = constants(records, schedule)
+  if flat:
+    parts.append('constant: ' + ', '.join(f'{k}={v}' for k, v in flat.items()))
+  times = timings(records)
+  if times:
+    parts.append('timing: ' + ', '.join(f'{k} {v}' for k, v in times.items()))
+  return '; '.join(parts)
 
 
 def exploit_steps(records: Sequence[Mapping]) -> list[int]:
@@ -209,34 +299,43 @@ def _series(records: Sequence[Mapping], key: str, member: int | None = None):
 
 
 def _figure(plt, count: int):
-  """A figure of ``count`` panels, 3 a row."""
-  cols = min(3, count)
+  """A figure of ``count`` panels, 3 a row (4: 2 a row; none: a strip for the note),
+  laid out by matplotlib's constrained layout (titles, legends and the note
+  never overlap)."""
+  if not count:
+    fig = plt.figure(figsize=(8, 1.6), layout='constrained')
+    return fig, []
+  cols = 2 if count == 4 else min(3, count)
   rows = math.ceil(count / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows + 0.6), squeeze=False)
+  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows + 0.8), squeeze=False,
+                           layout='constrained')
   for ax in axes.flat[count:]:
     ax.set_visible(False)
-  return fig, axes.flat[:count]
+  return fig, list(axes.flat[:count])
 
 
-def _finish(fig, axes, path: str, title: str, legend: bool, exploits=()) -> str:
+def _finish(fig, axes, path: str, title: str, legend: bool, exploits=(), text: str = '') -> str:
+  import textwrap
   for ax in axes:
     ax.set_xlabel('step')
     ax.grid(alpha=0.3)
     for i, s in enumerate(exploits):
       ax.axvline(s, color='0.6', linewidth=0.8, linestyle='-.',
                  label='PBT exploit' if i == 0 else None)
-  loss_ax = axes[0]
-  lines = loss_ax.get_lines()
-  ys = np.concatenate([l.get_ydata() for l in lines]) if lines else np.array([])
-  ys = ys.astype(np.float64) if ys.size else ys
-  if ys.size and np.all(ys[np.isfinite(ys)] > 0):
-    loss_ax.set_yscale('log')
-  if legend:
+    if ax.get_title() == 'loss':
+      lines = ax.get_lines()
+      ys = np.concatenate([l.get_ydata() for l in lines]).astype(np.float64) if lines \
+          else np.array([])
+      if ys.size and np.all(ys[np.isfinite(ys)] > 0):
+        ax.set_yscale('log')
+  if legend and axes:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
-      fig.legend(handles, labels, loc='lower center', ncol=min(4, len(handles)), fontsize=8)
+      fig.legend(handles, labels, loc='outside right upper', fontsize=8)
   fig.suptitle(title)
-  fig.tight_layout(rect=(0, 0.1 if legend else 0, 1, 1))
+  if text:    # wrapped to the figure's width: about 19 characters an inch at size 8
+    fig.supxlabel(textwrap.fill(text, width=int(fig.get_figwidth() * 19)), fontsize=8,
+                  color='0.3')
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   png = io.BytesIO()
   fig.savefig(png, format='png', dpi=100)
@@ -248,8 +347,8 @@ def _finish(fig, axes, path: str, title: str, legend: bool, exploits=()) -> str:
 
 def plot_run(workdir: str, out: str | None = None) -> str:
   """Curves of one run (``metrics.jsonl`` + ``config.json``) into ``out``
-  (default ``WORKDIR/curves.png``): every logged series (:func:`panels`);
-  returns the path.
+  (default ``WORKDIR/curves.png``): a panel for each series that changes
+  (:func:`panels`), the rest on the note under it (:func:`note`); returns the path.
 
   Raises:
     ConfigError: ``out`` is refused (:func:`check_out`); ``workdir`` has no
@@ -270,23 +369,23 @@ def plot_run(workdir: str, out: str | None = None) -> str:
       config = TrainConfig.from_json(text).flat()
     except ConfigError:
       config = {}    # an unreadable config: curves without the schedule
+  schedule = {'steps', 'learning_rate', 'warmup_steps'} <= set(config)
   plt = _pyplot()
-  layout = panels(records)
+  layout = panels(records, schedule)
   fig, axes = _figure(plt, len(layout))
   for ax, (title, keys) in zip(axes, layout.items()):
     for key in keys:
       steps, values = _series(records, key)
       if steps.size:
         ax.plot(steps, values, _style(key), marker='.' if steps.size < 3 else None, label=key)
-    if title == 'learning rate' and not keys and {'steps', 'learning_rate',
-                                                   'warmup_steps'} <= set(config):
+    if title == 'learning rate' and not keys:
       ax.plot(*learning_rates(config), label='schedule (config.json)')
     ax.set_title(title)
     if ax.get_lines():
       ax.legend(fontsize=7)
   name = f"{config.get('model', '?')} on {config.get('dataset', '?')}" if config else workdir
-  return _finish(fig, list(axes), out or os.path.join(workdir, 'curves.png'), name,
-                 legend=False, exploits=exploit_steps(records))
+  return _finish(fig, axes, out or os.path.join(workdir, 'curves.png'), name,
+                 legend=False, exploits=exploit_steps(records), text=note(records, schedule))
 
 
 def member_labels(rows: Sequence[Mapping[str, Any]],
@@ -308,14 +407,21 @@ def member_labels(rows: Sequence[Mapping[str, Any]],
 
 def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int = 12) -> str:
   """Per-member curves of a sweep's summary (what ``sweep.json`` holds) into
-  ``path``: every logged series (:func:`panels`), PBT's exploit steps marked."""
+  ``path``: a panel for each series that changes (:func:`panels`; line
+  styles tell the families apart, a small legend says which), the rest on
+  the note (:func:`note`), PBT's exploit steps marked."""
+  from matplotlib.lines import Line2D
   history = summary['history']
   rows = summary['members']
   config = summary.get('config', {})
   labels = member_labels(rows, summary.get('swept', ()))
   members = len(rows)
+  sched = {'steps': config.get('steps'), 'warmup_steps': config.get('warmup_steps'),
+           'decay_steps': config.get('decay_steps'), 'learning_rate': 0.0}
+  schedule = (None not in (sched['steps'], sched['warmup_steps'])
+              and not config.get('pbt_every') and any('peak_learning_rate' in r for r in rows))
   plt = _pyplot()
-  layout = panels(history)
+  layout = panels(history, schedule)
   fig, axes = _figure(plt, len(layout))
   colors = plt.get_cmap('tab10' if members <= 10 else 'viridis')
   color = lambda i: colors(i if members <= 10 else i / max(members - 1, 1))  # noqa: E731
@@ -325,25 +431,25 @@ def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int
     for i in range(members):
       for n, key in enumerate(keys):
         if key in shared and i:
-          continue           # one value for the whole population (steps_per_sec): once
+          continue           # one value for the whole population: once
         steps, values = _series(history, key, member=i)
         if steps.size:
           ax.plot(steps, values, _style(key), color=color(i), linewidth=1,
                   marker='.' if steps.size < 3 else None,
-                  label=labels.get(i, f'member {i}') if n == 0 and title == 'loss' else None)
+                  label=labels.get(i, f'member {i}') if n == 0 and ax is axes[0] else None)
+    ax.set_title(title)
     families = sorted({k.split('/', 1)[0] for k in keys if '/' in k})
-    ax.set_title(title + (f" ({', '.join(families)})" if len(families) > 1 else ''))
+    if len(families) > 1:    # which line style is which family
+      ax.legend([Line2D([], [], color='0.3', linestyle=_style(f + '/')) for f in families],
+                families, fontsize=7)
     if title == 'learning rate' and not keys:
-      sched = {'steps': config.get('steps'), 'warmup_steps': config.get('warmup_steps'),
-               'decay_steps': config.get('decay_steps'), 'learning_rate': 0.0}
-      if None not in (sched['steps'], sched['warmup_steps']) and not config.get('pbt_every'):
-        for r in rows:
-          if 'peak_learning_rate' in r:
-            ax.plot(*learning_rates(sched, peak=r['peak_learning_rate']),
-                    color=color(int(r['member'])), linewidth=1)
+      for r in rows:
+        if 'peak_learning_rate' in r:
+          ax.plot(*learning_rates(sched, peak=r['peak_learning_rate']),
+                  color=color(int(r['member'])), linewidth=1)
   title = f"{members} members, {config.get('model', '?')} on {config.get('dataset', '?')}"
-  return _finish(fig, list(axes), path, title, legend=members <= max_legend,
-                 exploits=exploit_steps(history))
+  return _finish(fig, axes, path, title, legend=members <= max_legend,
+                 exploits=exploit_steps(history), text=note(history, schedule))
 
 
 def plot_sweep(workdir: str, out: str | None = None) -> str:

@@ -47,7 +47,7 @@ def test_run_plot_writes_a_png(tmp_path):
   path = plot.plot(str(run))
   assert path == str(run / 'curves.png')
   data = (run / 'curves.png').read_bytes()
-  assert data.startswith(PNG) and len(data) > 20_000       # four panels of curves, not blank
+  assert data.startswith(PNG) and len(data) > 20_000       # three panels of curves, not blank
 
 
 def test_sweep_plot_writes_a_png_through_the_cli(tmp_path, capsys):
@@ -182,18 +182,124 @@ RECORDS = [
 ]
 
 
-def test_every_logged_series_has_its_panel():
+def test_every_logged_series_is_in_a_panel_or_on_the_note():
   """Issue 29.4: eval_ema/* beside eval/*, the per-layer grad_norm/* of
-  --histograms beside train/grad_norm, the logged learning rate; any other
-  series in a panel of its own. Nothing is left out."""
+  --histograms beside train/grad_norm, the logged learning rate. A series
+  that does not change (or has one point) is on the note, not in a panel,
+  unless a panel of its quantity is drawn; timings are on the note. Nothing
+  is left out."""
   layout = plot.panels(RECORDS)
-  keys = [k for r in RECORDS for k in r if k not in ('step', 'time')]
-  assert sorted(k for ks in layout.values() for k in ks) == sorted(set(keys))
-  assert layout['loss'] == ['train/loss', 'eval/loss', 'eval_ema/loss']
+  assert layout == {'loss': ['train/loss', 'eval/loss', 'eval_ema/loss'],
+                    'learning rate': ['train/learning_rate']}
+  assert plot.constants(RECORDS) == {
+      'train/accuracy': '0.5', 'eval/accuracy': '0.8', 'eval_ema/accuracy': '0.82',
+      'train/grad_norm': '1', 'grad_norm/Dense_0': '0.5', 'grad_norm/Dense_1': '0.25',
+      'train/skipped': '0', 'early_stopping/stale': '0'}
+  assert plot.timings(RECORDS) == {'steps_per_sec': 'median 55', 'compile_s': 'total 2'}
+  keys = {k for r in RECORDS for k in r if k not in ('step', 'time')}
+  placed = [k for ks in layout.values() for k in ks] + list(plot.constants(RECORDS)) + list(
+      plot.timings(RECORDS))
+  assert sorted(placed) == sorted(keys)
+  changing = RECORDS + [{'step': 30, 'train/accuracy': 0.7, 'train/grad_norm': 0.5,
+                         'grad_norm/Dense_0': 0.1, 'train/skipped': 2.0}]
+  layout = plot.panels(changing)
   assert layout['accuracy'] == ['train/accuracy', 'eval/accuracy', 'eval_ema/accuracy']
   assert layout['grad norm'] == ['train/grad_norm', 'grad_norm/Dense_0', 'grad_norm/Dense_1']
-  assert layout['learning rate'] == ['train/learning_rate']
-  assert layout['compile s'] == ['compile_s'] and layout['skipped'] == ['train/skipped']
+  assert layout['skipped'] == ['train/skipped']
+  assert list(layout)[:4] == ['loss', 'accuracy', 'learning rate', 'grad norm']
+  assert plot.panels([{'step': 10, 'steps_per_sec': 5.0}], schedule=True) == {
+      'learning rate': []}                  # drawn from config.json
+
+
+def _drawn(monkeypatch):
+  """The figures the plots save, kept after they are drawn."""
+  from matplotlib.figure import Figure
+  figures, real = [], Figure.savefig
+  monkeypatch.setattr(Figure, 'savefig', lambda self, *a, **k: figures.append(self)
+                      or real(self, *a, **k))
+  return figures
+
+
+def _titles(fig):
+  return [ax.get_title() for ax in fig.axes if ax.get_visible()]
+
+
+def _labels(fig, title):
+  [ax] = [ax for ax in fig.axes if ax.get_visible() and ax.get_title() == title]
+  return [line.get_label() for line in ax.get_lines()]
+
+
+def test_constant_series_get_no_panel_and_the_note_names_them(tmp_path, monkeypatch):
+  """What a run logs, with its end record: the panels are loss (train and
+  eval), accuracy (train and eval), learning rate and grad norm; examples,
+  skipped, the skip streak and the timings are one note line under them."""
+  figures = _drawn(monkeypatch)
+  run = tmp_path / 'run'
+  run.mkdir()
+  lines = []
+  for s in (10, 20, 30, 40):
+    lines.append({'step': s, 'time': 0.0, 'train/loss': 2.0 / s, 'train/accuracy': s / 50,
+                  'train/grad_norm': 1.0 + 1 / s, 'train/learning_rate': 1e-3 * (1 - s / 50),
+                  'train/examples': 64.0, 'train/skipped': 0.0, 'train/skip_streak': 0.0,
+                  'steps_per_sec': 90.0 + s, 'compile_s': 3.5 if s == 10 else 0.0})
+    if s % 20 == 0:
+      lines.append({'step': s, 'eval/loss': 2.5 / s, 'eval/accuracy': s / 60,
+                    'eval/examples': 360.0})
+  lines.append({'step': 40, 'status': 'finished', 'end': {'reason': 'steps'}})
+  (run / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in lines) + '\n')
+  plot.plot(str(run))
+  [fig] = figures
+  assert _titles(fig) == ['loss', 'accuracy', 'learning rate', 'grad norm']
+  assert _labels(fig, 'loss') == ['train/loss', 'eval/loss']
+  assert _labels(fig, 'accuracy') == ['train/accuracy', 'eval/accuracy']
+  assert fig.get_supxlabel() == (
+      'constant: train/examples=64, eval/examples=360, train/skipped=0, '
+      'train/skip_streak=0; timing: steps_per_sec median 115, compile_s total 3.5')
+
+
+def _overlaps(fig):
+  """Pairs of the figure's title, note and legends, the panels' titles and
+  the panels (with their tick labels and axis labels) whose drawn boxes
+  intersect (a panel and its own title aside)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  canvas = FigureCanvasAgg(fig)        # drawn again as saved (the pyplot canvas is closed)
+  canvas.draw()
+  renderer = canvas.get_renderer()
+  boxes = [('suptitle', None, fig._suptitle.get_window_extent(renderer))]
+  if fig.get_supxlabel():
+    boxes.append(('note', None, fig._supxlabel.get_window_extent(renderer)))
+  boxes += [(f'legend {i}', None, legend.get_window_extent(renderer))
+            for i, legend in enumerate(fig.legends)]
+  for i, ax in enumerate(ax for ax in fig.axes if ax.get_visible()):
+    boxes.append((f'title of panel {i}', i, ax.title.get_window_extent(renderer)))
+    boxes.append((f'panel {i}', i, ax.get_tightbbox(renderer, bbox_extra_artists=[])))
+  return [(a, b) for n, (a, owner, box) in enumerate(boxes) for b, other, box_b in boxes[n + 1:]
+          if (owner is None or owner != other) and box.overlaps(box_b)]
+
+
+def test_sweep_plot_titles_legend_and_note_do_not_overlap(tmp_path, monkeypatch):
+  """Twelve members with long labels, every family of loss: a short panel
+  title (a small legend says which line style is which family), and no
+  title, legend, note or panel overlaps another (in one row of panels, where
+  the old tight layout put a legend of three rows over the axes' labels)."""
+  figures = _drawn(monkeypatch)
+  sweep = write_sweep(tmp_path / 'sweep')
+  summary = json.loads((sweep / 'sweep.json').read_text())
+  summary['members'] = [{'rank': i + 1, 'member': i, 'seed': i % 2, 'status': 'ok',
+                         'peak_learning_rate': 10 ** -(1 + i % 3), 'weight_decay': 10 ** -(i % 4),
+                         'label_smoothing': i / 100} for i in range(12)]
+  history = [{'step': s, 'train/loss': [1.0 / (s * (i + 1)) for i in range(12)],
+              'train/grad_norm': [float(s + i) for i in range(12)],
+              'train/accuracy': [0.5] * 12, 'train/examples': [64] * 12, 'steps_per_sec': [50.0]} for s in (10, 20)]
+  history.append({'step': 20, 'eval/loss': [0.3] * 12, 'eval_ema/loss': [0.2] * 12})
+  summary['history'] = history
+  (sweep / 'sweep.json').write_text(json.dumps(summary))
+  plot.plot(str(sweep))
+  [fig] = figures
+  assert _titles(fig) == ['loss', 'learning rate', 'grad norm']
+  assert fig.get_supxlabel() == ('constant: train/accuracy=0.5, train/examples=64; '
+                                 'timing: steps_per_sec median 50')
+  assert _overlaps(fig) == []
 
 
 def test_the_run_plot_draws_every_series_and_a_sweep_marks_pbt_exploits(tmp_path,
@@ -212,7 +318,7 @@ def test_the_run_plot_draws_every_series_and_a_sweep_marks_pbt_exploits(tmp_path
   run.mkdir()
   (run / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in RECORDS) + '\n')
   plot.plot(str(run))
-  assert set(drawn) == {k for r in RECORDS for k in r if k not in ('step', 'time')}
+  assert set(drawn) == {k for ks in plot.panels(RECORDS).values() for k in ks}
   assert marks == []
   sweep = write_sweep(tmp_path / 'sweep')
   summary = json.loads((sweep / 'sweep.json').read_text())
@@ -221,4 +327,4 @@ def test_the_run_plot_draws_every_series_and_a_sweep_marks_pbt_exploits(tmp_path
   assert plot.exploit_steps(summary['history']) == [20]
   (sweep / 'sweep.json').write_text(json.dumps(summary))
   plot.plot(str(sweep))
-  assert set(marks) == {20} and len(marks) == len(plot.panels(summary['history']))
+  assert set(marks) == {20} and len(marks) == len(plot.panels(summary['history'], schedule=True))
