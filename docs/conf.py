@@ -66,6 +66,8 @@ nitpick_ignore_regex = [
     # arg(name='dataset')]`` (the CLI configs) as a reference to ``dataset``,
     # and splits ``str | tuple[str, ...]`` (flax fields) at its comma.
     ('py:class', r'dataset|model'),
+    # ... and tyro's PrimitiveConstructorSpec of --model (a parser, a lambda, a metavar).
+    ('py:class', r'purax\.app\.models\._parse_name|lambda|FACTORY'),
     ('py:class', r'str \| tuple\[str'),
 ]
 

@@ -96,7 +96,7 @@ def test_sigkill_at_random_points_then_resume_ends_with_the_uninterrupted_params
   assert logged(workdir) == logged(reference)
 
 
-def test_sigterm_commits_a_checkpoint_at_the_step_reached_and_exits_0(tmp_path):
+def test_sigterm_commits_a_checkpoint_at_the_step_reached_and_exits_143(tmp_path):
   workdir = str(tmp_path / 'run')
   cmd = [sys.executable, '-m', 'purax', 'train', '--model', 'mlp', '--steps', '100000',
          '--checkpoint-every', '0', '--eval-every', '0', '--log-every', '10', '--no-progress',
@@ -114,8 +114,8 @@ def test_sigterm_commits_a_checkpoint_at_the_step_reached_and_exits_0(tmp_path):
   finally:
     if proc.poll() is None:
       proc.kill()
-  assert proc.returncode == 0, err
-  assert 'stopped by SIGTERM at step' in err
+  assert proc.returncode == 143, err
+  assert 'stopped by SIGTERM at step' in err and '(exit status 143)' in err
   reached = int(err.split('stopped by SIGTERM at step ')[1].split(';')[0])
   assert 10 <= reached < 100000
   assert Checkpointer(os.path.join(workdir, 'checkpoints')).steps() == [reached]

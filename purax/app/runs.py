@@ -78,9 +78,6 @@ def train(config: TrainConfig) -> dict:
   with StopOnSignal() as stop, rundir_lib.RunDir(config) as rundir:
     starting = _start_phases(stop)
     starting('checking the run directory')
-    ended = ended_run(rundir) if rundir.resuming else None
-    if ended is not None:
-      return ended
     if config.run.fit_memory and not rundir.resuming:   # a resumed run keeps its choice
       config, _ = memory.fit_config(config, stream=sys.stderr if rundir.primary else None)
       rundir.config = config
@@ -97,8 +94,11 @@ def train(config: TrainConfig) -> dict:
                       best_mode=config.run.best_mode, metadata=job.metadata(),
                       interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
       try:
-        state, history = _fit(job, rundir, checkpointer,
-                              resume(job, rundir, checkpointer), stop)
+        restored = resume(job, rundir, checkpointer)
+        ended = ended_run(rundir, restored)
+        if ended is not None:
+          return ended
+        state, history = _fit(job, rundir, checkpointer, restored, stop)
       except jax.errors.JaxRuntimeError:   # multi-host: a lost peer exits 75, named
         parallel.distributed.await_verdict()
         raise
@@ -234,12 +234,15 @@ def finish(job, rundir, state, history, stop) -> dict:
   end = history.end
   if end is None or end.status == 'stopped':
     by = stop.received or 'a signal to another process'
-    say_end(rundir, End('stopped', reached, f'stopped by {by}; a checkpoint at step {reached} '
-                        'is committed: run the same command to resume', signal=stop.received))
+    status = (f' (exit status {signals.status(signal.Signals[stop.received])})'
+              if stop.received else '')
+    say_end(rundir, End('stopped', reached, f'a checkpoint at step {reached} is committed in '
+                        f'{rundir.file("checkpoints")}; run the same command to resume{status}',
+                        signal=by))
     return {'stopped_by': by, 'step': reached}
   if stop.received:     # e.g. during the final save: the run had ended, and is kept
-    print(f'purax: {stop.received} arrived as the run ended; step {reached} is committed',
-          file=sys.stderr)
+    print(f'purax: {stop.received} arrived as the run ended; step {reached} is committed '
+          f'(exit status {signals.status(signal.Signals[stop.received])})', file=sys.stderr)
   final = {k[len('eval/'):]: v for rec in history for k, v in rec.items()
            if k.startswith('eval/')}
   if not final:   # nothing was evaluated in this process
@@ -256,13 +259,15 @@ def finish(job, rundir, state, history, stop) -> dict:
         {'step': reached, **final, 'status': end.status, 'end': end.as_dict()}, indent=2,
         allow_nan=False))
   say_end(rundir, end)
-  return final
+  # A signal that came as the run ended is still answered by its status.
+  return {**final, 'stopped_by': stop.received} if stop.received else final
 
 
 def say_end(rundir, end: End) -> None:
   """How the run ended, in words on stderr: the status, the run directory, its
-  last and best checkpoints and the next commands (process 0)."""
+  last and best checkpoints and the next commands (those on process 0 only)."""
   if not rundir.primary:
+    print(f'purax: {end.words()}', file=sys.stderr)
     return
   path = rundir.path
   lines = [f'purax: {end.words()}']
@@ -289,33 +294,24 @@ def say_end(rundir, end: End) -> None:
   print('\n'.join(lines), file=sys.stderr)
 
 
-def ended_run(rundir) -> dict | None:
-  """A run directory whose run has ended and that this command would not
-  train on: finished with ``--steps`` not raised, or early-stopped with
-  ``--patience`` not raised (a run from before 0.3 recorded no end: finished
-  when its newest checkpoint is at its steps). Says so and returns its
-  final metrics (``final_metrics.json``); None when there is training to do.
-  Reads only."""
-  directory = rundir.file('checkpoints')
-  if not os.path.isdir(directory):
+def ended_run(rundir, restored: Restored) -> dict | None:
+  """A resumed run that has ended and that this command would not train on:
+  its newest readable checkpoint ended it ``finished`` with ``--steps`` not
+  changed, or ``early_stopped`` with ``--patience`` not raised (a run from
+  before 0.3 recorded no end: finished when that checkpoint is at its steps).
+  Says so and returns its final metrics (``final_metrics.json``); None when
+  there is training to do. Writes nothing."""
+  if restored.fresh:
     return None
-  with Checkpointer(directory, read_only=True) as reader:
-    steps = reader.steps()
-    if not steps:
-      return None
-    try:
-      extra = reader.read_extra()
-    except CheckpointError:
-      return None       # the resume says what is unreadable
   config, saved = rundir.config, rundir.saved_config()
-  step = int(extra.get('data', {}).get('next_step', steps[-1]))
   try:
-    end = End.from_dict(extra['end']) if 'end' in extra else (
-        End('finished', step, f'reached step {step}') if step >= saved.run.steps else None)
+    end = End.from_dict(restored.extra['end']) if 'end' in restored.extra else (
+        End('finished', restored.step, f'reached step {restored.step}')
+        if restored.step >= saved.run.steps else None)
   except ValueError:
     end = None
-  if end is None or not end.done or config.run.steps < end.step:
-    return None                        # (fewer --steps than it reached: the resume says so)
+  if end is None or not end.done:
+    return None
   if end.status == 'finished' and config.run.steps != end.step:
     return None                        # a longer --steps trains on
   if end.status == 'early_stopped' and config.run.patience > saved.run.patience:
@@ -328,8 +324,9 @@ def ended_run(rundir) -> dict | None:
         final = {k: v for k, v in json.load(f).items() if k not in ('step', 'status', 'end')}
   more = ('--steps larger than ' + str(end.step) if end.status == 'finished' else
           f'--patience larger than {saved.run.patience}')
-  print(f'purax: {rundir.path} has already ended: nothing to train (to train on, pass '
-        f'{more})', file=sys.stderr)
+  if rundir.primary:
+    print(f'purax: {rundir.path} has already ended: nothing to train (to train on, pass '
+          f'{more})', file=sys.stderr)
   say_end(rundir, end)
   return final
 
@@ -346,7 +343,22 @@ def _after_start_up(stop):
       raise StoppedBeforeStart(stop.received, 'compiling the first step')
     polled = True
     return stop()
-  return poll
+  return _Named(poll, stop)
+
+
+class _Named:
+  """A stop poll that names the signal it saw (``received``: what
+  :class:`purax.hooks.Stop` records in the run's end)."""
+
+  def __init__(self, poll, stop):
+    self.poll, self.stop = poll, stop
+
+  @property
+  def received(self) -> str | None:
+    return self.stop.received
+
+  def __call__(self) -> bool:
+    return self.poll()
 
 
 def _agreed(poll):
@@ -356,7 +368,7 @@ def _agreed(poll):
   every process (:class:`purax.hooks.Stop` with the log cadence)."""
   def agreed() -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.int32(poll()))))
-  return agreed
+  return _Named(agreed, poll)
 
 
 def _agree_to_start(config: TrainConfig) -> None:

@@ -119,7 +119,7 @@ def token_losses(logits: jax.Array, labels: jax.Array,
   counts as correct.
 
   The gradient is a custom VJP: one elementwise expression over ``[...,
-  vocab]`` (:func:`_token_terms_bwd`) in which label smoothing is a per-token
+  vocab]`` (``_token_terms_bwd``) in which label smoothing is a per-token
   coefficient, so at ``s = 0`` (traced, not a branch) the backward pass
   produces the ``[..., vocab]`` values of plain cross-entropy and no more;
   the gradients equal autodiff's of the same formula to float32 rounding

@@ -25,7 +25,7 @@ and optionally
 That is the whole protocol: three methods. Attributes a hook may set:
 ``order`` (hooks run in increasing ``order``, default 0; the built-ins:
 :class:`NonFiniteReplay` -16, :class:`NonFiniteStreak` -15, :class:`Evaluate`
--10, :class:`EarlyStopping` 5, :class:`Stop` 10, :class:`Log` 15,
+-10, :class:`EarlyStopping` 5, :class:`Log` 15, :class:`Stop` 17,
 :class:`Checkpoint` 20, :class:`Progress` 30, :class:`Profile` 100; so a user
 hook sees this step's evaluation, its numbers are logged and its state is in
 this step's checkpoint); ``name`` (its key in the checkpoint, default the
@@ -36,7 +36,7 @@ class name); ``option`` (what an error about its ``every`` calls it);
 ``init_arrays(state)`` with an ``arrays`` attribute (array state too large for
 JSON, saved in the checkpoint's array tree, :class:`EMA`).
 
-The end of a run, in one place (:meth:`purax.hooks.loop._Loop.finish`): once
+The end of a run, in one place (``purax.hooks.loop._Loop.finish``): once
 the run has ended, every hook is called once more at the last step with
 ``info.end`` set and ``info.forced`` where its cadence did not call it there
 (levanter's ``run_hooks(info, force=True)``); a hook's final call does what

@@ -149,7 +149,7 @@ class Stop:
       at the same steps on every process: an agreement is a collective).
   """
 
-  order, name, option = 10, 'stop', 'stop_every'
+  order, name, option = 17, 'stop', 'stop_every'   # after Log: a signal while logging stops here
 
   def __init__(self, poll: Callable[[], bool], every: int | None = None):
     expect(callable(poll), 'should_stop', 'a callable () -> bool', type(poll).__name__,
@@ -160,8 +160,8 @@ class Stop:
     if info.end is not None or info.first == info.step or not self.poll():
       return None
     signal = getattr(self.poll, 'received', None)
-    return Output(stop=End('stopped', info.step, f'stopped by {signal or "a stop request"}; '
-                           'resumable', signal=signal))
+    return Output(stop=End('stopped', info.step, 'resumable' if signal else
+                           'by a stop request; resumable', signal=signal))
 
 
 class Checkpoint:

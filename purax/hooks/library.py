@@ -73,8 +73,8 @@ class EarlyStopping:
     self.rule = metrics_lib.Best(self.metric, self.mode)    # checks both
 
   def __call__(self, info):
-    if info.end is not None or self.rule.key not in info.metrics:
-      return None
+    if info.forced or self.rule.key not in info.metrics:
+      return None         # only its cadence's checks count (the last step's too)
     score = float(self.rule.score(info.metrics))
     if score < self.best - self.min_delta:
       self.best, self.stale, self.best_step = score, 0, info.step
@@ -116,8 +116,8 @@ class PopulationEarlyStopping:
   name: str = 'population_early_stopping'
 
   def __call__(self, info):
-    if info.end is not None:
-      return None   # the run has ended: no member stops now
+    if info.forced:
+      return None   # only its cadence's checks count (the last step's too)
     return Output(state=_early_stopping(
         info.state, jnp.asarray(scores(info.metrics, self.metric, self.mode)),
         patience=self.patience))

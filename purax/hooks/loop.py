@@ -1,6 +1,6 @@
 """The loop's side of the hooks: when a hook is due (:func:`due`, the one
 cadence rule), the metrics window of the log points, and the one end-of-run
-rule (:meth:`_Loop.finish`). Private: hooks see a
+rule (``_Loop.finish``). Private: hooks see a
 :class:`purax.hooks.record.StepInfo`, never this."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def is_legacy(hook) -> bool:
 
 class History(list):
   """``fit``'s history: every record written (``{'step': s, name: number, ...}``),
-  and how the run ended (:attr:`end`, a :class:`purax.hooks.record.End`)."""
+  and how the run ended (``end``, a :class:`purax.hooks.record.End`)."""
 
   end: End | None = None
 

@@ -80,7 +80,7 @@ class NonFiniteReplay:
 
   @property
   def keep_batches(self) -> int:
-    """Batches of an iterable source the loop keeps for a replay (:attr:`keep`)."""
+    """Batches of an iterable source the loop keeps for a replay (``keep``)."""
     return self.keep
 
   def __call__(self, info):

@@ -89,7 +89,11 @@ class End:
     return cls(**values)
 
   def words(self) -> str:
-    """The end in one line: ``'early_stopped at step 150: eval/loss ...'``."""
+    """The end in one line: ``'early_stopped at step 150: eval/loss ...'``,
+    ``'stopped by SIGTERM at step 80; ...'``."""
+    if self.status == 'stopped' and self.signal:
+      return f'stopped by {self.signal} at step {self.step}' + (
+          f'; {self.reason}' if self.reason else '')
     return f'{self.status} at step {self.step}' + (f': {self.reason}' if self.reason else '')
 
 
@@ -184,6 +188,3 @@ class Output:
   stop: End | None = None
   histograms: Mapping[str, Any] | None = None
 
-
-#: A hook: ``hook(info: StepInfo) -> Output | None`` (:mod:`purax.hooks`).
-Hook = Callable[[StepInfo], 'Output | None']

@@ -1,7 +1,7 @@
 """The training-metrics window of :func:`purax.fit`: summed on the device by
 every step, read at the log points into the step's record (the loop's one
 host sync), and begun anew. The loop owns it; hooks read what it gave
-(:attr:`purax.hooks.StepInfo.metrics`, :attr:`~purax.hooks.StepInfo.window`)."""
+(``StepInfo.metrics`` and ``StepInfo.window``, :class:`purax.hooks.StepInfo`)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ method has a default for one device):
   (:class:`purax.core.metrics.Window`, or a tree);
 - ``device_batches(host_batches, loop) -> iterator of (batch, steps)``: each
   call's input as ``train_step`` takes it, and how many steps it runs
-  (``loop``: what ``fit`` knows of the run, :class:`purax.hooks.Loop`);
+  (``loop``: what ``fit`` knows of the run, private: ``steps_per_call``, ``step``, ``num_steps``, ``cadence``, ``alone``, ``fresh_batches``);
 - ``train_step(state, acc, batch) -> (state, acc)``: donates ``state`` and ``acc``;
 - ``evaluate(state, batches)``: the summed evaluation metrics tree (on device);
 - ``lower(state, acc, batch)``: the train step's ``jax.stages.Lowered`` for

@@ -40,10 +40,12 @@ def piped_run(tmp_path_factory):
 def test_without_a_terminal_each_log_point_is_one_plain_line(piped_run):
   _, output = piped_run
   assert '\r' not in output and '\x1b' not in output      # no progress frames, no escapes
-  log_lines = [l for l in output.splitlines() if l.startswith('[step ')
-               and 'early_stopping/' not in l]   # --patience's own line, when not 0
+  log_lines = [l for l in output.splitlines() if l.startswith('[step ')]
+  # One line per log point: what every hook wrote at that step (the final
+  # evaluation and --patience's count on the last one).
   assert [l.split()[1] + l.split()[2].split('/')[0] for l in log_lines] == [
-      '4]train', '8]train', '12]train', '12]eval']
+      '4]train', '8]train', '12]train']
+  assert 'eval/loss=' in log_lines[-1] and 'early_stopping/stale=' in log_lines[-1]
   for line in log_lines:     # nothing else glued onto a log line
     assert line.count('[step ') == 1 and 'it/s' not in line and '%|' not in line
   # Issue 29.3/29.4: the learning rate on every line; the first window's

@@ -31,7 +31,9 @@ def test_with_the_options_off_the_step_is_the_program_it_was_before_them(kind):
   z-loss (51aee0f); re-recorded after issue 30 (weight decay on matrices only)
   and issue 33 (the guard's branch chosen per platform) changed the step, once
   the merge of the spike guard was shown to leave the program as it was
-  (its parent f0aec14 printed the same text)."""
+  (its parent f0aec14 printed the same text); the LM's re-recorded after issue
+  47 gave its token loss a custom VJP (760df72; its options-off program is
+  that commit's, the MLP's unchanged)."""
   if jax.__version__ != RECORDED_WITH:
     pytest.skip(f'the fixtures were printed by jax {RECORDED_WITH}, this is {jax.__version__} '
                 '(regenerate them with tests/scripts/step_program.py at the commit they name)')

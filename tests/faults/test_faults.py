@@ -78,9 +78,11 @@ def test_a_second_run_on_a_workdir_is_refused_at_once_naming_the_holder(tmp_path
   finally:
     if first.poll() is None:
       first.kill()
-  assert first.returncode == 0, err
+  assert first.returncode == 143, err
   reached = json.loads(out.strip().splitlines()[-1])['final']['step']
   records = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  assert records[-1]['status'] == 'stopped' and records[-1]['end']['signal'] == 'SIGTERM'
+  records = records[:-1]
   # The first run's records are whole: one per log point (every 10 steps) up to
   # where the signal stopped it (the window after the last log point is in its
   # checkpoint, logged by the run that resumes it).
@@ -117,9 +119,9 @@ PHASES = {
     'data': ('SIGTERM', 143, None),
     'summary': ('SIGTERM', 143, None),      # before: a step-1 checkpoint, exit 0
     'first_step': ('SIGINT', 130, None),
-    'training': ('SIGTERM', 0, 5),
-    'evaluation': ('SIGTERM', 0, 6),
-    'final_save': ('SIGTERM', 0, 12),
+    'training': ('SIGTERM', 143, 5),      # before: exit 0
+    'evaluation': ('SIGTERM', 143, 6),
+    'final_save': ('SIGTERM', 143, 12),
     'double': ('SIGTERM', 143, None),
     'double_gc': ('SIGTERM', 143, None),
 }
@@ -130,8 +132,8 @@ def test_a_signal_at_each_phase_is_answered_as_documented(tmp_path, phase):
   """Issue 28.3 (and 13.6): a first SIGTERM/SIGINT from the moment ``main``
   installs its handlers is never lost: during start-up (up to the first
   step's compilation) 128+N with nothing written; during training and
-  evaluation a checkpoint at the step, exit 0; during the final save the run
-  finishes; a second signal 128+N at once, also where Python swallows the
+  evaluation a checkpoint at the step, exit 128+N (said); during the final save
+  the run finishes, exit 128+N (said); a second signal 128+N at once, also where Python swallows the
   handler's exception (a gc callback). Never a traceback."""
   name, status, committed = PHASES[phase]
   workdir = tmp_path / 'run'
@@ -143,8 +145,8 @@ def test_a_signal_at_each_phase_is_answered_as_documented(tmp_path, phase):
   err = done.stderr
   assert 'Traceback' not in err and 'Exception ignored' not in err, err[-3000:]
   assert done.returncode == status, err[-3000:]
-  said = (f'{name} arrived as the run finished; step 12 is committed' if phase == 'final_save'
-          else f'stopped by {name}')
+  said = (f'{name} arrived as the run ended; step 12 is committed (exit status {status})'
+          if phase == 'final_save' else f'stopped by {name}')
   assert said in err, err[-3000:]
   if committed is None:           # nothing written: no directory left behind
     assert not workdir.exists(), os.listdir(workdir)
@@ -153,7 +155,9 @@ def test_a_signal_at_each_phase_is_answered_as_documented(tmp_path, phase):
   out = json.loads(done.stdout.strip().splitlines()[-1])
   if phase == 'final_save':
     assert json.load(open(workdir / 'final_metrics.json'))['step'] == 12
+    assert out['final']['stopped_by'] == name
   else:
+    assert f'(exit status {status})' in err
     assert out['final'] == {'stopped_by': name, 'step': committed}
 
 

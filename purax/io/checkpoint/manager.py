@@ -124,13 +124,13 @@ class Checkpointer:
     if read_only and not os.path.isdir(self.directory):
       raise CheckpointError(f'checkpoint directory {self.directory}: expected a directory to '
                             'read, got none')
+    quiet.divert_errors()   # orbax's error logs off stderr: this object raises the errors
     try:
       self._manager = ocp.CheckpointManager(self.directory, options=options,
                                             item_names=('state', 'extra'))
     except OSError as e:
       raise CheckpointError(f'checkpoint directory {self.directory}: expected writable, '
                             f'got {type(e).__name__}: {e}') from e
-    quiet.divert_errors()   # orbax's error logs off stderr: this object raises the errors
     if keep_best:
       self._read_scores()
 

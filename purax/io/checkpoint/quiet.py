@@ -76,11 +76,19 @@ def install() -> None:
     asyncio_utils._run_sync_via_new_loop = _run_sync_via_new_loop
 
 
+def _READ_ONLY_NOTICE(message: str) -> bool:
+  """orbax's warnings that a manager is read-only: what a reader asked for."""
+  return 'read_only=True' in message or 'directory is read only' in message
+
+
 class _OrbaxErrors(logging.Filter):
-  """Moves orbax's ERROR records to :data:`DETAILS` at DEBUG."""
+  """Moves orbax's ERROR records (and its notices that a reader's manager is
+  read-only) to :data:`DETAILS` at DEBUG."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR or not record.pathname.startswith(_ORBAX_DIR):
+    if not record.pathname.startswith(_ORBAX_DIR):
+      return True
+    if record.levelno < logging.ERROR and not _READ_ONLY_NOTICE(record.getMessage()):
       return True
     DETAILS.debug('orbax: %s', record.getMessage(), exc_info=record.exc_info)
     return False
