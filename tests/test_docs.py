@@ -296,6 +296,12 @@ def test_every_python_block_of_the_pages_runs_alone(page, name, source, devices,
     _export_digits_predict(tmp_path / 'runs' / 'mine' / 'export')
   env = dict(os.environ, JAX_PLATFORMS='cpu', WANDB_MODE='disabled', TMPDIR=str(tmp_path),
              PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  if page == os.path.join('guides', 'from-cli-to-python.md'):   # the run its command trains
+    (command,) = re.findall(r'```bash\n(purax train .*?)\n```', open(os.path.join(DOCS, page)).read())
+    child = dict(env, XLA_FLAGS=os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', ''))
+    trained = subprocess.run([sys.executable, '-m', 'purax', *command.split()[1:], '--no-progress'],
+                             cwd=tmp_path, env=child, capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
   env['XLA_FLAGS'] = (os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', '')
                       + (f' --xla_force_host_platform_device_count={devices}'
                          if devices > 1 else '')).strip()

@@ -40,24 +40,3 @@ def test_open_run_names_what_is_not_a_run(tmp_path):
   with pytest.raises(purax.ConfigError, match='best: expected True or False'):
     purax.open_run(str(tmp_path), best='yes')
 
-
-def test_the_guide_from_the_cli_to_python_runs_as_shown(tmp_path):
-  """docs/guides/from-cli-to-python.md: its command, then its Python block, in a
-  fresh interpreter in a fresh directory."""
-  import re
-  import subprocess
-  import sys
-  from tests.helpers_runs import ENV, ROOT
-  guide = open(os.path.join(ROOT, 'docs', 'guides', 'from-cli-to-python.md')).read()
-  (command,) = re.findall(r'```bash\n(purax train .*?)\n```', guide)
-  (block,) = re.findall(r'```python\n(.*?)```', guide, re.S)
-  env = dict(ENV, PYTHONPATH=ROOT)
-  train = subprocess.run([sys.executable, '-m', 'purax', *command.split()[1:], '--no-progress'],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-  assert train.returncode == 0, train.stderr[-2000:]
-  done = subprocess.run([sys.executable, '-c', block], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = done.stdout.splitlines()
-  assert lines[0] == '50 finished'
-  assert lines[-1] in ('25', '50')
