@@ -47,7 +47,11 @@ def printed_status(done):
 def runs(tmp_path_factory):
   """A small classifier run with a saved non-finite update (eval, export, plot,
   debug-nan) and a small language model run (generate), trained in this process."""
-  d = tmp_path_factory.mktemp('signals')
+  return make_runs(tmp_path_factory.mktemp('signals'))
+
+
+def make_runs(d):
+  """The runs of :func:`runs` in directory ``d`` (a ``pathlib.Path``)."""
   rng = np.random.default_rng(0)
   x = rng.normal(size=(32, 6)).astype(np.float32)
   x[5, :] = 3e38          # the first layer overflows: step 2 is skipped and saved
@@ -91,6 +95,7 @@ CASES = [
     ('debug-nan', 'build', 'SIGTERM', 143),
     ('debug-nan', 'finish', 'SIGINT', 130),
     ('plot', 'parse', 'SIGTERM', 143),
+    ('plot', 'write', 'SIGTERM', 143),          # after its last poll: written, and said
     ('plot', 'write', 'SIGINT,SIGINT', 130),
 ]
 
@@ -118,14 +123,21 @@ def test_a_signal_ends_every_command_with_the_status_it_prints(runs, tmp_path, n
   said = printed_status(done)
   assert done.returncode == status, done.stderr[-3000:]
   first, last = signals.split(',')[0], signals.split(',')[-1]
-  if status:   # it said that it stopped, by which signal, and printed no result
-    assert f'stopped by {last}' in done.stderr and not done.stdout.strip().startswith('{'), (
-        done.stderr[-3000:], done.stdout[-500:])
+  finished = 'as the command finished; its output is complete' in done.stderr
+  if status:   # it said that it stopped, by which signal, and printed no result (or was done)
+    assert f'stopped by {last}' in done.stderr, done.stderr[-3000:]
+    # a first signal is answered at a safe point, named; only a second one at once
+    assert ('a second signal' in done.stderr) == (first != signals), done.stderr[-3000:]
+    assert finished or not done.stdout.strip().startswith('{'), done.stdout[-500:]
   else:
     assert said is None
   leftovers = [p for p in os.listdir(tmp_path) if '.partial-' in p or '.replaced-' in p
                or p.endswith('.tmp')]
   assert not leftovers
+  if name == 'export':          # said "nothing written": nothing was
+    assert not os.path.exists(tmp_path / 'export'), os.listdir(tmp_path / 'export')
+  if name == 'plot' and moment == 'write' and signals == first:
+    assert finished
   if name == 'export' and os.path.exists(tmp_path / 'export'):   # absent or complete
     from purax.io import export
     export.load_predict(str(tmp_path / 'export'))
