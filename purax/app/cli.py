@@ -193,8 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           f'written atomically, so nothing is half-written) (exit status {e.code})',
           file=sys.stderr)
     status, signalled = e.code, True
-  if own and signalled:
-    _exit_now(status)
+  if own:    # done: a signal from here (the interpreter's teardown) changes nothing
+    for s in signals.SIGNALS:
+      signal.signal(s, signal.SIG_IGN)
+    if signalled:
+      _exit_now(status)
   return status
 
 
@@ -220,10 +223,8 @@ def _exit_now(status: int) -> None:
   """Ends the process after a signal: output flushed, then ``os._exit``,
   without the interpreter's teardown (where jax's and orbax's threads,
   stopped in the middle of their work, can crash it); further signals are
-  ignored meanwhile. Every purax file is closed (atomic writes, checkpoints
+  ignored (as by then in any ``purax`` process). Every purax file is closed (atomic writes, checkpoints
   committed or abandoned) by then."""
-  for s in signals.SIGNALS:
-    signal.signal(s, signal.SIG_IGN)
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()

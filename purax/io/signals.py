@@ -136,6 +136,16 @@ def deferred():
   raise_pending()
 
 
+def early() -> None:
+  """Installs :func:`on_signal` for the rest of the process (``python -m
+  purax``, before its imports, which take a second): a signal that arrives
+  then is recorded, and answered by the command's first poll."""
+  if threading.current_thread() is threading.main_thread():
+    for s in SIGNALS:
+      signal.signal(s, on_signal)
+    _state['active'] += 1
+
+
 @contextlib.contextmanager
 def exit_on_signals():
   """Installs :func:`on_signal` for SIGTERM and SIGINT (main thread only) for

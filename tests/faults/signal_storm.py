@@ -53,7 +53,7 @@ def commands(d, out):
 def run(args, signals=(), at=0.0, gap=0.3):
   proc = subprocess.Popen([sys.executable, '-m', 'purax', *args], cwd=ROOT, env=ENV,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  start = time.monotonic()
+  start, sent = time.monotonic(), 0
   try:
     out, err = proc.communicate(timeout=at) if signals else proc.communicate(timeout=600)
   except subprocess.TimeoutExpired:
@@ -62,8 +62,9 @@ def run(args, signals=(), at=0.0, gap=0.3):
         time.sleep(gap)
       if proc.poll() is None:
         proc.send_signal(s)
+        sent += 1
     out, err = proc.communicate(timeout=600)
-  return proc.returncode, out, err, time.monotonic() - start
+  return proc.returncode, out, err, time.monotonic() - start, sent
 
 
 def half_written(name, out):
@@ -103,18 +104,18 @@ def main():
     if flags.only and name not in flags.only:
       continue
     clean = tempfile.mkdtemp(dir=base)
-    rc, _, err, full = run([a.replace('{out}', clean) for a in args])
+    rc, _, err, full, _ = run([a.replace('{out}', clean) for a in args])
     assert rc == 0, (name, err[-2000:])
     for i in range(flags.signals):
       out = tempfile.mkdtemp(dir=base)
       sigs = [rng.choice([signal.SIGTERM, signal.SIGINT])]
       if rng.random() < 0.2:
         sigs.append(rng.choice([signal.SIGTERM, signal.SIGINT]))
-      at = rng.uniform(0.2, full * 1.05)
-      rc, stdout, err, _ = run([a.replace('{out}', out) for a in args], sigs, at)
+      at = rng.uniform(0.2, full * 0.95)
+      rc, stdout, err, _, sent = run([a.replace('{out}', out) for a in args], sigs, at)
       printed = [int(s) for s in re.findall(r'exit status (\d+)', err)]
       crash = rc < 0 or any(c in err for c in CRASH)
-      trial = {'command': name, 'signals': [signal.Signals(s).name for s in sigs],
+      trial = {'command': name, 'signals': [signal.Signals(s).name for s in sigs[:sent]],
                'moment_s': round(at, 2), 'moment_share': round(at / full, 2),
                'exit_status': rc, 'printed_status': printed[0] if len(printed) == 1 else printed
                or None, 'said': (err.strip().splitlines() or [''])[-1][:160],
@@ -129,6 +130,7 @@ def main():
   for t in trials:
     s = summary.setdefault(t['command'], collections.Counter())
     s['trials'] += 1
+    s['signalled'] += bool(t['signals'])
     s[f"exit {t['exit_status']}"] += 1
     s['crash'] += t['crash']
     s['status_mismatch'] += t['status_mismatch']
