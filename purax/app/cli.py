@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 import warnings
 from typing import Annotated, Literal, Sequence, Union
@@ -174,16 +175,72 @@ Command = Union[tuple(Annotated[kind, tyro.conf.subcommand(name, description=tex
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the ``purax`` command; returns the exit status.
 
-  Exit status: 0 done (also when ``train`` was stopped by a signal after it
-  started training: a checkpoint is committed); 2 bad input or a run that
-  cannot go on, with a message naming the field; 128 + N when signal N
-  (SIGINT 130, SIGTERM 143) arrived before training started (nothing
-  written), during ``eval``/``export``/``generate``, or a second time.
+  Exit status: 0 done; 2 bad input or a run that cannot go on, with a
+  message naming the field; 128 + N when signal N (SIGINT 130, SIGTERM 143)
+  arrived at any moment: before training started or during any other
+  command (nothing written, or the command's output complete), during
+  ``train``, ``sweep`` or ``tune lr`` (stopped after a committed checkpoint:
+  the same command resumes), or a second time (at once) — each as its line
+  says.
+  Every ending is said once, where the command ends
+  (:mod:`purax.io.signals`); the process's own command (``argv`` None)
+  then ends with ``os._exit`` after a signal (:func:`_exit_now`).
   """
+  own = argv is None     # this process's own command line: it ends with the command
   argv = list(sys.argv[1:] if argv is None else argv)
-  with signals.exit_on_signals(), warnings.catch_warnings():
-    warnings.showwarning = _one_line_for_purax(warnings.showwarning)
-    return _main(argv)
+  signalled = False
+  try:
+    with signals.exit_on_signals(), warnings.catch_warnings():
+      warnings.showwarning = _one_line_for_purax(warnings.showwarning)
+      status = _main(argv)
+      signals.raise_pending()        # a second signal Python swallowed meanwhile
+      status = _finished_after_signal(status)
+      signalled = signals.received() is not None
+  except SystemExit as e:            # a second signal: at once, the cleanups done
+    if e.code is None or e.code != signals.last_exit():
+      raise                          # --help, an option error (tyro)
+    print(f'purax: stopped by {_signame(e.code)} (a second signal: at once; files are '
+          f'written atomically, so nothing is half-written) (exit status {e.code})',
+          file=sys.stderr)
+    status, signalled = e.code, True
+  if own:    # done: a signal from here (the interpreter's teardown) changes nothing
+    for s in signals.SIGNALS:
+      signal.signal(s, signal.SIG_IGN)
+    if signalled:
+      _exit_now(status)
+  return status
+
+
+def _signame(status: int) -> str:
+  return signals.name(status - 128)
+
+
+def _finished_after_signal(status: int) -> int:
+  """The status of a command that a first signal reached after its last poll:
+  ``128 + N``, said in a line (its output is complete); unchanged when it
+  failed, or when ``train``/``sweep``/``tune`` took charge of the signal
+  (:class:`purax.io.signals.StopOnSignal`: they said how they ended)."""
+  signame = signals.received()
+  if status != 0 or signame is None or signals.answered():
+    return status
+  status = signals.status(signal.Signals[signame])
+  print(f'purax: stopped by {signame} as the command finished; its output is complete '
+        f'(exit status {status})', file=sys.stderr)
+  return status
+
+
+def _exit_now(status: int) -> None:
+  """Ends the process after a signal: output flushed, then ``os._exit``,
+  without the interpreter's teardown (where jax's and orbax's threads,
+  stopped in the middle of their work, can crash it); further signals are
+  ignored (as by then in any ``purax`` process). Every purax file is closed (atomic writes, checkpoints
+  committed or abandoned) by then."""
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except Exception:   # a closed pipe: nothing more can be said
+      pass
+  os._exit(status)
 
 
 def _one_line_for_purax(show):

@@ -132,9 +132,10 @@ def write(config, job, pop, seeds, history, *, console: bool = True) -> dict:
       'history': [{k: (v if k == 'step' else [_json_number(x) for x in np.ravel(v)])
                    for k, v in rec.items()} for rec in history],
   }
+  plot.plot_sweep_summary(summary, os.path.join(config.run.workdir, 'curves.png'))
+  # Last: a sweep directory with sweep.json is finished (purax.app.sweep.run).
   rundir_lib.write_atomic(os.path.join(config.run.workdir, 'sweep.json'),
                           json.dumps(summary, indent=1))
-  plot.plot_sweep_summary(summary, os.path.join(config.run.workdir, 'curves.png'))
   if console:
     print(table(rows, metric, columns))
     print(f'best member saved to {best_dir}' if best is not None

@@ -16,8 +16,11 @@ The options are :class:`SweepConfig` (:mod:`purax.app.sweep_config`).
 
 from __future__ import annotations
 
+import json
+import signal
 import os
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,15 +29,23 @@ import numpy as np
 from purax import parallel
 from purax import plan as plan_lib
 from purax.app import job as job_lib
+from purax.app import jobdir as jobdir_lib
 from purax.app import report
+from purax.app import rundir as rundir_lib
 from purax.app.hparams import BY_STATE
 from purax.app.search import members_from_specs, parse_seeds
 from purax.app.sweep_config import PopulationConfig as PopulationConfig
 from purax.app.sweep_config import SweepConfig as SweepConfig
 from purax.app.sweep_config import SweepRunConfig as SweepRunConfig
+from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 from purax import hooks as hooks_lib
+from purax.io import signals, writers
+from purax.io.checkpoint import Checkpointer
+from purax.io.checkpoint.run import Restored
+from purax.io.safe_files import open_file
+from purax.io.signals import StopOnSignal
 from purax.loop import fit
 
 
@@ -68,9 +79,12 @@ def members(config: SweepConfig):
                             key=jax.random.key(config.population.sample_seed))
 
 
-def population_hooks(config: SweepConfig, hparams: dict, eval_data) -> list:
+def population_hooks(config: SweepConfig, hparams: dict, eval_data, *, writer=None,
+                     checkpointer=None, should_stop=None) -> list:
   """The sweep's hooks: logging and evaluation, per-member early stopping
-  (``--patience``) and PBT (``--pbt-every``), ranked by ``--metric``.
+  (``--patience``) and PBT (``--pbt-every``), ranked by ``--metric``; with a
+  ``checkpointer``, a checkpoint every ``--log-every`` steps and at a stop
+  (``should_stop``, polled after every step).
 
   Raises:
     ConfigError: ``pbt_every`` not a multiple of ``eval_every``.
@@ -79,7 +93,9 @@ def population_hooks(config: SweepConfig, hparams: dict, eval_data) -> list:
   mode = population.best().mode
   hooks = hooks_lib.standard(log_every=run.log_every, eval_data=eval_data,
                              eval_every=run.eval_every, max_consecutive_skips=None,
-                             progress=run.progress)
+                             progress=run.progress, writer=writer, checkpointer=checkpointer,
+                             checkpoint_every=run.log_every if checkpointer else 0,
+                             should_stop=should_stop)
   if population.patience:
     hooks.append(hooks_lib.PopulationEarlyStopping(metric=population.metric, mode=mode,
                                                    patience=population.patience))
@@ -96,43 +112,147 @@ def population_hooks(config: SweepConfig, hparams: dict, eval_data) -> list:
 
 
 def run(config: SweepConfig) -> dict:
-  """Runs a sweep end to end; returns the summary written to ``sweep.json``.
+  """Runs a sweep end to end, or resumes it; returns the summary written to ``sweep.json``.
 
-  Writes ``WORKDIR/sweep.json`` (members sorted by the eval metric, their
-  hyperparameters, status and curves), ``curves.png`` and ``best/`` (an
-  ordinary run: ``config.json``, ``checkpoints/``, ``final_metrics.json``).
+  Writes ``WORKDIR/sweep_config.json``, ``checkpoints/`` (the population,
+  every ``--log-every`` steps and when stopped), ``history.jsonl`` (every
+  logged record), and at the end ``sweep.json`` (members sorted by the eval
+  metric, their hyperparameters, status and curves), ``curves.png`` and
+  ``best/`` (an ordinary run: ``config.json``, ``checkpoints/``,
+  ``final_metrics.json``). The same command on the same ``--workdir``
+  resumes an interrupted sweep from its newest checkpoint (the same result,
+  bitwise on the CPU) and returns a finished one's summary.
+
+  A first SIGTERM/SIGINT during start-up (up to the first step's
+  compilation) stops with nothing written (:class:`purax.io.signals.Stopped`);
+  during training it returns ``{'stopped_by': SIGNAL, 'step': s}`` after
+  committing the checkpoint of step ``s``.
 
   Raises:
-    ConfigError, DataError: before anything is written; FileExistsError: the
-      sweep directory exists. A sweep that fails midway removes its directory.
+    ConfigError, DataError: before anything is written (also when the
+      directory's sweep was started with another config, naming the field);
+    FileExistsError: the directory holds something else. A new sweep that
+      fails before its first checkpoint removes its directory.
   """
-  config = config.validate().resolved()     # the population's size is bounded
-  seeds, hparams = members(config)
-  base = config.base(seed=int(seeds[0]))
-  job = job_lib.build(base, mesh=False)
-  job_lib.check_population_memory(job, len(seeds), 'members', seeds=len(np.unique(seeds)))
-  steps, batch_size = config.run.steps, config.data.batch_size
-  unique, batch_index = np.unique(seeds, return_inverse=True)
-  train_data = SeedBatches([job.data.train(batch_size, int(u), steps) for u in unique])
-  mesh = None
-  if config.run.mesh is not None:
-    mesh = parallel.make_mesh(**parallel.parse_mesh(config.run.mesh))
-    expect(batch_size % mesh.devices.size == 0, 'batch_size',
-           f'a multiple of the mesh size {mesh.devices.size} (each batch is split over it)',
-           batch_size, ConfigError)
-  workdir = config.run.workdir
-  expect(not os.path.exists(workdir), 'workdir', 'a directory that does not exist yet',
-         repr(workdir), FileExistsError)
-  index = None if len(unique) == 1 else jnp.asarray(batch_index, jnp.int32)
-  plan = plan_lib.PopulationPlan(job.task, index, mesh=mesh)
-  pop = jax.jit(pop_lib.init, static_argnums=0)(job.task, _keys(jnp.asarray(seeds)), hparams,
-                                                job.sample)
-  os.makedirs(workdir)
-  try:
-    pop, history = fit(job.task, pop, train_data, plan=plan, hooks=population_hooks(
-        config, hparams, job.data.eval(config.data.eval_batch_size)))
-    summary = report.write(config, job, pop, seeds, history)
-  except BaseException:
-    shutil.rmtree(workdir, ignore_errors=True)
-    raise
+  config = config.validate().resolved()
+  with StopOnSignal() as stop, jobdir_lib.JobDir(config.run.workdir, 'sweep',
+                                                 config.flat()) as jobdir:
+    starting = start_phases(stop)
+    if jobdir.resuming and os.path.isfile(jobdir.file('sweep.json')):
+      print(f'purax: sweep {jobdir.path} is finished; nothing to train', file=sys.stderr)
+      with open_file(jobdir.file('sweep.json'), encoding='utf-8') as f:
+        return json.load(f)
+    starting('checking the sweep directory')
+    seeds, hparams = members(config)
+    base = config.base(seed=int(seeds[0]))
+    job = job_lib.build(base, mesh=False, phase=starting)
+    job_lib.check_population_memory(job, len(seeds), 'members', seeds=len(np.unique(seeds)))
+    steps, batch_size = config.run.steps, config.data.batch_size
+    unique, batch_index = np.unique(seeds, return_inverse=True)
+    train_data = SeedBatches([job.data.train(batch_size, int(u), steps) for u in unique])
+    mesh = None
+    if config.run.mesh is not None:
+      mesh = parallel.make_mesh(**parallel.parse_mesh(config.run.mesh))
+      expect(batch_size % mesh.devices.size == 0, 'batch_size',
+             f'a multiple of the mesh size {mesh.devices.size} (each batch is split over it)',
+             batch_size, ConfigError)
+    index = None if len(unique) == 1 else jnp.asarray(batch_index, jnp.int32)
+    plan = plan_lib.PopulationPlan(job.task, index, mesh=mesh)
+    pop = jax.jit(pop_lib.init, static_argnums=0)(job.task, _keys(jnp.asarray(seeds)), hparams,
+                                                  job.sample)
+    starting('initialising the population')
+    jobdir.create()
+    history_path = jobdir.file(HISTORY)
+    with Checkpointer(jobdir.file('checkpoints'), keep_last=2, interval_s=None) as ckpt:
+      restored = _restore(ckpt, plan, pop, train_data[0])
+      if restored.step:
+        print(f'purax: resuming sweep {jobdir.path} from step {restored.step}', file=sys.stderr)
+      rundir_lib.truncate_jsonl(history_path, restored.step)
+      writer = writers.MultiWriter([writers.ConsoleWriter(), HistoryWriter(history_path)])
+      try:
+        pop, _ = fit(job.task, restored, train_data, plan=plan, hooks=population_hooks(
+            config, hparams, job.data.eval(config.data.eval_batch_size), writer=writer,
+            checkpointer=ckpt, should_stop=_after_start_up(stop)))
+      finally:
+        writer.close()
+        if ckpt.steps():
+          jobdir.committed()
+    reached = plan.start_step(pop) if stop.received else steps
+    if reached < steps:
+      print(f'purax: stopped by {stop.received} at step {reached}; checkpoint committed in '
+            f'{jobdir.file("checkpoints")}; run the same command to resume (exit status '
+            f'{signals.status(signal.Signals[stop.received])})', file=sys.stderr)
+      return {'stopped_by': stop.received, 'step': reached}
+    shutil.rmtree(jobdir.file('best'), ignore_errors=True)   # a report cut short before
+    summary = report.write(config, job, pop, seeds, read_history(history_path))
+  if stop():     # after the last step: the sweep was finished, and is written
+    print(f'purax: {stop.received} arrived as the sweep finished; its report is written',
+          file=sys.stderr)
   return summary
+
+
+#: Every record the sweep logged (a line each), kept across resumes.
+HISTORY = 'history.jsonl'
+
+
+class HistoryWriter:
+  """Appends each record (``step`` and every value, a list per member) to a
+  JSON-lines file, flushed: the sweep's history across resumes."""
+
+  def __init__(self, path: str):
+    self._file = open_file(path, 'a', encoding='utf-8')
+
+  def write_scalars(self, step, scalars):
+    record = {'step': int(step)}
+    for k, v in scalars.items():
+      v = np.asarray(v)
+      record[k] = [float(x) for x in v.ravel()] if v.ndim else float(v)
+    self._file.write(json.dumps(record) + '\n')
+    self._file.flush()
+
+  def flush(self):
+    self._file.flush()
+
+  def close(self):
+    self._file.close()
+
+
+def read_history(path: str) -> list[dict]:
+  """The records of :class:`HistoryWriter` (values as numpy arrays)."""
+  with open_file(path, encoding='utf-8') as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return [{k: v if k == 'step' else np.asarray(v) for k, v in r.items()} for r in records]
+
+
+def _restore(ckpt, plan, pop, batch) -> Restored:
+  """The newest checkpoint of the population (its structure: ``pop``'s), or ``pop``."""
+  if not ckpt.steps():
+    return Restored(pop, None, 0, None, {})
+  window = metrics_lib.as_tree(plan.zero_metrics(pop, batch))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          {'state': pop, 'train_metrics': window})
+  tree, extra, step = ckpt.restore(abstract)
+  return Restored(tree['state'], tree['train_metrics'], step,
+                  extra.get('data', {}).get('iterator'), extra, tree.get('hooks'))
+
+
+def start_phases(stop):
+  """``starting(phase)``: raises :class:`purax.io.signals.Stopped` when ``stop`` is set."""
+  def starting(phase: str) -> None:
+    if stop():
+      raise signals.Stopped(stop.received, f'during start-up ({phase})')
+  return starting
+
+
+def _after_start_up(stop):
+  """``stop`` as the loop polls it: before the first call returned (its
+  compilation) a signal is still start-up (nothing written)."""
+  polled = False
+
+  def poll() -> bool:
+    nonlocal polled
+    if not polled and stop():
+      raise signals.Stopped(stop.received, 'during start-up (compiling the first step)')
+    polled = True
+    return stop()
+  return poll

@@ -73,7 +73,8 @@ class SweepRunConfig:
 
   Attributes:
     steps: optimizer updates per member.
-    workdir: sweep directory, runs/sweep-DATASET-MODEL-TIME when unset; must not exist.
+    workdir: sweep directory, runs/sweep-DATASET-MODEL-TIME when unset; new, empty, or a
+      stopped sweep of the same options to resume.
     log_every: fetch training metrics every N steps.
     eval_every: evaluate every N steps (0: at the end only).
     progress: show a progress bar.

@@ -41,9 +41,11 @@ class RangeRunConfig:
       smoothed loss, Lightning's lr_find) or minimum (a tenth of the rate of
       least loss, fastai's lr_find).
     workdir: where lr_range.png and lr_range.json go; runs/lr-DATASET-MODEL-TIME
-      when unset; must not exist.
+      when unset; new, empty, or a stopped range test of the same options to resume.
     strategy: how the members share the machine: auto, vmap (all at once), chunked
       or sequential (purax.core.population.chunk_size); the values are the same.
+    checkpoint_every: save the population every N steps (0: only when a
+      SIGTERM/SIGINT stops the test); the same command resumes it.
   """
 
   steps: int = 100
@@ -54,6 +56,7 @@ class RangeRunConfig:
   rule: Literal[RULES] = 'steepest'
   workdir: str | None = None
   strategy: Literal[STRATEGIES] = 'auto'
+  checkpoint_every: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,8 @@ class RangeConfig(Sections):
            'population, with a whole training state)', run.num_lrs, ConfigError)
     config_lib.check_spike_window(self.optimizer, members=run.num_lrs)
     lr_range.log_grid(run.min_lr, run.max_lr, run.num_lrs)
+    expect(run.checkpoint_every >= 0, 'checkpoint_every', '>= 0 (0: only at a stop)',
+           run.checkpoint_every, ConfigError)
     expect(run.max_lr <= 10, 'max_lr', '<= 10 (the bound of a learning rate)', run.max_lr,
            ConfigError)
     return self

@@ -82,9 +82,14 @@ def write_atomic(path: str, data: str | bytes) -> None:
   tmp = path + '.tmp'
   with contextlib.suppress(FileNotFoundError):
     os.unlink(tmp)
-  with open_file(tmp, 'x' if isinstance(data, str) else 'xb') as f:
-    f.write(data)
-  os.replace(tmp, path)
+  try:
+    with open_file(tmp, 'x' if isinstance(data, str) else 'xb') as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:    # a failure or a signal's exit: no temporary left behind
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)
+    raise
 
 
 def check_no_links_out(root: str) -> None:

@@ -227,33 +227,120 @@ def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
       fewer than two rates that trained without diverging.
     DataError: fewer than ``steps`` batches.
   """
-  expect_kind(task, 'task', Task, 'a purax.Task')
-  expect_kind(state, 'state', TrainState, 'a purax.TrainState (task.init(key, batch))')
-  expect(rule in RULES, 'rule', f'one of {list(RULES)}', repr(rule), ConfigError)
-  expect(isinstance(steps, (int, np.integer)) and steps >= 1, 'steps', 'an integer >= 1',
-         steps, ConfigError)
-  window = max(1, steps // 4) if window is None else window
-  expect(isinstance(window, (int, np.integer)) and 1 <= window <= steps, 'window',
-         f'an integer in [1, steps={steps}]', window, ConfigError)
-  lrs = np.sort(np.asarray(log_grid() if lrs is None else lrs, np.float32).ravel())
-  expect(lrs.size >= 2, 'lrs', 'at least two learning rates', lrs.tolist(), ConfigError)
-  expect(hparam in hparams_lib.names(state), 'hparam', f'one of {list(hparams_lib.names(state))}',
-         repr(hparam), ConfigError)
-  hparams_lib.check(hparam, lrs)
+  test = RangeTest(task, state, lrs=lrs, steps=steps, rule=rule, window=window, hparam=hparam,
+                   strategy=strategy)
   batches = list(itertools.islice(iter(batches), steps))
   expect(len(batches) == steps, 'batches', f'at least steps={steps} batches', len(batches),
          DataError)
-  pop = population_of(state, {hparam: lrs})
-  abstract = jax.eval_shape(lambda p, b: pop_lib.step(task, p, b, strategy='vmap')[1], pop,
-                            batches[0])
-  windows = []
   for batch in batches:     # one program, every call; no host sync until the end
+    test.step(batch)
+  return test.result()
+
+
+class RangeTest:
+  """:func:`lr_range_test` one step at a time, so that a caller can poll a
+  flag between steps and checkpoint (:meth:`tree`) and resume
+  (:meth:`restore`) it: a resumed test ends with the same losses, bitwise,
+  as one run straight through. The arguments are :func:`lr_range_test`'s
+  (and checked alike).
+
+  Attributes:
+    lrs: the sorted grid; steps: the budget; done: the steps taken so far.
+  """
+
+  def __init__(self, task: Task, state: TrainState, *, lrs=None, steps: int = 100,
+               rule: Rule = 'steepest', window: int | None = None,
+               hparam: str = 'peak_learning_rate', strategy: pop_lib.Strategy = 'auto'):
+    expect_kind(task, 'task', Task, 'a purax.Task')
+    expect_kind(state, 'state', TrainState, 'a purax.TrainState (task.init(key, batch))')
+    expect(rule in RULES, 'rule', f'one of {list(RULES)}', repr(rule), ConfigError)
+    expect(isinstance(steps, (int, np.integer)) and steps >= 1, 'steps', 'an integer >= 1',
+           steps, ConfigError)
+    window = max(1, steps // 4) if window is None else window
+    expect(isinstance(window, (int, np.integer)) and 1 <= window <= steps, 'window',
+           f'an integer in [1, steps={steps}]', window, ConfigError)
+    lrs = np.sort(np.asarray(log_grid() if lrs is None else lrs, np.float32).ravel())
+    expect(lrs.size >= 2, 'lrs', 'at least two learning rates', lrs.tolist(), ConfigError)
+    expect(hparam in hparams_lib.names(state), 'hparam',
+           f'one of {list(hparams_lib.names(state))}', repr(hparam), ConfigError)
+    hparams_lib.check(hparam, lrs)
+    self.task, self.lrs, self.steps, self.rule, self.window = task, lrs, int(steps), rule, window
+    self.strategy, self.done = strategy, 0
+    self.pop = population_of(state, {hparam: lrs})
+    self._abstract = None
+    # Each step's summed loss and count: the steps before a restore on the
+    # host, those since on the device (read at the end, or at a checkpoint).
+    self._host = {'total': [], 'count': []}
+    self._windows: list = []
+
+  def step(self, batch) -> None:
+    """Trains every member one step on ``batch`` (asynchronous: no host sync).
+
+    Raises:
+      DataError: all ``steps`` are done.
+    """
+    expect(self.done < self.steps, 'batches', f'at most steps={self.steps} batches',
+           self.done + 1, DataError)
+    if self._abstract is None:
+      self._abstract = jax.eval_shape(
+          lambda p, b: pop_lib.step(self.task, p, b, strategy='vmap')[1], self.pop, batch)
     with host_batch_transfer():
-      pop, acc = pop_lib.train_step(task, pop, metrics_lib.zeros_like(abstract), batch,
-                                    strategy=strategy)
-    windows.append(acc['loss'])
-  # A member frozen by a non-finite update counts nothing from that step on
-  # (its metrics are zero): its loss is NaN there, and it counts as diverged.
-  losses = [np.asarray(loss.total, np.float64) / np.where(loss.count > 0, loss.count, np.nan)
-            for loss in jax.device_get(windows)]
-  return LRRange.of(lrs, np.stack(losses), np.zeros(len(lrs), bool), window=window, rule=rule)
+      self.pop, acc = pop_lib.train_step(self.task, self.pop,
+                                         metrics_lib.zeros_like(self._abstract), batch,
+                                         strategy=self.strategy)
+    self._windows.append(acc['loss'])
+    self.done += 1
+
+  def _losses(self) -> tuple[np.ndarray, np.ndarray]:
+    """``(total, count)``, ``[steps done, members]`` each, on the host."""
+    for loss in jax.device_get(self._windows):
+      self._host['total'].append(np.asarray(loss.total))
+      self._host['count'].append(np.asarray(loss.count))
+    self._windows = []
+    members = len(self.lrs)
+    return tuple(np.stack(self._host[k]) if self._host[k] else np.zeros((0, members), np.float32)
+                 for k in ('total', 'count'))
+
+  def tree(self) -> dict:
+    """The test's state as a checkpoint tree: the population and every step's
+    summed loss and count, ``[steps, members]`` (rows past :attr:`done` zero)."""
+    total, count = self._losses()
+    pad = lambda x: np.concatenate([x, np.zeros((self.steps - len(x), *x.shape[1:]),  # noqa: E731
+                                                x.dtype)])
+    return {'population': self.pop, 'loss_total': pad(total), 'loss_count': pad(count)}
+
+  def abstract_tree(self, batch) -> dict:
+    """The structure of :meth:`tree` (``jax.ShapeDtypeStruct`` leaves), to
+    restore it; ``batch``: a batch of the test (only shapes matter)."""
+    shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+    members = (self.steps, len(self.lrs))
+    loss = jax.eval_shape(lambda p, b: pop_lib.step(self.task, p, b, strategy='vmap')[1],
+                          self.pop, batch)['loss']
+    return {'population': jax.tree.map(shape, self.pop),
+            'loss_total': jax.ShapeDtypeStruct(members, loss.total.dtype),
+            'loss_count': jax.ShapeDtypeStruct(members, loss.count.dtype)}
+
+  def restore(self, tree: dict, done: int) -> None:
+    """Continues from :meth:`tree` saved after ``done`` steps."""
+    expect(0 <= done <= self.steps, 'checkpoint step', f'in [0, {self.steps}]', done,
+           ConfigError)
+    self.pop, self.done, self._windows = tree['population'], int(done), []
+    total, count = (np.asarray(jax.device_get(tree[k]))[:done]
+                    for k in ('loss_total', 'loss_count'))
+    self._host = {'total': list(total), 'count': list(count)}
+
+  def result(self) -> LRRange:
+    """The curve and the suggestion (every step done).
+
+    Raises:
+      DataError: fewer than ``steps`` steps were taken;
+      ConfigError: fewer than two rates trained without diverging.
+    """
+    expect(self.done == self.steps, 'batches', f'at least steps={self.steps} batches',
+           self.done, DataError)
+    total, count = self._losses()
+    # A member frozen by a non-finite update counts nothing from that step on
+    # (its metrics are zero): its loss is NaN there, and it counts as diverged.
+    losses = np.asarray(total, np.float64) / np.where(count > 0, count, np.nan)
+    return LRRange.of(self.lrs, losses, np.zeros(len(self.lrs), bool), window=self.window,
+                      rule=self.rule)

@@ -232,3 +232,43 @@ def test_members_whose_states_do_not_fit_are_refused_before_the_population_is_ma
                      r'model\), got 4, needing [\d.]+ MiB \(4 x [\d.]+ MiB of state'):
     sweep.run(config)
   assert os.listdir(tmp_path) == []
+RESUMED = ['--model', 'mlp', '--dataset', 'digits', '--lr', '1e-3,3e-3', '--seeds', '0,1',
+           '--steps', '12', '--batch-size', '32', '--log-every', '4', '--eval-every', '6',
+           '--patience', '3', '--no-progress']
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_sigint_resumes_with_the_same_command_bitwise(tmp_path):
+  """SIGINT after the 7th step (between log points): exit 0 with a checkpoint;
+  the same command resumes it and ends with sweep.json's members, its
+  history and the best member's params bitwise those of a straight sweep; a
+  changed option is refused by name."""
+  from tests.faults.test_signals_every_command import signal_at
+  from tests.helpers_runs import final_tree, purax
+  straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
+  done = purax('sweep', *RESUMED, '--workdir', straight)
+  assert done.returncode == 0, done.stderr[-3000:]
+  stopped = signal_at('step:7', 'SIGINT', 'sweep', *RESUMED, '--workdir', resumed)
+  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert json.loads(stopped.stdout.strip().splitlines()[-1]) == {
+      'sweep': {'stopped_by': 'SIGINT', 'step': 7}}
+  assert not (resumed / 'sweep.json').exists()
+  done = purax('sweep', *RESUMED, '--workdir', resumed)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f'resuming sweep {resumed} from step 7' in done.stderr
+  want, got = (json.loads((d / 'sweep.json').read_text()) for d in (straight, resumed))
+  assert got['members'] == want['members']
+  timing = ('steps_per_sec', 'compile_s')
+  assert [{k: v for k, v in r.items() if k not in timing} for r in got['history']] == [
+      {k: v for k, v in r.items() if k not in timing} for r in want['history']]
+  (want_tree, _, want_step), (got_tree, _, got_step) = (final_tree(str(d / 'best'))
+                                                        for d in (straight, resumed))
+  assert got_step == want_step == 12
+  for a, b in zip(jax.tree.leaves(got_tree['state']), jax.tree.leaves(want_tree['state'])):
+    np.testing.assert_array_equal(a, b)
+  again = purax('sweep', *RESUMED, '--workdir', resumed)       # finished: nothing trained
+  assert again.returncode == 0 and 'is finished; nothing to train' in again.stderr
+  other = purax('sweep', *RESUMED, '--steps', '13', '--workdir', resumed)
+  assert other.returncode == 2
+  assert ('purax: error: steps: expected 12, the value this sweep in '
+          f'{resumed} was started with') in other.stderr, other.stderr[-2000:]

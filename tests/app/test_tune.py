@@ -35,7 +35,8 @@ def test_tune_lr_on_the_small_lm_compiles_one_program_for_the_grid(tmp_path, cap
                    '--strategy', 'vmap', '--workdir', str(workdir)]) == 0
   assert population.train_step._cache_size() - before == 1
   out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['lr_range']
-  assert sorted(os.listdir(workdir)) == ['lr_range.json', 'lr_range.png']
+  assert sorted(os.listdir(workdir)) == ['.purax.lock', 'lr_range.json', 'lr_range.png',
+                                         'tune_config.json']   # the checkpoints removed
   assert out['plot'] == str(workdir / 'lr_range.png') and out['rule'] == 'steepest'
   with open(workdir / 'lr_range.png', 'rb') as f:
     assert f.read(4) == b'\x89PNG'
@@ -49,10 +50,13 @@ def test_tune_lr_on_the_small_lm_compiles_one_program_for_the_grid(tmp_path, cap
   assert saved['config']['model'] == 'lm' and saved['config']['steps'] == 6
 
 
-def test_tune_lr_refuses_an_existing_directory_and_bad_grids_before_any_work(tmp_path, capsys):
+def test_tune_lr_refuses_a_foreign_directory_and_bad_grids_before_any_work(tmp_path, capsys):
   (tmp_path / 'taken').mkdir()
+  (tmp_path / 'taken' / 'notes.txt').write_text('mine')
   assert cli.main(['tune', 'lr', '--workdir', str(tmp_path / 'taken')]) == 2
-  assert 'workdir: expected a directory that does not exist yet' in capsys.readouterr().err
+  assert ('workdir: expected a new or empty directory, or a purax range test directory to '
+          "resume (with tune_config.json), got") in capsys.readouterr().err
+  assert os.listdir(tmp_path / 'taken') == ['notes.txt']
   assert cli.main(['tune', 'lr', '--min-lr', '1e-2', '--max-lr', '1e-3']) == 2
   assert 'min_lr, max_lr: expected 0 < min_lr < max_lr' in capsys.readouterr().err
   assert cli.main(['tune', 'lr', '--max-lr', '20']) == 2
@@ -83,3 +87,31 @@ def test_num_lrs_beyond_its_bound_or_the_memory_is_refused_before_any_state(tmp_
                      r'fits in the 1.00 MiB available .*, got 16, needing [\d.]+ MiB'):
     app_tune.run(config)
   assert os.listdir(tmp_path) == []
+  assert cli.main(['tune', 'lr', '--checkpoint-every', '-1']) == 2
+  assert 'checkpoint_every: expected >= 0' in capsys.readouterr().err
+
+
+RESUMED = ['--model', 'mlp', '--dataset', 'digits', '--batch-size', '16', '--steps', '8',
+           '--num-lrs', '3', '--checkpoint-every', '2']
+
+
+@pytest.mark.slow
+def test_tune_lr_stopped_by_sigint_resumes_with_the_same_command_bitwise(tmp_path):
+  """SIGINT before the 5th step: exit 0 after a checkpoint at step 5; the same
+  command resumes it to the lr_range.json of a straight run, bitwise."""
+  from tests.faults.test_signals_every_command import signal_at
+  from tests.helpers_runs import purax
+  straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
+  done = purax('tune', 'lr', *RESUMED, '--workdir', straight)
+  assert done.returncode == 0, done.stderr[-3000:]
+  stopped = signal_at('step:5', 'SIGINT', 'tune', 'lr', *RESUMED, '--workdir', resumed)
+  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert json.loads(stopped.stdout.strip().splitlines()[-1]) == {
+      'lr_range': {'stopped_by': 'SIGINT', 'step': 5}}
+  assert sorted(os.listdir(resumed / 'checkpoints')) == ['4', '5']
+  done = purax('tune', 'lr', *RESUMED, '--workdir', resumed)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f'resuming range test {resumed} from step 5' in done.stderr
+  want, got = (json.loads((d / 'lr_range.json').read_text()) for d in (straight, resumed))
+  assert want.pop('plot') != got.pop('plot')
+  assert got == want      # every member's loss at every step, the curve, the suggestion

@@ -115,7 +115,7 @@ def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
 # answer (README, "Signals"): the exit status and the checkpoint committed
 # (None: nothing written).
 PHASES = {
-    'gc': ('SIGINT', 130, None),            # swallowed by Python before: trained on, exit 0
+    'gc': ('SIGINT', 130, None),            # recorded, answered at the first poll
     'data': ('SIGTERM', 143, None),
     'summary': ('SIGTERM', 143, None),      # before: a step-1 checkpoint, exit 0
     'first_step': ('SIGINT', 130, None),

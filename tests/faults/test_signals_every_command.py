@@ -1,0 +1,159 @@
+"""Every `purax` command answers SIGTERM/SIGINT the same way (README, "When
+something goes wrong"): it exits with the status it prints (128 + N, or 0 for
+a train/sweep/tune that committed a checkpoint and says so), says it once
+and then stops, never crashes (no traceback, no segmentation fault) and
+leaves no half-written output. A few moments per command here (start-up and
+mid-work, a second signal); ``tests/faults/signal_storm.py`` sends 20 at
+random moments to each."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from purax.app import cli
+from tests.helpers_runs import ENV, ROOT
+
+CRASH = ('Traceback', 'Segmentation', 'Exception ignored', 'core dumped', 'Fatal Python')
+
+
+def signal_at(moment, signals, *args, timeout=240):
+  """``purax ARGS`` (its own command line) sending itself ``signals`` at ``moment``."""
+  return subprocess.run([sys.executable, '-m', 'tests.scripts.signal_at', moment, signals,
+                         *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def printed_status(done):
+  """The exit status the command printed (None: none printed), checked to be
+  said at most once and to be the status it exited with; no crash."""
+  err = done.stderr
+  assert not [c for c in CRASH if c in err], err[-3000:]
+  assert done.returncode >= 0, (done.returncode, err[-3000:])   # not killed by a signal
+  said = [int(s) for s in re.findall(r'exit status (\d+)', err)]
+  assert len(said) <= 1, err[-3000:]
+  if said:
+    assert done.returncode == said[0], err[-3000:]
+    return said[0]
+  assert done.returncode == 0, err[-3000:]
+  return None
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """A small classifier run with a saved non-finite update (eval, export, plot,
+  debug-nan) and a small language model run (generate), trained in this process."""
+  return make_runs(tmp_path_factory.mktemp('signals'))
+
+
+def make_runs(d):
+  """The runs of :func:`runs` in directory ``d`` (a ``pathlib.Path``)."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(32, 6)).astype(np.float32)
+  x[5, :] = 3e38          # the first layer overflows: step 2 is skipped and saved
+  np.savez(d / 'd.npz', x_train=x, y_train=rng.integers(0, 3, 32),
+           x_test=rng.normal(size=(8, 6)).astype(np.float32), y_test=rng.integers(0, 3, 8))
+  assert cli.main(['train', '--dataset', f'npz:{d / "d.npz"}', '--model', 'mlp', '--steps', '4',
+                   '--batch-size', '8', '--log-every', '2', '--eval-every', '0', '--no-progress',
+                   '--debug-nans', '--workdir', str(d / 'run')]) == 0
+  with open(os.path.join(ROOT, 'purax', 'core', 'errors.py'), encoding='utf-8') as f:
+    (d / 'corpus.txt').write_text(f.read())
+  assert cli.main(['train', '--model', 'lm', '--d-model', '16', '--num-layers', '1',
+                   '--num-heads', '2', '--seq-len', '16', '--batch-size', '8',
+                   '--warmup-steps', '0', '--dataset', f'text:{d / "corpus.txt"}', '--steps', '2',
+                   '--log-every', '1', '--eval-every', '0', '--no-progress',
+                   '--workdir', str(d / 'lm')]) == 0
+  return d
+
+
+TINY = ['--model', 'mlp', '--dataset', 'digits', '--batch-size', '16', '--no-progress']
+SWEEP = ['sweep', *TINY, '--lr', '1e-3,3e-3', '--steps', '6', '--log-every', '2',
+         '--eval-every', '0']
+TUNE = ['tune', 'lr', '--model', 'mlp', '--dataset', 'digits', '--batch-size', '16',
+        '--steps', '6', '--num-lrs', '3']
+
+# (command, moment, signals, status): None: the command's own answer (0 with
+# a checkpoint, or finished), checked by the command's case below.
+CASES = [
+    ('train', 'build', 'SIGTERM', 143),
+    ('sweep', 'parse', 'SIGINT', 130),
+    ('sweep', 'step:3', 'SIGTERM', 0),
+    ('sweep', 'step:3', 'SIGTERM,SIGTERM', 143),
+    ('tune', 'build', 'SIGINT', 130),
+    ('tune', 'step:3', 'SIGINT', 0),
+    ('tune', 'write', 'SIGTERM', 0),
+    ('eval', 'parse', 'SIGINT', 130),
+    ('eval', 'evaluate', 'SIGTERM', 143),
+    ('export', 'restore', 'SIGTERM', 143),
+    ('export', 'export', 'SIGINT', 130),
+    ('export', 'export', 'SIGTERM,SIGINT', 130),   # the second one's status
+    ('generate', 'restore', 'SIGINT', 130),
+    ('debug-nan', 'build', 'SIGTERM', 143),
+    ('debug-nan', 'finish', 'SIGINT', 130),
+    ('plot', 'parse', 'SIGTERM', 143),
+    ('plot', 'write', 'SIGTERM', 143),          # after its last poll: written, and said
+    ('plot', 'write', 'SIGINT,SIGINT', 130),
+]
+
+
+def command(name, d, out):
+  """The command line of ``name``, writing under ``out``."""
+  return {
+      'train': ['train', *TINY, '--steps', '4', '--workdir', out / 'w'],
+      'sweep': [*SWEEP, '--workdir', out / 'w'],
+      'tune': [*TUNE, '--workdir', out / 'w'],
+      'eval': ['eval', '--workdir', d / 'run'],
+      'export': ['export', '--workdir', d / 'run', '--out', out / 'export'],
+      'generate': ['generate', '--workdir', d / 'lm', '--prompt', 'def ', '--max-new-tokens', '4'],
+      'debug-nan': ['debug-nan', '--workdir', d / 'run'],
+      'plot': ['plot', '--workdir', d / 'run', '--out', out / 'curves.png'],
+  }[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name, moment, signals, status', CASES,
+                         ids=[f'{c}-{m}-{s}' for c, m, s, _ in CASES])
+def test_a_signal_ends_every_command_with_the_status_it_prints(runs, tmp_path, name, moment,
+                                                               signals, status):
+  done = signal_at(moment, signals, *command(name, runs, tmp_path))
+  said = printed_status(done)
+  assert done.returncode == status, done.stderr[-3000:]
+  first, last = signals.split(',')[0], signals.split(',')[-1]
+  finished = 'as the command finished; its output is complete' in done.stderr
+  if status:   # it said that it stopped, by which signal, and printed no result (or was done)
+    assert f'stopped by {last}' in done.stderr, done.stderr[-3000:]
+    # a first signal is answered at a safe point, named; only a second one at once
+    assert ('a second signal' in done.stderr) == (first != signals), done.stderr[-3000:]
+    assert finished or not done.stdout.strip().startswith('{'), done.stdout[-500:]
+  else:
+    assert said is None
+  leftovers = [p for p in os.listdir(tmp_path) if '.partial-' in p or '.replaced-' in p
+               or p.endswith('.tmp')]
+  assert not leftovers
+  if name == 'export':          # said "nothing written": nothing was
+    assert not os.path.exists(tmp_path / 'export'), os.listdir(tmp_path / 'export')
+  if name == 'plot' and moment == 'write' and signals == first:
+    assert finished
+  if name == 'export' and os.path.exists(tmp_path / 'export'):   # absent or complete
+    from purax.io import export
+    export.load_predict(str(tmp_path / 'export'))
+  if name == 'plot' and os.path.exists(tmp_path / 'curves.png'):
+    assert (tmp_path / 'curves.png').read_bytes()[:4] == b'\x89PNG'
+  if name in ('sweep', 'tune', 'train') and status:      # a new directory: nothing left
+    assert not (tmp_path / 'w').exists(), os.listdir(tmp_path / 'w')
+  if name in ('sweep', 'tune') and status == 0:
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    result = out.get('sweep') or out['lr_range']
+    if moment == 'write':      # the test had finished: its result written, and said
+      assert f'{first} arrived as the range test finished' in done.stderr
+      json.load(open(tmp_path / 'w' / 'lr_range.json'))
+      assert result['suggestion'] > 0
+    else:
+      assert result == {'stopped_by': first, 'step': 3}
+      assert 'checkpoint committed' in done.stderr and 'run the same command' in done.stderr
+      steps = sorted(int(s) for s in os.listdir(tmp_path / 'w' / 'checkpoints'))
+      assert steps == ([2, 3] if name == 'sweep' else [3])   # sweep: --log-every 2 too
