@@ -41,7 +41,7 @@ def run(command) -> int:
       return _stopped(metrics)
     elif isinstance(command, SweepConfig):
       summary = sweep.run(command)
-      print(json.dumps({'sweep': summary} if 'stopped_by' in summary else
+      print(json.dumps({'sweep': summary} if 'best' not in summary else
                        {'best': summary['best'], 'top': summary['members'][:1]}))
       return _stopped(summary)
     elif isinstance(command, GenerateConfig):
@@ -59,7 +59,7 @@ def run(command) -> int:
       print(json.dumps({'replayed': report.as_dict(), 'saved': saved}))
     elif isinstance(command, TuneConfig):
       summary = tune.run(command.what)
-      if 'stopped_by' in summary:
+      if 'suggestion' not in summary:
         print(json.dumps({'lr_range': summary}))
       else:
         print(json.dumps({'lr_range': {k: summary[k] for k in ('suggestion', 'rule', 'plot',

@@ -186,8 +186,9 @@ def run(config: SweepConfig) -> dict:
     shutil.rmtree(jobdir.file('best'), ignore_errors=True)   # a report cut short before
     summary = report.write(config, job, pop, seeds, read_history(history_path))
   if stop():     # after the last step: the sweep was finished, and is written
-    print(f'purax: {stop.received} arrived as the sweep finished; its report is written',
-          file=sys.stderr)
+    print(f'purax: {stop.received} arrived as the sweep finished; its report is written '
+          f'(exit status {signals.status(signal.Signals[stop.received])})', file=sys.stderr)
+    return {**summary, 'stopped_by': stop.received}   # still answered by its status
   return summary
 
 

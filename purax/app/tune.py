@@ -107,9 +107,10 @@ def run(config: RangeConfig) -> dict:
     # Last: a directory with lr_range.json is finished; the checkpoints are not needed then.
     write_atomic(jobdir.file('lr_range.json'), json.dumps(summary, indent=1))
     shutil.rmtree(jobdir.file('checkpoints'), ignore_errors=True)
-  if stop():     # after the last step: the test was finished, and is written
-    print(f'purax: {stop.received} arrived as the range test finished; its result is written',
-          file=sys.stderr)
   print(f'purax: learning-rate range test in {workdir}: suggested --learning-rate '
         f'{result.suggestion:.3g} ({result.rule}); {path}', file=sys.stderr)
+  if stop():     # after the last step: the test was finished, and is written
+    print(f'purax: {stop.received} arrived as the range test finished; its result is written '
+          f'(exit status {signals.status(signal.Signals[stop.received])})', file=sys.stderr)
+    return {**summary, 'stopped_by': stop.received}   # still answered by its status
   return summary

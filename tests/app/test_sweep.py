@@ -249,7 +249,7 @@ def test_a_sweep_stopped_by_sigint_resumes_with_the_same_command_bitwise(tmp_pat
   done = purax('sweep', *RESUMED, '--workdir', straight)
   assert done.returncode == 0, done.stderr[-3000:]
   stopped = signal_at('step:7', 'SIGINT', 'sweep', *RESUMED, '--workdir', resumed)
-  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert stopped.returncode == 130, stopped.stderr[-3000:]
   assert json.loads(stopped.stdout.strip().splitlines()[-1]) == {
       'sweep': {'stopped_by': 'SIGINT', 'step': 7}}
   assert not (resumed / 'sweep.json').exists()

@@ -105,7 +105,7 @@ def test_tune_lr_stopped_by_sigint_resumes_with_the_same_command_bitwise(tmp_pat
   done = purax('tune', 'lr', *RESUMED, '--workdir', straight)
   assert done.returncode == 0, done.stderr[-3000:]
   stopped = signal_at('step:5', 'SIGINT', 'tune', 'lr', *RESUMED, '--workdir', resumed)
-  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert stopped.returncode == 130, stopped.stderr[-3000:]
   assert json.loads(stopped.stdout.strip().splitlines()[-1]) == {
       'lr_range': {'stopped_by': 'SIGINT', 'step': 5}}
   assert sorted(os.listdir(resumed / 'checkpoints')) == ['4', '5']

@@ -1,6 +1,6 @@
 """Every `purax` command answers SIGTERM/SIGINT the same way (README, "When
-something goes wrong"): it exits with the status it prints (128 + N, or 0 for
-a train/sweep/tune that committed a checkpoint and says so), says it once
+something goes wrong"): it exits with the status it prints (128 + N, also
+for a train/sweep/tune that committed a checkpoint and says so), says it once
 and then stops, never crashes (no traceback, no segmentation fault) and
 leaves no half-written output. A few moments per command here (start-up and
 mid-work, a second signal); ``tests/faults/signal_storm.py`` sends 20 at
@@ -76,16 +76,16 @@ SWEEP = ['sweep', *TINY, '--lr', '1e-3,3e-3', '--steps', '6', '--log-every', '2'
 TUNE = ['tune', 'lr', '--model', 'mlp', '--dataset', 'digits', '--batch-size', '16',
         '--steps', '6', '--num-lrs', '3']
 
-# (command, moment, signals, status): None: the command's own answer (0 with
-# a checkpoint, or finished), checked by the command's case below.
+# (command, moment, signals, status): a train/sweep/tune stopped at a step or
+# as it finished is checked by the command's case below.
 CASES = [
     ('train', 'build', 'SIGTERM', 143),
     ('sweep', 'parse', 'SIGINT', 130),
-    ('sweep', 'step:3', 'SIGTERM', 0),
+    ('sweep', 'step:3', 'SIGTERM', 143),
     ('sweep', 'step:3', 'SIGTERM,SIGTERM', 143),
     ('tune', 'build', 'SIGINT', 130),
-    ('tune', 'step:3', 'SIGINT', 0),
-    ('tune', 'write', 'SIGTERM', 0),
+    ('tune', 'step:3', 'SIGINT', 130),
+    ('tune', 'write', 'SIGTERM', 143),
     ('eval', 'parse', 'SIGINT', 130),
     ('eval', 'evaluate', 'SIGTERM', 143),
     ('export', 'restore', 'SIGTERM', 143),
@@ -124,13 +124,18 @@ def test_a_signal_ends_every_command_with_the_status_it_prints(runs, tmp_path, n
   assert done.returncode == status, done.stderr[-3000:]
   first, last = signals.split(',')[0], signals.split(',')[-1]
   finished = 'as the command finished; its output is complete' in done.stderr
-  if status:   # it said that it stopped, by which signal, and printed no result (or was done)
+  # A train/sweep/tune stopped by one signal after its start: a checkpoint at the
+  # step, or its result written as it finished; resumable either way, said.
+  resumable = name in ('sweep', 'tune') and signals == first and moment in ('step:3', 'write')
+  assert said == status, done.stderr[-3000:]
+  if resumable:
+    assert (f'stopped by {first} at step 3' in done.stderr or
+            f'{first} arrived as the range test finished' in done.stderr), done.stderr[-3000:]
+  else:        # it said that it stopped, by which signal, and printed no result (or was done)
     assert f'stopped by {last}' in done.stderr, done.stderr[-3000:]
     # a first signal is answered at a safe point, named; only a second one at once
     assert ('a second signal' in done.stderr) == (first != signals), done.stderr[-3000:]
     assert finished or not done.stdout.strip().startswith('{'), done.stdout[-500:]
-  else:
-    assert said is None
   leftovers = [p for p in os.listdir(tmp_path) if '.partial-' in p or '.replaced-' in p
                or p.endswith('.tmp')]
   assert not leftovers
@@ -143,9 +148,9 @@ def test_a_signal_ends_every_command_with_the_status_it_prints(runs, tmp_path, n
     export.load_predict(str(tmp_path / 'export'))
   if name == 'plot' and os.path.exists(tmp_path / 'curves.png'):
     assert (tmp_path / 'curves.png').read_bytes()[:4] == b'\x89PNG'
-  if name in ('sweep', 'tune', 'train') and status:      # a new directory: nothing left
+  if name in ('sweep', 'tune', 'train') and not resumable:   # a new directory: nothing left
     assert not (tmp_path / 'w').exists(), os.listdir(tmp_path / 'w')
-  if name in ('sweep', 'tune') and status == 0:
+  if resumable:
     out = json.loads(done.stdout.strip().splitlines()[-1])
     result = out.get('sweep') or out['lr_range']
     if moment == 'write':      # the test had finished: its result written, and said
@@ -154,6 +159,7 @@ def test_a_signal_ends_every_command_with_the_status_it_prints(runs, tmp_path, n
       assert result['suggestion'] > 0
     else:
       assert result == {'stopped_by': first, 'step': 3}
+      assert f'(exit status {status})' in done.stderr
       assert 'checkpoint committed' in done.stderr and 'run the same command' in done.stderr
       steps = sorted(int(s) for s in os.listdir(tmp_path / 'w' / 'checkpoints'))
       assert steps == ([2, 3] if name == 'sweep' else [3])   # sweep: --log-every 2 too
