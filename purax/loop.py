@@ -216,35 +216,31 @@ def _legacy_keywords(state, plan, hooks, legacy: dict, task):
                    - set(PLAN_KEYWORDS))
   if unknown:
     raise TypeError(f'fit() got an unexpected keyword argument {unknown[0]!r}')
+  def deprecated(names, instead: str) -> None:
+    warnings.warn(f'purax: fit({", ".join(f"{k}=" for k in names)}...) is deprecated since '
+                  f'0.2 and goes in 0.4: pass {instead} (CHANGELOG.md)', DeprecationWarning,
+                  stacklevel=4)
+
   options = {k: legacy[k] for k in HOOK_KEYWORDS if k in legacy}
   if options:
-    warnings.warn(
-        f'purax: fit({", ".join(f"{k}=" for k in options)}...) is deprecated since 0.2 and '
-        'goes in 0.4: pass hooks=purax.hooks.standard('
-        + ', '.join(f'{k}=...' for k in options) + ') (CHANGELOG.md)', DeprecationWarning,
-        stacklevel=3)
+    deprecated(options, 'hooks=purax.hooks.standard('
+               + ', '.join(f'{k}=...' for k in options) + ')')
     expect(hooks is None, 'hooks', "None when fit's deprecated hook keywords are given "
            f'({sorted(options)}: put them in purax.hooks.standard(...) with the others)',
            'a list of hooks', ConfigError)
     hooks = standard(**options)
   restored = {k: legacy[k] for k in RESTORED_KEYWORDS if k in legacy}
   if restored:
-    warnings.warn(
-        f'purax: fit({", ".join(f"{k}=" for k in restored)}...) is deprecated since 0.2 and '
-        'goes in 0.4: pass state=purax.restore_or_init(...) (a Restored brings the metrics '
-        'window, the data position and the hooks\' state along; CHANGELOG.md)',
-        DeprecationWarning, stacklevel=3)
+    deprecated(restored, 'state=purax.restore_or_init(...) (a Restored brings the metrics '
+               "window, the data position and the hooks' state along)")
     if not isinstance(state, Restored):
       state = Restored(state, restored.get('train_metrics'), 0, restored.get('data_state'),
                        {'hooks': restored['hook_state']} if restored.get('hook_state') else {},
                        restored.get('hook_arrays'))
   placement = {k: legacy[k] for k in PLAN_KEYWORDS if k in legacy}
   if placement:
-    warnings.warn(
-        f'purax: fit({", ".join(f"{k}=" for k in placement)}...) is deprecated since 0.2 and '
-        'goes in 0.4: pass plan=purax.plan.SingleDevicePlan(task, '
-        + ', '.join(f'{k}=...' for k in placement) + ') (CHANGELOG.md)', DeprecationWarning,
-        stacklevel=3)
+    deprecated(placement, 'plan=purax.plan.SingleDevicePlan(task, '
+               + ', '.join(f'{k}=...' for k in placement) + ')')
     expect(plan is None, 'plan', "None when fit's deprecated prefetch/checks are given",
            type(plan).__name__, ConfigError)
     plan = SingleDevicePlan(task, **placement)

@@ -4,8 +4,8 @@ method and property). ``tests/test_public_api.py`` holds it against the
 record of the last release (``tests/fixtures/public_api_0.2.0.json``) and
 CHANGELOG.md.
 
-Usage: ``python -m tests.api_snapshot OUT.json`` (records the tree on
-``sys.path``: at a release, the record of the next comparison).
+Usage: ``python -m tests.api_snapshot OUT.json`` (``-``: stdout; records the
+tree on ``sys.path``: at a release, the record of the next comparison).
 """
 
 import importlib
@@ -99,6 +99,9 @@ def snapshot() -> dict:
 
 
 if __name__ == '__main__':
-  with open(sys.argv[1], 'w') as f:
-    json.dump(snapshot(), f, indent=1, sort_keys=True)
-    f.write('\n')
+  text = json.dumps(snapshot(), indent=1, sort_keys=True) + '\n'
+  if sys.argv[1] == '-':
+    sys.stdout.write(text)
+  else:
+    with open(sys.argv[1], 'w') as f:
+      f.write(text)

@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   says.
   Every ending is said once, where the command ends
   (:mod:`purax.io.signals`); the process's own command (``argv`` None)
-  then ends with ``os._exit`` after a signal (:func:`_exit_now`).
+  then ends with ``os._exit`` after a signal (``_exit_now``).
   """
   own = argv is None     # this process's own command line: it ends with the command
   argv = list(sys.argv[1:] if argv is None else argv)
@@ -234,7 +234,12 @@ def _exit_now(status: int) -> None:
   without the interpreter's teardown (where jax's and orbax's threads,
   stopped in the middle of their work, can crash it); further signals are
   ignored (as by then in any ``purax`` process). Every purax file is closed (atomic writes, checkpoints
-  committed or abandoned) by then."""
+  committed or abandoned) by then. Not with several processes
+  (``jax.distributed``): the interpreter's teardown disconnects from the
+  others, which ``os._exit`` would leave to abort."""
+  jax = sys.modules.get('jax')
+  if jax is not None and jax.distributed.is_initialized():
+    return
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()

@@ -266,12 +266,25 @@ class RangeTest:
     hparams_lib.check(hparam, lrs)
     self.task, self.lrs, self.steps, self.rule, self.window = task, lrs, int(steps), rule, window
     self.strategy, self.done = strategy, 0
-    self.pop = population_of(state, {hparam: lrs})
+    self._initial, self._pop = (state, hparam), None   # the population: made at first use
     self._abstract = None
     # Each step's summed loss and count: the steps before a restore on the
     # host, those since on the device (read at the end, or at a checkpoint).
     self._host = {'total': [], 'count': []}
     self._windows: list = []
+
+  @property
+  def pop(self):
+    """The population of every rate (made from the state at first use: the
+    options and batches are checked before any array is)."""
+    if self._pop is None:
+      state, hparam = self._initial
+      self.pop = population_of(state, {hparam: self.lrs})
+    return self._pop
+
+  @pop.setter
+  def pop(self, value) -> None:
+    self._pop, self._initial = value, None
 
   def step(self, batch) -> None:
     """Trains every member one step on ``batch`` (asynchronous: no host sync).
@@ -303,7 +316,7 @@ class RangeTest:
 
   def tree(self) -> dict:
     """The test's state as a checkpoint tree: the population and every step's
-    summed loss and count, ``[steps, members]`` (rows past :attr:`done` zero)."""
+    summed loss and count, ``[steps, members]`` (rows past ``done`` zero)."""
     total, count = self._losses()
     pad = lambda x: np.concatenate([x, np.zeros((self.steps - len(x), *x.shape[1:]),  # noqa: E731
                                                 x.dtype)])

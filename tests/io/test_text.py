@@ -67,7 +67,7 @@ def test_text_file_split_and_validation_windows(tmp_path):
     ('latin1', purax.DataError, r'expected UTF-8 text, got byte 0xe9 at offset 3'),
     ('empty', purax.DataError, 'expected a non-empty UTF-8 file, got an empty file'),
     ('long', purax.ConfigError, r'seq_len: expected at most 49 for .* \(100 bytes: both splits'),
-    ('unknown', purax.ConfigError, r"dataset: expected one of \['digits', 'mnist1d', 'pystdlib'\] or \['npz:PATH', 'text:PATH'\], got 'wiki'"),
+    ('unknown', purax.ConfigError, r"dataset: expected one of \['digits', 'mnist1d', 'pystdlib'\] or \['npz:PATH', 'text:PATH'\] or MODULE:FUNCTION .*got 'wiki'"),
     ('zero', purax.ConfigError, 'seq_len: expected >= 1, got 0'),
 ])
 def test_bad_text_data_is_reported_with_field_expected_and_actual(tmp_path, kind, error, message):
