@@ -95,9 +95,12 @@ def train(config: TrainConfig) -> dict:
                       interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
       try:
         restored = resume(job, rundir, checkpointer)
-        ended = ended_run(rundir, restored)
+        ended = ended_run(job, rundir, restored)
         if ended is not None:
-          return ended
+          return ended          # config.json as it was: nothing ran
+        if not restored.fresh:
+          rundir.update_config()    # e.g. a larger --steps, recorded
+          print(f'purax: resuming {rundir.path} from step {restored.step}', file=sys.stderr)
         state, history = _fit(job, rundir, checkpointer, restored, stop)
       except jax.errors.JaxRuntimeError:   # multi-host: a lost peer exits 75, named
         parallel.distributed.await_verdict()
@@ -166,8 +169,6 @@ def resume(job: job_lib.Job, rundir: rundir_lib.RunDir, checkpointer: Checkpoint
     return restored
   reached = int(jax.device_get(restored.state.step))
   job.config.check_resumable(rundir.saved_config(), reached=reached)
-  rundir.update_config()
-  print(f'purax: resuming {rundir.path} from step {restored.step}', file=sys.stderr)
   return restored
 
 
@@ -294,13 +295,14 @@ def say_end(rundir, end: End) -> None:
   print('\n'.join(lines), file=sys.stderr)
 
 
-def ended_run(rundir, restored: Restored) -> dict | None:
+def ended_run(job, rundir, restored: Restored) -> dict | None:
   """A resumed run that has ended and that this command would not train on:
   its newest readable checkpoint ended it ``finished`` with ``--steps`` not
   changed, or ``early_stopped`` with ``--patience`` not raised (a run from
   before 0.3 recorded no end: finished when that checkpoint is at its steps).
-  Says so and returns its final metrics (``final_metrics.json``); None when
-  there is training to do. Writes nothing."""
+  Says so and returns its final metrics (``final_metrics.json``, written anew
+  from the checkpoint when it is missing or unreadable); None when there is
+  training to do. ``config.json`` is left as it was."""
   if restored.fresh:
     return None
   config, saved = rundir.config, rundir.saved_config()
@@ -316,19 +318,39 @@ def ended_run(rundir, restored: Restored) -> dict | None:
     return None                        # a longer --steps trains on
   if end.status == 'early_stopped' and config.run.patience > saved.run.patience:
     return None                        # a larger --patience trains on
-  final = {}
-  path = rundir.file('final_metrics.json')
-  if os.path.isfile(path):
-    with contextlib.suppress(ValueError, OSError):
-      with rundir_lib.open_file(path, encoding='utf-8') as f:
-        final = {k: v for k, v in json.load(f).items() if k not in ('step', 'status', 'end')}
   more = ('--steps larger than ' + str(end.step) if end.status == 'finished' else
           f'--patience larger than {saved.run.patience}')
   if rundir.primary:
     print(f'purax: {rundir.path} has already ended: nothing to train (to train on, pass '
           f'{more})', file=sys.stderr)
+  final = read_final_metrics(rundir.file('final_metrics.json'))
+  if final is None:         # missing or unreadable: the writer, under its lock, writes it anew
+    final = {k: writers.json_number(v) for k, v in evaluate(
+        job.task, restored.state, job.data.eval(job.config.data.eval_batch_size),
+        plan=job.plan).items()}
+    if rundir.primary:
+      print(f'purax: {rundir.file("final_metrics.json")} was missing or unreadable: written '
+            f'anew from checkpoint {restored.step}', file=sys.stderr)
+      rundir_lib.write_atomic(rundir.file('final_metrics.json'), json.dumps(
+          {'step': end.step, **final, 'status': end.status, 'end': end.as_dict()}, indent=2,
+          allow_nan=False))
   say_end(rundir, end)
   return final
+
+
+def read_final_metrics(path: str) -> dict | None:
+  """The metrics of a ``final_metrics.json`` (without its step and end), or None
+  when it is missing or not such a file."""
+  if not os.path.isfile(path):
+    return None
+  try:
+    with rundir_lib.open_file(path, encoding='utf-8') as f:
+      data = json.load(f)
+  except (ValueError, OSError):
+    return None
+  if not isinstance(data, dict):
+    return None
+  return {k: v for k, v in data.items() if k not in ('step', 'status', 'end')}
 
 
 def _after_start_up(stop):
@@ -425,6 +447,33 @@ def restore_run(workdir: str, *, need_data: bool = True, best: bool = False):
   directory = os.path.join(workdir, 'checkpoints')
   expect(os.path.isdir(directory), 'workdir', 'a run directory with checkpoints/',
          f'{workdir!r} without one', CheckpointError)
+  attempts = 0
+  while True:
+    try:
+      return _restore_run(config, path, directory, need_data, best)
+    except (CheckpointError, FileNotFoundError) as e:
+      # A writer beside this reader deleted the checkpoint it had chosen
+      # (keep-last): read again, from what the directory holds now.
+      attempts += 1
+      if attempts == READ_ATTEMPTS or not _vanished(e):
+        raise
+
+
+#: How often a reader reads a run again when a writer beside it deleted the
+#: checkpoint the reader had chosen.
+READ_ATTEMPTS = 3
+
+
+def _vanished(error: BaseException) -> bool:
+  """Whether ``error`` (or what caused it) is a file that went missing."""
+  while error is not None:
+    if isinstance(error, FileNotFoundError) or 'FileNotFoundError' in str(error):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _restore_run(config, path, directory, need_data, best):
   with Checkpointer(directory, read_only=True, keep_best=1, best_metric=config.run.best().key,
                     best_mode=config.run.best_mode) as ckpt:
     step = ckpt.best_step() if best else None

@@ -59,13 +59,25 @@ def test_an_early_stopped_run_says_so_exits_0_and_its_resume_trains_nothing(tmp_
   assert committed(workdir)[-1] == stop
   before = open(os.path.join(workdir, 'metrics.jsonl')).read()
 
+  config = open(os.path.join(workdir, 'config.json')).read()
+  with open(os.path.join(workdir, 'final_metrics.json'), 'w') as f:
+    f.write('{"ste')                    # torn: written anew from the checkpoint, said
   again = purax(*args)                  # the same command, a fresh process
   assert again.returncode == 0, again.stderr[-3000:]
   assert 'has already ended: nothing to train' in again.stderr
   assert f'early_stopped at step {stop}' in again.stderr
+  assert 'final_metrics.json was missing or unreadable: written anew' in again.stderr
   assert committed(workdir)[-1] == stop
   assert open(os.path.join(workdir, 'metrics.jsonl')).read() == before
+  assert open(os.path.join(workdir, 'config.json')).read() == config      # nothing ran
   assert json.loads(again.stdout.splitlines()[-1])['final']['loss'] == final['loss']
+  assert json.load(open(os.path.join(workdir, 'final_metrics.json'))) == final
+
+  patient = [a if a != '2' else '4' for a in args]   # --patience 4: two more evaluations
+  more = purax(*patient)
+  assert more.returncode == 0, more.stderr[-3000:]
+  assert f'early_stopped at step {stop + 20}' in more.stderr
+  assert json.load(open(os.path.join(workdir, 'config.json')))['run']['patience'] == 4
 
 
 KEEP_BEST = [*MLP, '--steps', '200', '--log-every', '50', '--eval-every', '50',
@@ -180,3 +192,37 @@ def test_a_loop_of_readers_beside_a_training_run_leaves_it_running_and_bitwise_e
   (a, _, step_a), (b, _, step_b) = final_tree(disturbed), final_tree(straight)
   assert step_a == step_b == 400
   jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_a_reader_reads_again_when_a_writer_deleted_its_checkpoint(tmp_path, monkeypatch):
+  """A checkpoint a reader chose can be deleted by the trainer beside it
+  (keep-last) while it reads: the reader reads the directory again (export
+  exited 2 twice in 11 tries beside `train --checkpoint-every 5`); any other
+  failure is raised at once."""
+  from purax.app import runs
+  from purax.io.checkpoint import CheckpointError
+  workdir = str(tmp_path / 'run')
+  assert purax('train', *MLP, '--steps', '4', '--workdir', workdir).returncode == 0
+  real, calls = runs._restore_run, []
+
+  def flaky(*args):
+    calls.append(1)
+    if len(calls) == 1:
+      try:
+        raise FileNotFoundError(2, 'No such file or directory', 'checkpoints/2680')
+      except FileNotFoundError as e:
+        raise CheckpointError('checkpoint directory: expected readable, got '
+                              'FileNotFoundError') from e
+    return real(*args)
+  monkeypatch.setattr(runs, '_restore_run', flaky)
+  _, state = runs.restore_run(workdir, need_data=False)
+  assert len(calls) == 2 and int(state.step) == 4
+
+  def broken(*args):
+    calls.append(1)
+    raise CheckpointError('checkpoint 4 is unreadable: SHA-256 mismatch')
+  monkeypatch.setattr(runs, '_restore_run', broken)
+  calls.clear()
+  with pytest.raises(CheckpointError, match='SHA-256 mismatch'):
+    runs.restore_run(workdir, need_data=False)
+  assert len(calls) == 1

@@ -112,10 +112,11 @@ class Checkpointer:
     preserve = [orbax_policies.LatestN(n=keep_last)]
     if keep_best:
       preserve.append(BestOfRecorded(keep_best, self._scores, self.best))
+    quiet.divert_errors()   # orbax's error logs off stderr: this object raises the errors
     if read_only:   # a reader: nothing created, cleaned up, renamed or deleted
       options = ocp.CheckpointManagerOptions(read_only=True, create=False,
                                              cleanup_tmp_directories=False,
-                                             save_root_metadata=False)
+                                             save_root_metadata=False, save_interval_steps=0)
     else:
       options = ocp.CheckpointManagerOptions(
           preservation_policy=orbax_policies.AnyPreservationPolicy(preserve), create=True,
@@ -124,13 +125,13 @@ class Checkpointer:
     if read_only and not os.path.isdir(self.directory):
       raise CheckpointError(f'checkpoint directory {self.directory}: expected a directory to '
                             'read, got none')
-    quiet.divert_errors()   # orbax's error logs off stderr: this object raises the errors
     try:
       self._manager = ocp.CheckpointManager(self.directory, options=options,
                                             item_names=('state', 'extra'))
     except OSError as e:
-      raise CheckpointError(f'checkpoint directory {self.directory}: expected writable, '
-                            f'got {type(e).__name__}: {e}') from e
+      raise CheckpointError(f'checkpoint directory {self.directory}: expected '
+                            f'{"readable" if read_only else "writable"}, got '
+                            f'{type(e).__name__}: {e}') from e
     if keep_best:
       self._read_scores()
 

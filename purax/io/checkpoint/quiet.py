@@ -77,8 +77,10 @@ def install() -> None:
 
 
 def _READ_ONLY_NOTICE(message: str) -> bool:
-  """orbax's warnings that a manager is read-only: what a reader asked for."""
-  return 'read_only=True' in message or 'directory is read only' in message
+  """orbax's warnings that say what was asked or expected: a reader's manager
+  is read-only; a save being written has no metadata file yet."""
+  return ('read_only=True' in message or 'directory is read only' in message
+          or message.startswith('Metadata file does not exist'))   # a save being written
 
 
 class _OrbaxErrors(logging.Filter):
