@@ -471,3 +471,28 @@ def test_a_read_only_checkpointer_creates_cleans_and_renames_nothing(tmp_path, t
   with pytest.raises(CheckpointError, match='expected a directory to read, got none'):
     Checkpointer(str(tmp_path / 'missing'), read_only=True)
   assert not (tmp_path / 'missing').exists()
+
+
+def test_an_equinox_models_state_restores_and_resumes_bitwise(tmp_path):
+  """Equinox params are an eqx.Module (a dataclass without flax's replace): the
+  layout touches no framework's methods, so the state saves, restores and
+  trains on bitwise (it raised AttributeError: 'Linear' object has no
+  attribute 'replace')."""
+  eqx = pytest.importorskip('equinox')
+  import optax
+  from purax.nn.equinox import from_equinox
+  make = lambda key: eqx.nn.MLP(64, 10, width_size=8, depth=1, key=key)   # noqa: E731
+  flat = lambda batch: batch['x'].reshape(batch['x'].shape[0], 64)         # noqa: E731
+  task = purax.Task(model=from_equinox(make, inputs=flat), tx=optax.adam(1e-3))
+  batch = tiny_batch()
+  step = jax.jit(task.step)
+  from purax.io.checkpoint.run import checkpoint_tree
+  state = task.init(jax.random.key(0), batch)
+  state, metrics = step(state, batch)
+  with Checkpointer(str(tmp_path)) as ckpt:
+    ckpt.save(1, checkpoint_tree(state, metrics))
+  restored = purax.restore_or_init(str(tmp_path), task, jax.random.key(1), batch)
+  assert restored.step == 1
+  straight, _ = step(state, batch)
+  resumed, _ = step(restored.state, batch)
+  assert tree_equal(keyless(straight), keyless(resumed))

@@ -121,8 +121,12 @@ def unstorable(stored: PyTree, abstract: PyTree) -> PyTree:
 
 
 def _data_fields(node) -> list[str] | None:
-  """The pytree fields of a dataclass node (a flax struct), or None for any other node."""
-  if not dataclasses.is_dataclass(node) or isinstance(node, type):
+  """The pytree fields of a flax struct node (a dataclass with flax's public
+  ``replace``: :class:`purax.TrainState`, a population), or None for any other
+  node: another framework's dataclass (an Equinox module in the params) is
+  restored as the structure it is, through no method of its own."""
+  if (not dataclasses.is_dataclass(node) or isinstance(node, type)
+      or not callable(getattr(node, 'replace', None))):
     return None
   return [f.name for f in dataclasses.fields(node) if f.metadata.get('pytree_node', True)]
 
