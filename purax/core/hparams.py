@@ -139,6 +139,23 @@ def all_finite(state) -> jax.Array:
   return jnp.all(jnp.stack(values)) if values else jnp.ones((), bool)
 
 
+def _check_like(name: str, value, current) -> None:
+  """``value`` can take ``current``'s place in the state: a real number (not a
+  bool or a complex) of its shape (``[]``, or ``[members]`` of a stacked state),
+  so that the state's structure, and its checkpoints, stay what they were.
+
+  Raises:
+    ConfigError: another shape or kind of value (named).
+  """
+  dtype = np.asarray(value).dtype if not hasattr(value, 'dtype') else np.dtype(value.dtype)
+  expect(dtype.kind in 'iuf' and dtype != np.bool_, f'hyperparameter {name}',
+         'a real number (float32 in the state)', f'a value of dtype {dtype}', ConfigError)
+  expect(np.shape(value) == np.shape(current), f'hyperparameter {name}',
+         f'shape {tuple(np.shape(current))} (its shape in the state'
+         + (': one value per member' if np.ndim(current) else '') + ')',
+         f'shape {tuple(np.shape(value))}', ConfigError)
+
+
 def _value(name: str, value) -> jax.Array:
   """``value`` as a new float32 array (a caller's array never becomes a state
   leaf, so a donating step cannot delete it), :func:`check`-ed. A concrete
@@ -190,6 +207,9 @@ def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: di
             if name == 'learning_rate' and 'peak_learning_rate' in known else '')
     expect(name in known, 'hyperparameter name', f'one of {list(known)}{hint}', repr(name),
            ConfigError)
+  current = get(state)
+  for name, value in values.items():
+    _check_like(name, value, current[name])
   values = {name: _value(name, v) for name, v in values.items()}
 
   def replace(node):
