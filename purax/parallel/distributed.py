@@ -213,22 +213,26 @@ def _exchange(client, me: int, beats: dict, period_s: float, stop: threading.Eve
   """The watchdog's talk with the service (its own thread: a call to a dead
   service can block for long, and the verdict must not wait for it). Records
   when the service last answered and when each peer's counter last moved,
-  until ``stop`` is set."""
+  until ``stop`` is set: as the time each call was made, not when it returned
+  (a call made before the service died may return late on a loaded machine,
+  and the verdict must not move past the wait an abort gives it)."""
   beat = 0
   while not stop.is_set():
     beat += 1
+    sent = time.monotonic()
     try:
       client.key_value_set(f'purax/alive/{me}', str(beat), allow_overwrite=True)
-      beats['service'] = time.monotonic()
+      beats['service'] = sent
     except Exception:   # the service (process 0) unreachable
       pass
     for i, (value, _) in list(beats['peers'].items()):
+      asked = time.monotonic()
       try:
         new = client.key_value_try_get(f'purax/alive/{i}')
       except Exception:   # not yet set, or the service unreachable
         continue
       if new != value:
-        beats['peers'][i] = (new, time.monotonic())
+        beats['peers'][i] = (new, asked)
     stop.wait(period_s)
 
 
