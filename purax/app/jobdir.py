@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
-from purax.app.rundir import LOCK_NAME, WorkdirLock
+from purax.app.rundir import LOCK_NAME, WorkdirLock, leave_as_found
 from purax.core.errors import ConfigError, expect
 from purax.io.safe_files import open_file, write_atomic
 
@@ -108,15 +107,7 @@ class JobDir:
     committed, leaves the directory as it was found."""
     try:
       if failed and self._created and not self._keep:
-        if not self._found:
-          shutil.rmtree(self.path, ignore_errors=True)
-        else:
-          for name in set(os.listdir(self.path)) - {LOCK_NAME}:
-            path = self.file(name)
-            if os.path.isdir(path) and not os.path.islink(path):
-              shutil.rmtree(path, ignore_errors=True)
-            else:
-              os.remove(path)
+        leave_as_found(self.path, self._found)
     finally:
       if self._lock is not None:
         self._lock.release()

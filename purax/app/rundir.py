@@ -90,6 +90,22 @@ def holds_run(workdir: str) -> bool:
   return resuming
 
 
+def leave_as_found(path: str, found: bool) -> None:
+  """A directory as it was before a run (or a sweep, a range test) that failed
+  with nothing committed: removed when it did not exist, else emptied of all
+  but its lock file (which is never deleted; a link is removed, not followed)."""
+  if not found:
+    shutil.rmtree(path, ignore_errors=True)
+    return
+  for name in set(os.listdir(path)) - {LOCK_NAME}:
+    entry = os.path.join(path, name)
+    if os.path.isdir(entry) and not os.path.islink(entry):
+      shutil.rmtree(entry, ignore_errors=True)
+    else:
+      with contextlib.suppress(OSError):
+        os.remove(entry)
+
+
 def truncate_jsonl(path: str, last_step: int) -> None:
   """Drops records written after ``last_step`` (they are recomputed on resume)."""
   if not os.path.exists(path):
@@ -195,16 +211,7 @@ class RunDir:
     leaves the directory as it was found."""
     try:
       if failed and self._created and not self._keep and self.primary:
-        if not self._found:
-          shutil.rmtree(self.path, ignore_errors=True)
-        else:
-          for name in os.listdir(self.path):
-            path = os.path.join(self.path, name)
-            if os.path.isdir(path):
-              shutil.rmtree(path, ignore_errors=True)
-            else:
-              with contextlib.suppress(OSError):
-                os.remove(path)
+        leave_as_found(self.path, self._found)
     finally:
       if self._lock is not None:
         self._lock.release()
