@@ -92,12 +92,12 @@ def holds_run(workdir: str) -> bool:
 
 def leave_as_found(path: str, found: bool) -> None:
   """A directory as it was before a run (or a sweep, a range test) that failed
-  with nothing committed: removed when it did not exist, else emptied of all
-  but its lock file (which is never deleted; a link is removed, not followed)."""
+  with nothing committed: removed when it did not exist, else emptied (its
+  lock file too: it was empty; a link is removed, not followed)."""
   if not found:
     shutil.rmtree(path, ignore_errors=True)
     return
-  for name in set(os.listdir(path)) - {LOCK_NAME}:
+  for name in os.listdir(path):
     entry = os.path.join(path, name)
     if os.path.isdir(entry) and not os.path.islink(entry):
       shutil.rmtree(entry, ignore_errors=True)
