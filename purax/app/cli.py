@@ -52,6 +52,10 @@ Sweep = tyro.conf.OmitArgPrefixes[SweepConfig]
 Range = tyro.conf.OmitArgPrefixes[RangeConfig]
 
 
+_TUNE_LR = ('Learning-rate range test: every rate of a log-spaced grid trained at once in one '
+            'compiled program; a plot and a suggested --learning-rate.')
+
+
 @dataclasses.dataclass(frozen=True)
 class TuneConfig:
   """Tune a hyperparameter of a purax train job in few compiled programs.
@@ -62,8 +66,7 @@ class TuneConfig:
 
   # A union with a suppressed None (tyro's own idiom for one subcommand).
   what: Annotated[Union[Annotated[Range, tyro.conf.subcommand(
-      'lr', description='Learning-rate range test: every rate of a log-spaced grid trained '
-      'at once in one compiled program; a plot and a suggested --learning-rate.')],
+      'lr', description=_TUNE_LR)],
                         Annotated[None, tyro.conf.Suppress]], tyro.conf.arg(name='')]
 
 
@@ -271,6 +274,9 @@ def parse(argv: Sequence[str]):
   if saved is not None:
     return tyro.cli(Train, args=argv[1:], default=saved, prog='purax train',
                     description=SUBCOMMANDS['train'][1])
+  if argv[:2] == ['tune', 'lr']:   # parsed alone, so that its help and errors name it
+    return TuneConfig(what=tyro.cli(Range, args=argv[2:], prog='purax tune lr',
+                                    description=_TUNE_LR))
   if argv and argv[0] in SUBCOMMANDS:
     kind, text = SUBCOMMANDS[argv[0]]
     return tyro.cli(kind, args=argv[1:], prog=f'purax {argv[0]}', description=text)

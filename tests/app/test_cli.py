@@ -263,6 +263,7 @@ PARSED_ONLY = [
     (['sweep', '--weight-decay-mask', 'nope'], 2, "Expected one of ('matrices', 'all')"),
     (['tune', 'lr', '--rule', 'nope'], 2, "Expected one of ('steepest', 'minimum')"),
     (['tune', 'lr', '--strategy', 'nope'], 2, "Expected one of ('auto', 'vmap'"),
+    (['tune', 'lr', '--bogus'], 2, 'run purax tune lr --help'),
     (['export', '--workdir', 'w', '--format', 'zip'], 2, "Expected one of ('jax', 'onnx'"),
     (['nope'], 2, 'Unrecognized options: nope'),
     (['train', '--workdir', 'RUN', '--help'], 0, 'usage: purax train'),
