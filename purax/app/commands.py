@@ -68,10 +68,11 @@ def run(command) -> int:
     elif isinstance(command, ExportConfig):
       print(json.dumps({'exported': export_staged(command)}))
     else:
-      metrics = runs.evaluate_run(command.workdir, batch_size=command.batch_size,
-                                  best=command.best)
+      metrics, step = runs.evaluate_run(command.workdir, batch_size=command.batch_size,
+                                        best=command.best, with_step=True)
       signals.check('while evaluating (nothing printed)')
-      print(json.dumps({'eval': metrics}, indent=None))
+      print(json.dumps({'eval': metrics, 'step': step,
+                        'checkpoint': 'best' if command.best else 'newest'}, indent=None))
   except (PuraxError, FileExistsError, FileNotFoundError) as e:
     print(f'purax: error: {e}', file=sys.stderr)
     return 2

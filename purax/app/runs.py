@@ -495,9 +495,14 @@ def _restore_run(config, path, directory, need_data, best):
   return job, tree['state']
 
 
-def evaluate_run(workdir: str, *, batch_size: int | None = None, best: bool = False) -> dict:
+def evaluate_run(workdir: str, *, batch_size: int | None = None, best: bool = False,
+                 with_step: bool = False):
   """Restores the newest checkpoint of a run (or its best, ``best``) and
   evaluates it on the test split; reads only.
+
+  Returns:
+    The metrics (name -> float); with ``with_step``, ``(metrics, step)``: the
+    step of the checkpoint evaluated.
 
   Raises:
     ConfigError: ``batch_size`` < 1; DataError: the data file (which holds the
@@ -506,7 +511,8 @@ def evaluate_run(workdir: str, *, batch_size: int | None = None, best: bool = Fa
   expect(batch_size is None or 1 <= batch_size < 2 ** 31, 'batch_size', '>= 1 or unset',
          batch_size, ConfigError)
   job, state = restore_run(workdir, best=best)
-  return evaluate_state(job, state, batch_size)
+  metrics = evaluate_state(job, state, batch_size)
+  return (metrics, int(np.asarray(state.step).max())) if with_step else metrics
 
 
 def evaluate_state(job: job_lib.Job, state, batch_size: int | None = None) -> dict:

@@ -105,7 +105,9 @@ def test_keep_best_keeps_the_best_evaluation_also_across_a_restart(tmp_path, kil
   evaluated = purax('eval', '--workdir', workdir, '--best')
   assert evaluated.returncode == 0, evaluated.stderr[-2000:]
   logged_best = next(r for r in logged(workdir) if r['step'] == best and 'eval/loss' in r)
-  got = json.loads(evaluated.stdout.splitlines()[-1])['eval']
+  printed = json.loads(evaluated.stdout.splitlines()[-1])
+  assert (printed['step'], printed['checkpoint']) == (best, 'best')   # it says which
+  got = printed['eval']
   assert got['accuracy'] == logged_best['eval/accuracy']
   assert got['loss'] == pytest.approx(logged_best['eval/loss'], rel=1e-6)
 
