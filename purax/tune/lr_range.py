@@ -55,7 +55,8 @@ A test that measured nothing usable raises :class:`RangeTestError` (a
 almost no updates: raise ``steps``); fewer than two rates left once the
 diverged are (lower the grid); or a flat curve, whose usable points span
 less than :data:`FLAT` (1%) of the first loss (nothing the rates did
-differs: widen the grid or train longer).
+differs: widen the grid or train longer), or whose least point is not 1%
+below the first loss (no rate trained: move the grid).
 
 Weight decay has no population rule here, and why not: a short test reads
 the training loss, which weight decay raises by construction (it pulls the
@@ -211,12 +212,13 @@ def suggest(lrs, smoothed, rule: Rule = DEFAULT_RULE, *, first_loss: float | Non
     smoothed: ``[members]`` smoothed losses; non-finite: diverged (left out).
     rule: one of :data:`RULES`.
     first_loss: the loss every member started from; when given, a curve
-      whose finite points span less than :data:`FLAT` of it is flat.
+      whose finite points span less than :data:`FLAT` of it is flat, and one
+      whose least point is not ``FLAT`` below it trained nothing.
 
   Raises:
     ConfigError: an unknown rule.
     RangeTestError: fewer than two rates that trained without diverging
-      (lower the grid), or a flat curve.
+      (lower the grid), a flat curve, or no rate that lowered the loss.
   """
   expect(rule in RULES, 'rule', f'one of {list(RULES)}', repr(rule), ConfigError)
   lrs, smoothed = np.asarray(lrs, np.float64), np.asarray(smoothed, np.float64)
@@ -232,6 +234,10 @@ def suggest(lrs, smoothed, rule: Rule = DEFAULT_RULE, *, first_loss: float | Non
            f'{FLAT:.0%} of the first loss {first_loss:.4g} (flat: the rates trained alike); '
            'widen the grid (--min-lr, --max-lr) or train longer (--steps)',
            f'a span of {span:.3g}', RangeTestError)
+    expect(y.min() <= (1 - FLAT) * first_loss, 'lrs', f'a rate whose loss ends at least '
+           f'{FLAT:.0%} below the first loss {first_loss:.4g} (none trained: the grid is too '
+           'high or too low); move the grid (--min-lr, --max-lr) or train longer (--steps)',
+           f'a least loss of {y.min():.4g}', RangeTestError)
   best = int(np.argmin(y))
   if rule == 'lowest':
     return float(lrs[finite][best])

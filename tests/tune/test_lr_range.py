@@ -149,6 +149,10 @@ def test_a_test_that_measured_nothing_usable_is_a_named_error():
   with pytest.raises(tune.RangeTestError, match=r'flat: the rates trained alike\); widen the '
                      r'grid \(--min-lr, --max-lr\) or train longer \(--steps\), got a span of 0'):
     tune.LRRange.of(lrs, down, np.zeros(3, bool), window=2)
+  stuck = np.concatenate([down[:1], np.stack([np.full(7, v) for v in (2.0, 2.3, 3.0)], 1)])
+  with pytest.raises(tune.RangeTestError, match=r'a rate whose loss ends at least 1% below the '
+                     r'first loss 2 \(none trained.*got a least loss of 2$'):
+    tune.LRRange.of(lrs, stuck, np.zeros(3, bool), window=2)     # e.g. every rate too high
   up = np.concatenate([down[:1], np.full((7, 3), 5.0)])
   with pytest.raises(tune.RangeTestError, match=r'got 0 of 3'):
     tune.LRRange.of(lrs, up, np.zeros(3, bool), window=2)
