@@ -30,9 +30,11 @@ first loss (the loss of the shared initial state); its point is then
   Search for Hyper-Parameter Optimization", sec. 1) read on the training
   loss. Chosen over the others on outcome: trained at the suggestion for
   the test's budget and for three times longer, it reached an eval loss
-  within 10% of the grid's best on the bundled models and data sets where
-  ``'steepest'`` did not (``benchmarks/lr_range_outcome.py``, its table in
-  ``benchmarks/README.md``).
+  within 10% of the grid's best on more of the bundled models and data sets
+  than any other rule, ``'steepest'`` on none (``benchmarks/lr_range_outcome.py``;
+  its table, and the rows where it missed and why, in ``benchmarks/README.md``).
+  Its limits: a training loss ranks rates close to the best by noise, and
+  the best rate of a longer run can be lower than that of the test's.
 - ``'largest_within'``: the largest rate whose point is within
   :data:`WITHIN` (10%) of the least: the "largest stable rate" practice
   (Smith 2018, "A disciplined approach to neural network hyper-parameters",
