@@ -18,6 +18,9 @@ import signal
 import os
 import shutil
 import sys
+import time
+
+import numpy as np
 
 from purax import tune
 from purax.app import job as job_lib
@@ -26,7 +29,7 @@ from purax.app import plot
 from purax.app import sweep
 from purax.app.tune_config import RangeConfig as RangeConfig
 from purax.app.tune_config import RangeRunConfig as RangeRunConfig
-from purax.io import signals
+from purax.io import progress, signals
 from purax.io.checkpoint import Checkpointer
 from purax.io.safe_files import open_file, write_atomic
 from purax.io.signals import StopOnSignal
@@ -49,8 +52,11 @@ def run(config: RangeConfig) -> dict:
 
   Raises:
     ConfigError, DataError: bad options or data, before anything is written;
-      ConfigError also when fewer than two rates trained without diverging
-      (lower --max-lr), or when the directory's test has another config.
+      ConfigError also when the directory's test has another config.
+    RangeTestError: the test measured nothing usable (a ConfigError:
+      fewer than 8 steps, before anything is written; at the end, fewer than
+      two rates that trained without diverging, or a flat curve), saying
+      what to change.
     FileExistsError: the directory holds something else.
   """
   config = config.validate().resolved()
@@ -78,9 +84,13 @@ def run(config: RangeConfig) -> dict:
         test.restore(tree, step)
         print(f'purax: resuming range test {workdir} from step {step}', file=sys.stderr)
       first = test.done
+      print(f'purax: range test of {len(lrs)} learning rates, {test.steps} steps each: '
+            'compiling the population\'s step', file=sys.stderr, flush=True)
+      shown = Shown(test, config.run.progress)
       try:
         while test.done < test.steps:
           test.step(job.train_data[test.done])
+          shown.step()
           if test.done == first + 1 and stop():     # the first call's compilation: start-up
             raise signals.Stopped(stop.received, 'during start-up (compiling the first step)')
           if stop() or (every and test.done % every == 0):
@@ -94,6 +104,7 @@ def run(config: RangeConfig) -> dict:
                   file=sys.stderr)
             return {'stopped_by': stop.received, 'step': test.done}
       finally:
+        shown.close()
         if ckpt.steps():
           jobdir.committed()
     result = test.result()
@@ -114,3 +125,38 @@ def run(config: RangeConfig) -> dict:
           f'(exit status {signals.status(signal.Signals[stop.received])})', file=sys.stderr)
     return {**summary, 'stopped_by': stop.received}   # still answered by its status
   return summary
+
+
+class Shown:
+  """What a range test shows while it trains: a tqdm bar on a terminal
+  (:func:`purax.io.progress.bar`: after every step, which then waits for
+  that step), and otherwise a line at every tenth of the steps
+  (:func:`purax.io.progress.log_line`), each with the least loss of the
+  last step and the rate that has it."""
+
+  def __init__(self, test: RangeTest, enabled: bool):
+    self.test, self.start = test, time.perf_counter()
+    self.bar = progress.bar(total=test.steps, initial=test.done, enabled=enabled,
+                            desc='range test')
+    self.every = max(1, test.steps // 10)
+
+  def _least(self) -> str:
+    last = self.test.losses()[-1]     # waits for the steps dispatched
+    finite = np.isfinite(last)
+    if not finite.any():
+      return 'every loss non-finite'
+    i = int(np.nanargmin(np.where(finite, last, np.nan)))
+    return (f'least loss {last[i]:.4g} at learning rate {self.test.lrs[i]:.3g}; '
+            f'{int((~finite).sum())} of {len(last)} non-finite')
+
+  def step(self) -> None:
+    done = self.test.done
+    if not isinstance(self.bar, progress.NullBar):
+      self.bar.set_postfix_str(self._least(), refresh=False)
+      self.bar.update(1)
+    elif done % self.every == 0 or done == self.test.steps:
+      progress.log_line(f'[range test {done}/{self.test.steps}] {self._least()} '
+                        f'({time.perf_counter() - self.start:.1f} s)')
+
+  def close(self) -> None:
+    self.bar.close()

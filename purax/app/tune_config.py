@@ -17,7 +17,7 @@ from purax.app.models import ModelConfig
 from purax.core import lazy
 from purax.core.errors import ConfigError, expect
 from purax.core.strategies import STRATEGIES
-from purax.tune.rules import RULES
+from purax.tune.rules import DEFAULT_RULE, MIN_STEPS, RULES
 
 # The grid's check and the population's bound, used by validate(): imported on use.
 lr_range = lazy.module('purax.tune.lr_range')
@@ -31,21 +31,25 @@ class RangeRunConfig:
 
   Attributes:
     steps: updates per learning rate (the budget; warmup and decay span it as in
-      purax train --steps).
+      purax train --steps); at least 8.
     seed: seed of initialization, shuffling and dropout (one initial state for all).
     min_lr: the smallest learning rate of the grid.
     max_lr: the largest learning rate of the grid.
     num_lrs: learning rates in the grid, log-spaced (members of the population;
       2 to 2**16, and their states must fit in memory).
-    rule: how the rate is suggested: steepest (the steepest descent of the
-      smoothed loss, Lightning's lr_find) or minimum (a tenth of the rate of
-      least loss, fastai's lr_find).
+    rule: how the rate is suggested (purax.tune.lr_range): lowest (the rate of
+      least loss over the last quarter of the steps: each rate is its own run),
+      largest_within (the largest rate within 10% of that loss), steepest (the
+      steepest descent of the curve, Lightning's lr_find, made for a single run
+      whose rate grows) or minimum (a tenth of the rate of least loss, fastai's).
     workdir: where lr_range.png and lr_range.json go; runs/lr-DATASET-MODEL-TIME
       when unset; new, empty, or a stopped range test of the same options to resume.
     strategy: how the members share the machine: auto, vmap (all at once), chunked
       or sequential (purax.core.population.chunk_size); the values are the same.
     checkpoint_every: save the population every N steps (0: only when a
       SIGTERM/SIGINT stops the test); the same command resumes it.
+    progress: show a progress bar on a terminal; otherwise (or with --no-progress)
+      a line with the least loss so far at every tenth of the steps.
   """
 
   steps: int = 100
@@ -53,10 +57,11 @@ class RangeRunConfig:
   min_lr: float = 1e-5
   max_lr: float = 1.0
   num_lrs: int = 16
-  rule: Literal[RULES] = 'steepest'
+  rule: Literal[RULES] = DEFAULT_RULE
   workdir: str | None = None
   strategy: Literal[STRATEGIES] = 'auto'
   checkpoint_every: int = 0
+  progress: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +83,8 @@ class RangeConfig(Sections):
            'population, with a whole training state)', run.num_lrs, ConfigError)
     config_lib.check_spike_window(self.optimizer, members=run.num_lrs)
     lr_range.log_grid(run.min_lr, run.max_lr, run.num_lrs)
+    expect(run.steps >= MIN_STEPS, 'steps', f'at least {MIN_STEPS} steps for a range test to '
+           'tell the rates apart (raise --steps)', run.steps, lr_range.RangeTestError)
     expect(run.checkpoint_every >= 0, 'checkpoint_every', '>= 0 (0: only at a stop)',
            run.checkpoint_every, ConfigError)
     expect(run.max_lr <= 10, 'max_lr', '<= 10 (the bound of a learning rate)', run.max_lr,

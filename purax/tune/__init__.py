@@ -13,6 +13,7 @@ from purax.core import lazy as _lazy
 _PUBLIC = {
     'LRRange': 'purax.tune.lr_range:LRRange',
     'RULES': 'purax.tune.rules:RULES',
+    'RangeTestError': 'purax.tune.lr_range:RangeTestError',
     'log_grid': 'purax.tune.lr_range:log_grid',
     'lr_range_test': 'purax.tune.lr_range:lr_range_test',
     'suggest': 'purax.tune.lr_range:suggest',

@@ -17,18 +17,58 @@ task's schedule applies to every member: the suggestion is a peak rate for
 the task's warmup and decay.
 
 Each member's curve point is its smoothed loss: the mean of its training loss
-over the last ``window`` steps of the budget (a quarter by default), ``+inf``
-once it diverged. A rule then suggests a rate (:data:`RULES`):
+over the last ``window`` steps of the budget (a quarter by default). A member
+diverged when a loss of it is non-finite (its update went non-finite and it
+was frozen) or when its point ends above :data:`DIVERGED_ABOVE` (2) times its
+first loss (the loss of the shared initial state); its point is then
+``+inf``, and no rule suggests it. A rule then suggests a rate (:data:`RULES`):
 
-- ``'steepest'`` (default): the rate where the smoothed loss falls fastest
-  as the rate grows — the most negative slope of loss against ``log10(lr)``
+- ``'lowest'`` (default): the rate of least smoothed loss. Each member is
+  an independent run trained for the whole budget, so its point is the
+  outcome of training at that rate for that budget, and the best of them is
+  the rate to take: the grid search of Bergstra and Bengio (2012, "Random
+  Search for Hyper-Parameter Optimization", sec. 1) read on the training
+  loss. Chosen over the others on outcome: trained at the suggestion for
+  the test's budget and for three times longer, it reached an eval loss
+  within 10% of the grid's best on more of the bundled models and data sets
+  than any other rule, ``'steepest'`` on none (``benchmarks/lr_range_outcome.py``;
+  its table, and the rows where it missed and why, in ``benchmarks/README.md``).
+  Its limits: a training loss ranks rates close to the best by noise, and
+  the best rate of a longer run can be lower than that of the test's.
+- ``'largest_within'``: the largest rate whose point is within
+  :data:`WITHIN` (10%) of the least: the "largest stable rate" practice
+  (Smith 2018, "A disciplined approach to neural network hyper-parameters",
+  sec. 4.1: the largest rate that still trains well regularises), bounded
+  by the loss the test measured.
+- ``'steepest'``: the rate where the smoothed loss falls fastest as the
+  rate grows — the most negative slope of loss against ``log10(lr)``
   (``np.gradient``: central differences) among the rates below the one of
   least loss (the first rate when fewer than two lie below it). This is
-  Lightning's ``Tuner.lr_find`` suggestion (the steepest gradient of the
-  smoothed loss curve) and fastai's ``steep``: a rate at which training is
-  fast, below the edge where it gets unstable.
+  Lightning's ``Tuner.lr_find`` suggestion and fastai's ``steep``, made
+  for the single-run range test (Smith 2017), whose one run raises the rate
+  step by step so that its curve mixes rate and time; on independent runs
+  it suggests a rate well below the best (kept for comparison).
 - ``'minimum'``: one tenth of the rate of least smoothed loss (fastai's
-  ``minimum``, "Minimum/10"): a step back from the best short-run rate.
+  ``minimum``, "Minimum/10", also made for the single run).
+
+A test that measured nothing usable raises :class:`RangeTestError` (a
+:class:`purax.ConfigError`) saying what to change: fewer than
+:data:`MIN_STEPS` (8) steps (the window would hold losses taken after
+almost no updates: raise ``steps``); fewer than two rates left once the
+diverged are (lower the grid); or a flat curve, whose usable points span
+less than :data:`FLAT` (1%) of the first loss (nothing the rates did
+differs: widen the grid or train longer), or whose least point is not 1%
+below the first loss (no rate trained: move the grid).
+
+Weight decay has no population rule here, and why not: a short test reads
+the training loss, which weight decay raises by construction (it pulls the
+weights off the training loss's minimum), so a rule on it picks the least
+decay of any grid; its benefit is on held-out loss at the full budget, and
+in AdamW its strength per step is the product of the rate and the decay
+(Loshchilov and Hutter 2019, "Decoupled Weight Decay Regularization",
+sec. 2), so a decay grid at one rate answers a question of that rate
+only. Compare decays with ``purax sweep`` (``--weight-decay`` values, the
+full budget, judged by the eval loss) at a rate this test suggested.
 
 Batch size has no population rule here, and why not: the members of one
 program share its shapes, so a batch-size population pads every member to
@@ -57,7 +97,7 @@ Example: four rates, ten steps each, in one program:
   >>> result.losses.shape                # [steps, rates]
   (10, 4)
   >>> result.rule, bool(np.isclose(lrs, result.suggestion).any())   # a rate of the grid
-  ('steepest', True)
+  ('lowest', True)
 """
 
 from __future__ import annotations
@@ -76,9 +116,15 @@ from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.parallel.plan import host_batch_transfer
+from purax.tune.rules import DEFAULT_RULE, DIVERGED_ABOVE, FLAT, MIN_STEPS, WITHIN
 from purax.tune.rules import RULES as RULES
 from purax.tune.rules import Rule as Rule
 
+
+class RangeTestError(ConfigError):
+  """A range test measured nothing a rule can read (module doc): too few
+  steps, every rate but one diverged, or a flat curve; the message says what
+  to change (``--steps``, ``--min-lr``/``--max-lr``)."""
 
 
 def log_grid(min_lr: float = 1e-5, max_lr: float = 1.0, num: int = 16) -> np.ndarray:
@@ -120,20 +166,30 @@ class LRRange:
   suggestion: float
 
   @classmethod
-  def of(cls, lrs, losses, diverged, *, window: int, rule: Rule = 'steepest') -> 'LRRange':
+  def of(cls, lrs, losses, diverged, *, window: int, rule: Rule = DEFAULT_RULE) -> 'LRRange':
     """The curve and the suggestion of per-step losses ``[steps, members]``
-    of the rates ``lrs`` (ascending); a member with a non-finite loss, or
-    flagged in ``diverged`` (``[members]``), counts as diverged. How
-    :func:`lr_range_test` ends, and how a sweep of separate runs is read the
-    same way (``benchmarks/lr_range.py``).
+    of the rates ``lrs`` (ascending); a member counts as diverged when it is
+    flagged in ``diverged`` (``[members]``), a loss of it is non-finite, or
+    its point (the mean of its last ``window`` losses) is above
+    :data:`DIVERGED_ABOVE` times its first loss. How :func:`lr_range_test`
+    ends, and how a sweep of separate runs is read the same way
+    (``benchmarks/lr_range.py``).
 
     Raises:
-      ConfigError: fewer than two rates trained without diverging.
+      RangeTestError: fewer than :data:`MIN_STEPS` steps, fewer than two
+        rates left once the diverged are, or a flat curve (:func:`suggest`).
     """
     lrs, losses = np.asarray(lrs, np.float32), np.asarray(losses, np.float64)
-    diverged = np.asarray(diverged, bool) | ~np.isfinite(losses).all(axis=0)
-    smoothed = np.where(diverged, np.inf, losses[-window:].mean(axis=0))
-    return cls(lrs, losses, smoothed, diverged, int(window), rule, suggest(lrs, smoothed, rule))
+    expect(len(losses) >= MIN_STEPS, 'steps', f'at least {MIN_STEPS} steps for a range test '
+           'to tell the rates apart (raise --steps)', len(losses), RangeTestError)
+    points = losses[-window:].mean(axis=0)      # the last steps: what each rate ended at
+    with np.errstate(invalid='ignore'):
+      rose = ~(points <= DIVERGED_ABOVE * losses[0])
+    diverged = np.asarray(diverged, bool) | ~np.isfinite(losses).all(axis=0) | rose
+    smoothed = np.where(diverged, np.inf, points)
+    first = float(np.nanmax(np.abs(losses[0]))) if np.isfinite(losses[0]).any() else None
+    return cls(lrs, losses, smoothed, diverged, int(window), rule,
+               suggest(lrs, smoothed, rule, first_loss=first))
 
   def suggest(self, rule: Rule) -> float:
     """The learning rate ``rule`` suggests from this curve (:func:`suggest`)."""
@@ -149,25 +205,46 @@ class LRRange:
             'rule': self.rule, 'suggestion': self.suggestion}
 
 
-def suggest(lrs, smoothed, rule: Rule = 'steepest') -> float:
+def suggest(lrs, smoothed, rule: Rule = DEFAULT_RULE, *, first_loss: float | None = None
+            ) -> float:
   """The learning rate a rule suggests from a range test's curve (module doc).
 
   Args:
     lrs: ``[members]`` learning rates, ascending.
     smoothed: ``[members]`` smoothed losses; non-finite: diverged (left out).
-    rule: ``'steepest'`` or ``'minimum'``.
+    rule: one of :data:`RULES`.
+    first_loss: the loss every member started from; when given, a curve
+      whose finite points span less than :data:`FLAT` of it is flat, and one
+      whose least point is not ``FLAT`` below it trained nothing.
 
   Raises:
-    ConfigError: an unknown rule; fewer than two rates that trained without
-      diverging (lower the grid).
+    ConfigError: an unknown rule.
+    RangeTestError: fewer than two rates that trained without diverging
+      (lower the grid), a flat curve, or no rate that lowered the loss.
   """
   expect(rule in RULES, 'rule', f'one of {list(RULES)}', repr(rule), ConfigError)
   lrs, smoothed = np.asarray(lrs, np.float64), np.asarray(smoothed, np.float64)
   finite = np.isfinite(smoothed)
   expect(int(finite.sum()) >= 2, 'lrs', 'at least two learning rates that train without '
-         'diverging (lower the grid)', f'{int(finite.sum())} of {len(lrs)}', ConfigError)
+         f'diverging (a loss non-finite, or ending above {DIVERGED_ABOVE:g} times the first); '
+         'lower the grid (--min-lr, --max-lr)', f'{int(finite.sum())} of {len(lrs)}',
+         RangeTestError)
   x, y = np.log10(lrs[finite]), smoothed[finite]
+  if first_loss is not None:
+    span = float(y.max() - y.min())
+    expect(span >= FLAT * first_loss, 'lrs', f'a curve whose points differ by at least '
+           f'{FLAT:.0%} of the first loss {first_loss:.4g} (flat: the rates trained alike); '
+           'widen the grid (--min-lr, --max-lr) or train longer (--steps)',
+           f'a span of {span:.3g}', RangeTestError)
+    expect(y.min() <= (1 - FLAT) * first_loss, 'lrs', f'a rate whose loss ends at least '
+           f'{FLAT:.0%} below the first loss {first_loss:.4g} (none trained: the grid is too '
+           'high or too low); move the grid (--min-lr, --max-lr) or train longer (--steps)',
+           f'a least loss of {y.min():.4g}', RangeTestError)
   best = int(np.argmin(y))
+  if rule == 'lowest':
+    return float(lrs[finite][best])
+  if rule == 'largest_within':
+    return float(lrs[finite][np.flatnonzero(y <= y[best] + WITHIN * abs(y[best]))[-1]])
   if rule == 'minimum':
     return float(10 ** x[best] / 10)
   if best <= 1:            # no descent before the minimum: the grid starts too high
@@ -197,7 +274,7 @@ def population_of(state: TrainState, values: dict[str, np.ndarray]) -> pop_lib.P
 
 
 def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
-                  steps: int = 100, rule: Rule = 'steepest', window: int | None = None,
+                  steps: int = 100, rule: Rule = DEFAULT_RULE, window: int | None = None,
                   hparam: str = 'peak_learning_rate',
                   strategy: pop_lib.Strategy = 'auto') -> LRRange:
   """Trains ``state`` at every learning rate of ``lrs`` at once for ``steps``
@@ -210,8 +287,8 @@ def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
       or an iterator of ``{'x': [batch, ...], ...}``).
     lrs: ``[members]`` learning rates; default :func:`log_grid`'s 16 from
       1e-5 to 1. Sorted ascending.
-    steps: updates per member.
-    rule: ``'steepest'`` or ``'minimum'`` (:data:`RULES`).
+    steps: updates per member; at least :data:`MIN_STEPS`.
+    rule: one of :data:`RULES` (module doc); default ``'lowest'``.
     window: the last steps whose mean loss is a member's point; default
       ``max(1, steps // 4)``.
     hparam: the state's learning-rate hyperparameter
@@ -223,8 +300,10 @@ def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
     An :class:`LRRange`: the grid, each member's losses, the curve, the suggestion.
 
   Raises:
-    ConfigError: bad ``lrs`` / ``steps`` / ``window`` / ``rule`` / ``hparam``;
-      fewer than two rates that trained without diverging.
+    ConfigError: bad ``lrs`` / ``steps`` / ``window`` / ``rule`` / ``hparam``.
+    RangeTestError: nothing usable measured (a ``ConfigError``, module doc):
+      ``steps`` below :data:`MIN_STEPS` (before anything runs), fewer than
+      two rates that trained without diverging, or a flat curve.
     DataError: fewer than ``steps`` batches.
   """
   test = RangeTest(task, state, lrs=lrs, steps=steps, rule=rule, window=window, hparam=hparam,
@@ -249,7 +328,7 @@ class RangeTest:
   """
 
   def __init__(self, task: Task, state: TrainState, *, lrs=None, steps: int = 100,
-               rule: Rule = 'steepest', window: int | None = None,
+               rule: Rule = DEFAULT_RULE, window: int | None = None,
                hparam: str = 'peak_learning_rate', strategy: pop_lib.Strategy = 'auto'):
     expect_kind(task, 'task', Task, 'a purax.Task')
     expect_kind(state, 'state', TrainState, 'a purax.TrainState (task.init(key, batch))')
@@ -264,6 +343,8 @@ class RangeTest:
     expect(hparam in hparams_lib.names(state), 'hparam',
            f'one of {list(hparams_lib.names(state))}', repr(hparam), ConfigError)
     hparams_lib.check(hparam, lrs)
+    expect(steps >= MIN_STEPS, 'steps', f'at least {MIN_STEPS} steps for a range test to tell '
+           'the rates apart (raise --steps)', steps, RangeTestError)
     self.task, self.lrs, self.steps, self.rule, self.window = task, lrs, int(steps), rule, window
     self.strategy, self.done = strategy, 0
     self._initial, self._pop = (state, hparam), None   # the population: made at first use
@@ -314,6 +395,12 @@ class RangeTest:
     return tuple(np.stack(self._host[k]) if self._host[k] else np.zeros((0, members), np.float32)
                  for k in ('total', 'count'))
 
+  def losses(self) -> np.ndarray:
+    """float64 ``[done, members]``: each member's training loss per step so
+    far, NaN from the step it was frozen (waits for the steps dispatched)."""
+    total, count = self._losses()
+    return np.asarray(total, np.float64) / np.where(count > 0, count, np.nan)
+
   def tree(self) -> dict:
     """The test's state as a checkpoint tree: the population and every step's
     summed loss and count, ``[steps, members]`` (rows past ``done`` zero)."""
@@ -347,13 +434,13 @@ class RangeTest:
 
     Raises:
       DataError: fewer than ``steps`` steps were taken;
-      ConfigError: fewer than two rates trained without diverging.
+      RangeTestError: fewer than two rates trained without diverging, or a
+        flat curve.
     """
     expect(self.done == self.steps, 'batches', f'at least steps={self.steps} batches',
            self.done, DataError)
-    total, count = self._losses()
     # A member frozen by a non-finite update counts nothing from that step on
     # (its metrics are zero): its loss is NaN there, and it counts as diverged.
-    losses = np.asarray(total, np.float64) / np.where(count > 0, count, np.nan)
+    losses = self.losses()
     return LRRange.of(self.lrs, losses, np.zeros(len(self.lrs), bool), window=self.window,
                       rule=self.rule)

@@ -1,6 +1,7 @@
 """`purax tune lr`: the range test of a `purax train` job on the command line."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -22,32 +23,39 @@ def corpus(tmp_path):
   return f'text:{path}'
 
 
-def test_tune_lr_on_the_small_lm_compiles_one_program_for_the_grid(tmp_path, capsys):
+def test_tune_lr_on_the_small_lm_compiles_one_program_for_the_grid(tmp_path, capsys, caplog):
   """One program for the whole grid of 4 learning rates (the population's
   train step compiled once: counted in its jit cache, which other programs a
   process has compiled before do not move); the plot, the curve and the
   suggestion in the run directory, the suggestion printed as the flag to pass."""
   from purax.core import population
+  caplog.set_level(logging.INFO)     # the purax logger's lines go to the root's handlers
   workdir = tmp_path / 'lr'
   before = population.train_step._cache_size()
-  assert cli.main(['tune', 'lr', *LM, '--dataset', corpus(tmp_path), '--steps', '6',
+  assert cli.main(['tune', 'lr', *LM, '--dataset', corpus(tmp_path), '--steps', '8',
                    '--num-lrs', '4', '--min-lr', '1e-4', '--max-lr', '1.0',
                    '--strategy', 'vmap', '--workdir', str(workdir)]) == 0
   assert population.train_step._cache_size() - before == 1
-  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['lr_range']
+  printed = capsys.readouterr()
+  lines = printed.out.strip().splitlines()
+  out = json.loads(lines[-1])['lr_range']
+  progress = [line for line in caplog.messages if line.startswith('[range test ')]
+  assert [line.split(']')[0] for line in progress] == [f'[range test {s}/8' for s in range(1, 9)]
+  assert 'least loss' in progress[-1] and 'of 4 non-finite' in progress[-1]
+  assert 'compiling the population' in printed.err
   assert sorted(os.listdir(workdir)) == ['.purax.lock', 'lr_range.json', 'lr_range.png',
                                          'tune_config.json']   # the checkpoints removed
-  assert out['plot'] == str(workdir / 'lr_range.png') and out['rule'] == 'steepest'
+  assert out['plot'] == str(workdir / 'lr_range.png') and out['rule'] == 'lowest'
   with open(workdir / 'lr_range.png', 'rb') as f:
     assert f.read(4) == b'\x89PNG'
   saved = json.loads((workdir / 'lr_range.json').read_text())
   lrs = np.asarray(saved['lrs'])
   np.testing.assert_allclose(lrs, np.geomspace(1e-4, 1.0, 4), rtol=1e-6)
-  assert np.asarray(saved['losses'], dtype=float).shape == (6, 4)
+  assert np.asarray(saved['losses'], dtype=float).shape == (8, 4)
   smoothed = np.asarray(saved['smoothed'], dtype=float)
-  assert out['suggestion'] == saved['suggestion'] == tune.suggest(lrs, smoothed, 'steepest')
+  assert out['suggestion'] == saved['suggestion'] == tune.suggest(lrs, smoothed, 'lowest')
   assert out['flags'] == f"--learning-rate {out['suggestion']:.3g}"
-  assert saved['config']['model'] == 'lm' and saved['config']['steps'] == 6
+  assert saved['config']['model'] == 'lm' and saved['config']['steps'] == 8
 
 
 def test_tune_lr_refuses_a_foreign_directory_and_bad_grids_before_any_work(tmp_path, capsys):
@@ -61,6 +69,11 @@ def test_tune_lr_refuses_a_foreign_directory_and_bad_grids_before_any_work(tmp_p
   assert 'min_lr, max_lr: expected 0 < min_lr < max_lr' in capsys.readouterr().err
   assert cli.main(['tune', 'lr', '--max-lr', '20']) == 2
   assert 'max_lr: expected <= 10' in capsys.readouterr().err
+  assert cli.main(['tune', 'lr', '--steps', '2']) == 2     # too few to tell the rates apart
+  assert ('steps: expected at least 8 steps for a range test to tell the rates apart (raise '
+          '--steps), got 2') in capsys.readouterr().err
+  with pytest.raises(tune.RangeTestError, match='steps: expected at least 8'):  # by the config
+    cli.parse(['tune', 'lr', '--steps', '7']).what.validate()
   assert os.listdir(tmp_path) == ['taken']
 
 
@@ -81,7 +94,7 @@ def test_num_lrs_beyond_its_bound_or_the_memory_is_refused_before_any_state(tmp_
   monkeypatch.setattr(budget, 'available_bytes', lambda device=None: 2 ** 20)
   monkeypatch.setattr(budget, 'ALWAYS_FITS', 0)
   monkeypatch.setattr(job_lib.Job, 'init', lambda self, seed: pytest.fail('a state was made'))
-  config = cli.parse(['tune', 'lr', '--model', 'mlp', '--num-lrs', '16', '--steps', '2',
+  config = cli.parse(['tune', 'lr', '--model', 'mlp', '--num-lrs', '16', '--steps', '8',
                       '--workdir', str(tmp_path / 'b')]).what
   with pytest.raises(ConfigError, match=r'^num_lrs: expected a population of 16 members that '
                      r'fits in the 1.00 MiB available .*, got 16, needing [\d.]+ MiB'):
@@ -115,3 +128,22 @@ def test_tune_lr_stopped_by_sigint_resumes_with_the_same_command_bitwise(tmp_pat
   want, got = (json.loads((d / 'lr_range.json').read_text()) for d in (straight, resumed))
   assert want.pop('plot') != got.pop('plot')
   assert got == want      # every member's loss at every step, the curve, the suggestion
+
+
+def test_tune_lr_draws_a_bar_on_a_terminal_and_not_with_no_progress(tmp_path, capsys, caplog,
+                                                                   monkeypatch):
+  """On a terminal a tqdm bar with the least loss so far, no plain lines;
+  --no-progress: the plain lines instead, as without a terminal."""
+  from purax.io import progress
+  caplog.set_level(logging.INFO)     # the purax logger's lines go to the root's handlers
+  monkeypatch.setattr(progress, 'interactive', lambda stream=None: True)
+  small = ['--model', 'mlp', '--dataset', 'digits', '--batch-size', '16', '--steps', '8',
+           '--num-lrs', '3', '--min-lr', '1e-3', '--max-lr', '0.1', '--strategy', 'vmap']
+  assert cli.main(['tune', 'lr', *small, '--workdir', str(tmp_path / 'a')]) == 0
+  printed = capsys.readouterr()
+  assert 'range test' in printed.err and '8/8' in printed.err and 'least loss' in printed.err
+  assert not [m for m in caplog.messages if m.startswith('[range test ')]
+  assert cli.main(['tune', 'lr', *small, '--no-progress', '--workdir', str(tmp_path / 'b')]) == 0
+  printed = capsys.readouterr()
+  assert '8/8' not in printed.err
+  assert [m for m in caplog.messages if m.startswith('[range test 8/8] least loss')]

@@ -74,7 +74,7 @@ TINY = ['--model', 'mlp', '--dataset', 'digits', '--batch-size', '16', '--no-pro
 SWEEP = ['sweep', *TINY, '--lr', '1e-3,3e-3', '--steps', '6', '--log-every', '2',
          '--eval-every', '0']
 TUNE = ['tune', 'lr', '--model', 'mlp', '--dataset', 'digits', '--batch-size', '16',
-        '--steps', '6', '--num-lrs', '3']
+        '--steps', '8', '--num-lrs', '3']
 
 # (command, moment, signals, status): a train/sweep/tune stopped at a step or
 # as it finished is checked by the command's case below.
