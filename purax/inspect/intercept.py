@@ -5,7 +5,9 @@ see every layer's output inside a traced step, for any model adapter.
 (:func:`purax.core.model.intercepted`): a linen ``apply`` runs under
 :func:`linen_calls` (flax.linen's own ``intercept_methods``), NNX and Equinox
 modules under :func:`patched_calls` (their classes' ``__call__`` wrapped while
-the model is traced). With no hook installed the seam is a null context:
+the model is traced; a copy of a module made inside the trace, as a scan over
+stacked layers makes one per iteration, takes the path of the one module of its
+class). With no hook installed the seam is a null context:
 nothing is traced differently.
 """
 
@@ -87,11 +89,21 @@ def _patched(hook, modules):
   paths = {id(m): tuple(p) for p, m in modules}
   classes = {type(m): (type(m).__call__, type(m).__dict__.get('__call__'))
              for _, m in modules}
+  by_class: dict[type, list[tuple]] = {}
+  for p, m in modules:
+    by_class.setdefault(type(m), []).append(tuple(p))
 
   def wrapped(original):
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
       path = paths.get(id(self))
+      if path is None:
+        # A module made while tracing: the per-iteration copy of a stacked
+        # (scanned, vmapped) layer that jax.lax.scan / nnx.scan rebuild from
+        # its arrays. Named by the one module of its class in the model, if
+        # there is one; else not intercepted.
+        known = by_class.get(type(self), ())
+        path = known[0] if len(known) == 1 else None
       if path is None:
         return original(self, *args, **kwargs)
       return hook(path, '__call__', functools.partial(original, self), args, kwargs)

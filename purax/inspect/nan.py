@@ -17,8 +17,17 @@ non-finite value, searched in this order:
    path). A model without modules (:class:`purax.Functions`) is seen whole;
 3. ``loss``: the model's outputs are finite but the loss is not;
 4. ``backward``: the forward pass and the loss are finite, and these
-   parameters' gradients are not (every leaf named, in tree order: e.g. a
-   ``sqrt`` at 0 in a parameter's path);
+   parameters' gradients are not. The backward pass is replayed with every
+   module call's inputs and outputs through an identity whose custom VJP
+   counts the NaN and inf of the cotangent passing through (a callback), and
+   the first cotangent made non-finite names the module: the one whose
+   output cotangent is finite and input cotangent is not (its backward pass
+   made it, e.g. a ``sqrt`` at 0 in its code), or the code that used a
+   module's output (its caller; ``(the loss)`` for the model's outputs);
+   inside a scanned layer, which layer (the backward pass runs the iterations
+   last to first). Only a parameter's own use (``sqrt`` of a parameter)
+   leaves every cotangent finite: then the first parameter whose gradient is
+   not finite is named (every leaf, in tree order);
 5. ``none``: the replay was finite (the state or batch given are not those of
    the non-finite update).
 
@@ -158,6 +167,120 @@ class _Calls:
     return None
 
 
+class _Cotangents:
+  """The module calls of one traced backward pass: each call's inputs and
+  outputs go through an identity with a custom VJP whose backward rule counts
+  the NaN and inf of the cotangent it passes on (a callback, at run time), so the
+  cotangent at each module's output and at its inputs is seen in the order
+  the backward pass makes them (:meth:`first_nonfinite`). Only this replay
+  installs it: the step's own program is traced without it."""
+
+  def __init__(self):
+    self.events: list[tuple[tuple, str, str]] = []   # (path, method, 'in' | 'out'), forward order
+    self.arrivals: list[tuple[int, np.ndarray]] = []  # (event, [NaN, inf]), run-time order
+
+  def hook(self, path, method, call, args, kwargs):
+    entry = len(self.events)
+    self.events.append((tuple(path), method, 'in'))
+    args, kwargs = self._watch((args, kwargs), entry)
+    out = call(*args, **kwargs)
+    exit_ = len(self.events)
+    self.events.append((tuple(path), method, 'out'))
+    return self._watch(out, exit_)
+
+  def _watch(self, tree, index):
+    """``tree`` with its floating arrays through the counting identity."""
+    leaves, treedef = jax.tree.flatten(tree)
+    picked = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)
+              and jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not picked:
+      return tree
+    record = functools.partial(self._record, index)
+
+    @jax.custom_vjp
+    def identity(xs):
+      return xs
+
+    def backward(_, cotangents):
+      # A pure callback whose (zero) answer the cotangents wait for: the
+      # callbacks arrive in the order the backward pass makes the cotangents,
+      # and a vmapped module's examples come in one call ('expand_dims').
+      counts = jnp.stack(_counts(cotangents))
+      zero = jax.pure_callback(record, jax.ShapeDtypeStruct((), jnp.int32), counts,
+                               vmap_method='expand_dims')
+      return (jax.tree.map(lambda c: jnp.where(zero == 0, c, jnp.nan), cotangents),)
+
+    identity.defvjp(lambda xs: (xs, None), backward)
+    watched = identity([leaves[i] for i in picked])
+    for i, x in zip(picked, watched):
+      leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
+
+  def _record(self, index, counts):
+    counts = np.asarray(counts, np.int64)
+    self.arrivals.append((index, counts.reshape(-1, 2).sum(axis=0)))
+    return np.zeros(counts.shape[:-1], np.int32)
+
+  def first_nonfinite(self):
+    """``(path, method, kind, counts, run, runs)`` of the first cotangent the
+    backward pass made non-finite, in the order the callbacks arrived (the
+    order the backward pass ran): ``kind`` ``'in'`` (the module's backward
+    pass made it from a finite output cotangent) or ``'out'`` (the code that
+    used the module's output did); ``run`` its run (from 1, in the order the
+    backward pass ran them: a scanned layer's iterations last to first) of
+    ``runs``; ``counts`` that run's NaN and inf."""
+    runs: dict[int, int] = {}
+    first = None
+    for index, counts in self.arrivals:
+      runs[index] = runs.get(index, 0) + 1
+      if first is None and counts.sum():
+        first = (index, counts, runs[index])
+    if first is None:
+      return None
+    index, counts, run = first
+    return (*self.events[index], counts, run, runs[index])
+
+
+def _backward(task, state, microbatch, key) -> tuple | None:
+  """:meth:`_Cotangents.first_nonfinite` of one microbatch's backward pass
+  (the loss scaled as the step scales it)."""
+  cotangents = _Cotangents()
+  scale = getattr(state, 'loss_scale', None)
+
+  def objective(params):
+    with intercept_calls(cotangents.hook):
+      loss, _ = task.compute_loss(params, state.model_state, microbatch, key,
+                                  hparams=state.hparams, train=True)
+    return loss if scale is None else scale.scale_loss(loss)
+
+  jax.block_until_ready(jax.jit(jax.grad(objective))(state.params))
+  jax.effects_barrier()
+  return cotangents.first_nonfinite()
+
+
+def _backward_report(step, found, gradients) -> Report:
+  path, method, kind, counts, run, runs = found
+  called = '' if method == '__call__' else f'.{method}'
+  where = (f' (first in run {run} of its {runs} in the backward pass: in a scanned stack, '
+           f'whose iterations the backward pass runs last to first, layer {runs - run} of '
+           f'0..{runs - 1})' if runs > 1 else '')
+  cotangent = f'holds {counts[0]} NaN and {counts[1]} inf{where}'
+  tail = f' (non-finite gradients: {_listed(gradients)})'
+  if kind == 'in':
+    return Report(step, 'backward', _path(path) + called,
+                  f"its backward pass: the cotangent of its output is finite, that of its "
+                  f'inputs {cotangent}; the forward pass and the loss are finite{tail}',
+                  gradients)
+  if path:
+    return Report(step, 'backward', _path(path[:-1]),
+                  f'the backward pass of this module\'s own code, after it called '
+                  f'{_path(path)}{called}: the cotangent of that call\'s output {cotangent}; '
+                  f'the forward pass and the loss are finite{tail}', gradients)
+  return Report(step, 'backward', '(the loss)',
+                f"the loss's backward pass: the cotangent of the model's outputs {cotangent}; "
+                f'the forward pass and the loss are finite{tail}', gradients)
+
+
 def _microbatches(task, state, batch):
   """``(microbatch, key)`` of each microbatch, as the step splits the batch."""
   key = state.step_key()
@@ -239,6 +362,10 @@ def find(task, state: TrainState, batch: PyTree) -> Report:
     return Report(step, 'loss', name, f'the loss is {float(loss)} from finite model outputs',
                   gradients)
   if gradients:
+    for microbatch, key in _microbatches(task, state, batch):
+      found = _backward(task, state, microbatch, key)
+      if found is not None:
+        return _backward_report(step, found, gradients)
     leaf = dict((jax.tree_util.keystr(p), g) for p, g in flat)[gradients[0]]
     return Report(step, 'backward', gradients[0],
                   f'its gradient ({leaf.dtype}{list(leaf.shape)}) holds '
