@@ -31,7 +31,7 @@ compiled step (``memory_analysis().temp_size_in_bytes``), step time (median
 of ``--trials`` timings of ``--steps`` steps after warm-up; off GPU the trials
 of a config's variants alternate, ``--interleave``, so load from other jobs
 hits all alike), tokens/s and MFU
-(:mod:`purax.core.flops`: 6N + 12·L·d·T per token, dense bf16 peak of the
+(:mod:`purax.inspect.flops`: 6N + 12·L·d·T per token, dense bf16 peak of the
 device; None on CPU). Then the compile time of the purax step at 4 and 48
 layers (abstract inputs, nothing allocated; its defaults: 4 layers unrolled, 48
 scanned), and of the hand-written one.
@@ -83,7 +83,7 @@ import numpy as np
 import optax
 
 import purax
-from purax.core import flops
+from purax.inspect import flops
 from purax.nn.attention import attention_implementation, kernels_in_hlo
 from purax.nn.transformer import DecoderLM, count_params
 from jsonout import write_json  # noqa: E402  (beside this script)

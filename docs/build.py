@@ -91,8 +91,18 @@ def modules() -> list[str]:
   sys.path.insert(0, ROOT)
   import purax
   names = ['purax'] + [m.name for m in pkgutil.walk_packages(purax.__path__, 'purax.')]
-  return sorted((n for n in names if n not in SKIP and not any(
+  return sorted((n for n in names if n not in SKIP and not _moved(n) and not any(
       p.startswith('_') for p in n.split('.'))), key=lambda n: n.split('.'))
+
+
+def _moved(name: str) -> bool:
+  """Whether module ``name`` is the old path of a moved one (an alias that
+  :func:`purax.core.lazy.moved` binds to its new module, documented there)."""
+  if name in sys.modules:
+    return sys.modules[name].__name__ != name
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    return importlib.import_module(name).__name__ != name
 
 
 def reexports(name: str) -> list[tuple[str, str]]:

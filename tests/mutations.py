@@ -119,7 +119,7 @@ MUTATIONS = [
      'tests/app/test_config.py'),
     ('purax/core/task.py', '      message = shapes.mismatch(self, params, batch)\n',
      '      message = None\n', 'tests/core/test_task.py'),
-    ('purax/core/summary.py', '                      _shard_bytes(leaf)))',
+    ('purax/inspect/summary.py', '                      _shard_bytes(leaf)))',
      '                      _nbytes(leaf)))', 'tests/core/test_summary.py'),
     ('purax/io/checkpoint/policies.py', 'to_minimise(self.scores[c.step], self.rule.mode)',
      "to_minimise(self.scores[c.step], 'max')", 'tests/io/test_checkpoint.py -k last_n'),

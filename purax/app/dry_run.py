@@ -21,12 +21,12 @@ from purax.app import job as job_lib
 from purax.app import memory
 from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
-from purax.core import summary as summary_lib
+from purax.inspect import summary as summary_lib
 
 
 def print_summary(state, *, shardings=None,
                   stream: TextIO | None = None) -> summary_lib.Summary:
-  """Prints :func:`purax.core.summary.format_summary` of ``state`` (abstract or
+  """Prints :func:`purax.inspect.summary.format_summary` of ``state`` (abstract or
   real; to stderr by default), its bytes per device under ``shardings`` (a tree
   of ``jax.sharding.Sharding`` like ``state``) when given, and then, as
   ``purax.summary`` shows it, a row per parameter with its PartitionSpec."""
@@ -48,7 +48,7 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
 
   Returns:
     ``{'params', 'state_bytes_per_device', 'flops', 'temp_bytes', ...}``
-    (:func:`purax.core.summary.compiled_cost`), and with ``--fit-memory``
+    (:func:`purax.inspect.summary.compiled_cost`), and with ``--fit-memory``
     ``'fit_memory': {'chosen', 'flags', 'budget_bytes', 'candidates', 'compiled'}``.
 
   Raises:

@@ -30,13 +30,13 @@ from purax.app import models
 from purax.app.config import TrainConfig
 from purax.app.hparams import HPARAMS
 from purax.app.optimizers import OPTIMIZERS, weight_decay_mask
-from purax.core import flops
 from purax.core import metrics as metrics_lib
 from purax.core import objectives
 from purax.core.spikes import SpikeGuard
 from purax.core.errors import ConfigError, expect
 from purax.core.precision import get_policy
 from purax.core.task import Task
+from purax.inspect import flops
 from purax.io.checkpoint.run import abstract_checkpoint
 from purax.nn.transformer import count_params
 
@@ -266,7 +266,7 @@ def check_memory(job: Job) -> None:
       bytes_per_value=jnp.dtype(model.dtype).itemsize, remat=config.model.remat,
       microbatches=config.optimizer.microbatches) + state_bytes(job) // n
   budget.expect_fits(need, 'batch_size', config.data.batch_size, 'a step that',
-                     how='activations and state: purax.core.flops.transformer_step_bytes',
+                     how='activations and state: purax.inspect.flops.transformer_step_bytes',
                      hint='use a smaller --batch-size or --seq-len, --microbatches, or '
                      '--remat full')
 
@@ -288,7 +288,7 @@ def check_population_memory(job: Job, members: int, field: str, *, seeds: int = 
 
 
 def with_throughput(writer, job: Job):
-  """Adds tokens/s and MFU (:mod:`purax.core.flops`) to the logs of a language model."""
+  """Adds tokens/s and MFU (:mod:`purax.inspect.flops`) to the logs of a language model."""
   if not job.config.data.spec.tokens:
     return writer
   model = job.task.model

@@ -33,7 +33,6 @@ from purax.app import memory
 from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
 from purax.app.dry_run import print_summary
-from purax.core import nonfinite
 from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
 from purax.io import datasets, export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
@@ -42,6 +41,7 @@ from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_in
 from purax.io import signals
 from purax.io.signals import StopOnSignal
 from purax.hooks.record import DONE, End
+from purax.inspect import nan as nonfinite
 from purax.loop import evaluate, fit
 from purax.nn.generate import generate
 from purax.plan import SingleDevicePlan
@@ -561,7 +561,7 @@ def debug_nan_run(workdir: str, step: int | None = None):
       only saved one (or the first).
 
   Returns:
-    ``(replayed, saved)``: the :class:`purax.core.nonfinite.Report` of this
+    ``(replayed, saved)``: the :class:`purax.inspect.nan.Report` of this
     replay and the report the run wrote (a dict).
 
   Raises:

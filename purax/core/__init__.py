@@ -7,7 +7,6 @@ Its names are bound on first use (:func:`purax.core.lazy.attach`): importing
 from purax.core import lazy as _lazy
 
 __getattr__, __dir__ = _lazy.attach(__name__, {
-    'flops': 'purax.core.flops',
     'loops': 'purax.core.loops',
     'losses': 'purax.core.losses',
     'metrics': 'purax.core.metrics',
@@ -25,7 +24,6 @@ __getattr__, __dir__ = _lazy.attach(__name__, {
     'Model': 'purax.core.model:Model',
     'NNX': 'purax.core.model:NNX',
     'as_model': 'purax.core.model:as_model',
-    'find_nonfinite': 'purax.core.nonfinite:find',
     'loss_function': 'purax.core.objectives:loss_function',
     'adamw': 'purax.core.optim:adamw',
     'hparams': 'purax.core.hparams',
@@ -36,4 +34,8 @@ __getattr__, __dir__ = _lazy.attach(__name__, {
     'SpikeGuard': 'purax.core.spikes:SpikeGuard',
     'TrainState': 'purax.core.state:TrainState',
     'Task': 'purax.core.task:Task',
+}, deprecated={
+    # Moved to purax.inspect in 0.3 (so did the modules summary, flops, nonfinite
+    # and intercept: their old paths are aliases, purax.core.lazy.moved).
+    'find_nonfinite': ('purax:find_nonfinite', 'purax.find_nonfinite', '0.4'),
 })

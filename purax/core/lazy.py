@@ -198,3 +198,16 @@ def attach(package: str, names: Mapping[str, str], deprecated: Mapping[str, tupl
     return sorted({*namespace, *names})
 
   return __getattr__, __dir__
+
+
+def moved(old: str, new: str, until: str) -> None:
+  """Makes module ``old`` (the caller's ``__name__``) an alias of module
+  ``new``, where it moved: ``import old`` gives ``new`` itself (the same
+  objects) with a ``DeprecationWarning`` naming it; the old path goes in
+  version ``until``. The one line of a moved module's old file::
+
+    lazy.moved(__name__, 'purax.inspect.summary', until='0.4')
+  """
+  warnings.warn(f'purax: module {old} is deprecated: use {new} (it goes in {until}; '
+                'CHANGELOG.md)', DeprecationWarning, stacklevel=3)
+  sys.modules[old] = importlib.import_module(new)

@@ -37,6 +37,8 @@ is given. Every adapter is a frozen, hashable dataclass, so a
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -48,10 +50,26 @@ import jax.numpy as jnp
 from flax import nnx
 
 from purax.core.errors import ConfigError, expect
-from purax.core.intercept import active, linen_calls, patched_calls
 
 PyTree = Any
 Inputs = str | Callable[[PyTree], PyTree] | None
+
+#: The module-call interceptor while one is installed, else None: an object
+#: with ``linen()`` (a context for a linen ``apply``) and ``patched(modules)``
+#: (a context for the calls of ``(path, module)`` pairs: NNX, Equinox). Set at
+#: trace time by :func:`purax.inspect.intercept.intercept_calls` (the NaN
+#: replay); unset, the adapters trace exactly as without it.
+INTERCEPTOR: contextvars.ContextVar = contextvars.ContextVar('purax_interceptor', default=None)
+
+
+def intercepted(modules: Callable[[], Any] | None = None):
+  """The adapters' one seam for inspection: the installed interceptor's
+  context for this ``apply``'s module calls (``modules() -> (path, module)
+  pairs`` for NNX and Equinox; None: a linen module), or a null context."""
+  interceptor = INTERCEPTOR.get()
+  if interceptor is None:
+    return contextlib.nullcontext()
+  return interceptor.linen() if modules is None else interceptor.patched(modules())
 
 
 @runtime_checkable
@@ -179,7 +197,7 @@ class Linen:
     variables = {'params': params, **model_state}
     mutable = list(model_state) if (train and model_state) else False
     rngs = {'dropout': rng} if (train and rng is not None) else {}
-    with linen_calls():
+    with intercepted():
       out = self.module.apply(variables, select_inputs(batch, self.inputs), rngs=rngs,
                               mutable=mutable,
                               **self._kwargs(train=train, batch=batch, hparams=hparams))
@@ -273,7 +291,7 @@ class NNX:
     else:
       module.eval()
     kwargs = _call_keywords(type(module).__call__, mask=padding_mask(batch), hparams=hparams)
-    with patched_calls(nnx.iter_modules(module) if active() else ()):
+    with intercepted(lambda: nnx.iter_modules(module)):
       outputs = module(select_inputs(batch, self.inputs), **kwargs)
     _, _, _, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
     return outputs, (_pure(rest) if train else model_state)

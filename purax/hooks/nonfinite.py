@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 
 from purax.core import metrics as metrics_lib
-from purax.core import nonfinite
 from purax.core.errors import ConfigError, NonFiniteWarning, expect
 from purax.core.state import TrainState
+from purax.inspect import nan as nonfinite
 from purax.io.checkpoint import replay
 
 #: ``alone`` of a hook that replays at every step: every update in a call of its own.
@@ -44,7 +44,7 @@ EVERY_UPDATE = range(0, 2 ** 31 - 1)
 
 class NonFiniteReplay:
   """When an update was skipped as non-finite, replays it on its batch
-  (:func:`purax.core.nonfinite.find`) and reports where the first non-finite
+  (:func:`purax.inspect.nan.find`) and reports where the first non-finite
   value came from: a one-line ``purax:`` :class:`purax.core.errors.NonFiniteWarning`
   (updates that cannot be replayed are named once per ``fit``), ``reports``, and (with
   a ``directory``) the state before the update, its batch and the report,
@@ -59,7 +59,7 @@ class NonFiniteReplay:
     keep: batches of an iterable source to keep for a replay (0: none; a
       random-access source needs none).
     max_reports: replays in one ``fit`` at most (each saved one is kept).
-    reports: the :class:`purax.core.nonfinite.Report` of each replay.
+    reports: the :class:`purax.inspect.nan.Report` of each replay.
   """
 
   order, name, option = -16, 'non_finite_replay', 'log_every'

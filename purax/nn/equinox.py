@@ -42,8 +42,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from purax.core.intercept import active, patched_calls
-from purax.core.model import Inputs, select_inputs
+from purax.core.model import Inputs, intercepted, select_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +93,7 @@ class Equinox:
     def call(xi, ki, st):
       kwargs = {} if ki is None else {'key': ki}
       return model(xi, st, **kwargs) if stateful else (model(xi, **kwargs), st)
-    with patched_calls(_modules(model) if active() else ()):
+    with intercepted(lambda: _modules(model)):
       if not self.per_example:
         return call(x, key, model_state)
       n = jax.tree.leaves(x)[0].shape[0]
@@ -108,7 +107,8 @@ class Equinox:
 
 def _modules(node, path=()):
   """``(path, module)`` of every ``eqx.Module`` in ``node`` (fields, lists,
-  tuples, dicts), the root's path ``()``: what :func:`patched_calls` intercepts."""
+  tuples, dicts), the root's path ``()``: what :func:`purax.core.model.intercepted`
+  hands the interceptor."""
   import equinox as eqx
   if isinstance(node, eqx.Module):
     yield path, node

@@ -17,8 +17,8 @@ import re
 import jax
 import numpy as np
 
-from purax.core import summary as summary_lib
 from purax.core.errors import ConfigError, expect
+from purax.inspect import summary as summary_lib
 
 #: Needs of at most this many bytes pass :func:`expect_fits` without asking
 #: the device: every device has that much, and a config check of ordinary

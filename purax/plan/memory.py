@@ -15,7 +15,7 @@ step. It varies what changes a step's memory but not what it computes —
 lowers and compiles the train step of each candidate as a run would
 (:meth:`purax.plan.Plan.lower`), reads XLA's memory analysis of the compiled
 program (arguments + outputs - donated and aliased + temporaries: the
-``peak_bytes`` of :func:`purax.core.summary.compiled_cost`, per device) and
+``peak_bytes`` of :func:`purax.inspect.summary.compiled_cost`, per device) and
 its cost analysis, and keeps the candidate of least estimated step cost whose
 peak fits the budget.
 
@@ -78,9 +78,9 @@ from jax.sharding import Mesh
 
 from purax import parallel
 from purax.core import loops
-from purax.core import summary as summary_lib
 from purax.core.errors import ConfigError, OutOfMemoryError, expect, expect_kind
 from purax.core.task import Task
+from purax.inspect import summary as summary_lib
 from purax.io.checkpoint.run import abstract_checkpoint
 from purax.io.profile import is_out_of_memory
 from purax.plan.budget import MARGIN, default_budget
@@ -98,7 +98,7 @@ class Row:
 
   Attributes:
     candidate: the configuration.
-    cost: :func:`purax.core.summary.compiled_cost` of its compiled step (per
+    cost: :func:`purax.inspect.summary.compiled_cost` of its compiled step (per
       device; ``peak_bytes``, ``flops``, ``bytes_accessed``, ...), or None:
       not compiled (``note`` says why).
     loop_trips: the times XLA's count of the step's loop body is taken (the
@@ -179,7 +179,7 @@ _MEASURED_MAX = 64
 
 
 def measure(task: Task, batch, mesh: Mesh | None = None) -> dict[str, float]:
-  """:func:`purax.core.summary.compiled_cost` of ``task``'s train step as the
+  """:func:`purax.inspect.summary.compiled_cost` of ``task``'s train step as the
   plan of a run lowers it (one device, or ``mesh`` with
   :func:`purax.parallel.for_mesh`'s rules): compiled, never run.
 

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import pytest
 
-from purax.core import flops
+from purax.inspect import flops
 
 
 def test_flops_per_token_is_6n_plus_the_attention_term():

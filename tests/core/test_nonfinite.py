@@ -1,4 +1,4 @@
-"""purax.core.nonfinite.find: a replayed update names its first non-finite
+"""purax.inspect.nan.find: a replayed update names its first non-finite
 value — the layer whose forward pass made it (linen, NNX, Equinox), the code
 around a call, the batch, a hyperparameter, or the parameter whose gradient
 is not finite — with the update's step."""
@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import purax
-from purax.core import nonfinite
+from purax.inspect import nan as nonfinite
 from tests.helpers import with_hyperparam
 
 MARK = 50.0     # an example whose first feature exceeds it gets NaN from 'block'

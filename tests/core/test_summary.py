@@ -1,4 +1,4 @@
-"""purax.core.summary: counts and bytes read from shapes (abstract or real)."""
+"""purax.inspect.summary: counts and bytes read from shapes (abstract or real)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import purax
-from purax.core import summary
+from purax.inspect import summary
 
 
 def cnn_task_and_batch():

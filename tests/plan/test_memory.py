@@ -19,7 +19,7 @@ import pytest
 import purax
 from purax import parallel
 from purax.core import metrics as metrics_lib
-from purax.core import summary
+from purax.inspect import summary
 from purax.core import objectives
 from purax.nn import DecoderLM, ResNet
 from purax.plan import budget as budget_lib

@@ -1,18 +1,18 @@
 """An update saved to be replayed in another process: the state before it,
-its batch, and what was found (:class:`purax.core.nonfinite.Report`).
+its batch, and what was found (:class:`purax.inspect.nan.Report`).
 
 Saved by :class:`purax.hooks.NonFiniteReplay` under a run's directory
 (``WORKDIR/nonfinite/STEP/``, a checkpoint of :class:`Checkpointer`:
 ``{'state': TrainState, 'batch': batch}`` with ``{'report': ...}`` in its
 JSON, verified on restore like any checkpoint) and read back by ``purax
 debug-nan --workdir DIR --step STEP``, which replays it in a fresh process
-(:func:`purax.core.nonfinite.find`, ``purax.find_nonfinite``, on what
+(:func:`purax.inspect.nan.find`, ``purax.find_nonfinite``, on what
 :func:`load_update` reads).
 
 Example: an update saved, then read back against the run's abstract state:
 
   >>> from purax.io.checkpoint import replay
-  >>> from purax.core.nonfinite import Report
+  >>> from purax.inspect.nan import Report
   >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
   ...                   tx=optax.sgd(0.1))
   >>> state = task.init(jax.random.key(0), batch)
