@@ -311,3 +311,9 @@ def format_muon_leaves(rows: list[MuonLeaf]) -> str:
   lines.append(f'muon: {n} leaves, {size("muon"):,} parameters; adamw: {len(rows) - n} '
                f'leaves, {size("adamw"):,} parameters')
   return '\n'.join(lines)
+
+
+def leaf_table(params, overrides=None) -> str:
+  """:func:`format_muon_leaves` of :func:`muon_leaves` (what ``purax train
+  --optimizer muon --dry-run`` prints)."""
+  return format_muon_leaves(muon_leaves(params, overrides))
