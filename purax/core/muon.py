@@ -85,7 +85,7 @@ class MuonLeaf(NamedTuple):
   why: str
 
   @property
-  def dimension_numbers(self) -> MuonDimensionNumbers | None:
+  def dimension_numbers(self) -> optax.contrib.MuonDimensionNumbers | None:
     """optax's spec of this leaf (None: AdamW)."""
     if self.part != 'muon':
       return None
@@ -245,8 +245,8 @@ def _rows(params, overrides) -> list[tuple[Any, MuonLeaf | None]]:
   return out
 
 
-def muon_leaves(params, muon_leaves: Mapping[str, MuonDimensionNumbers | None] | None = None
-                ) -> list[MuonLeaf]:
+def muon_leaves(params, muon_leaves: Mapping[str, optax.contrib.MuonDimensionNumbers | None]
+                | None = None) -> list[MuonLeaf]:
   """The table of which leaf :func:`purax.core.optimizers.muon` gives to Muon
   (and along which axes) and which to AdamW, and why (the rule: this module's
   docstring).
@@ -288,7 +288,7 @@ def labels(params, muon_leaves=None):
   return jax.tree.unflatten(treedef, [row.part for _, row in rows])
 
 
-def width_scale(update, dims: MuonDimensionNumbers):
+def width_scale(update, dims: optax.contrib.MuonDimensionNumbers):
   """Jordan's width scaling of an orthogonalised update, ``sqrt(max(1,
   fan_out / fan_in))`` (as optax.contrib.muon's ``scale_by_shape``)."""
   shape = update.shape

@@ -5,7 +5,7 @@ the weight-decay mask :func:`purax.core.optim.matrices` by default.
 
 - :func:`sgd`: SGD with momentum, L2 weight decay, warmup + cosine.
 - :func:`muon`: Muon (Jordan 2024; Liu et al. 2025) on the hidden layers'
-  matrices (:func:`muon_leaves`: attention, MLP and convolution kernels,
+  matrices (:func:`purax.core.muon.muon_leaves`: attention, MLP and convolution kernels,
   scanned stacks layer by layer), AdamW on embeddings, head, norms and
   biases, warmup + cosine.
 - :func:`schedule_free_adamw`: ``optax.contrib.schedule_free`` around AdamW
