@@ -23,7 +23,10 @@ scanned stack gets the update of the unrolled one, layer by layer:
   too) or ``pos_embedding``: AdamW (a lookup table);
 - the output head: a leaf named ``head`` or under a module ``head`` /
   ``lm_head``, or the kernel of the last top-level ``Dense_N`` (flax's
-  automatic names: the MLP's, CNN's and ResNet's classifier): AdamW;
+  automatic names: the MLP's, CNN's and ResNet's classifier): AdamW. A head
+  of another name (an NNX or Equinox model's last layer, ``b/kernel``) is a
+  matrix to the rule: the table shows it, ``muon_leaves={'b/kernel': None}``
+  moves it;
 - attention (:class:`purax.nn.attention.SelfAttention`, ``'bsd,dkhf->kbshf'``
   and ``'bshf,hfd->bsd'``): ``qkv`` ``[embed, 3, heads, head_dim]``:
   reduction ``embed``, output ``(heads, head_dim)``, the ``3`` a batch axis
