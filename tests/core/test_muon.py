@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import purax
-from purax.core import optimizers
+from purax.core import optim, optimizers
 from purax.nn.transformer import DecoderLM
 
 LR = 0.02
@@ -174,7 +174,7 @@ def test_weight_decay_follows_the_mask_over_both_parts(unrolled_params):
   """Zero gradients: only the decay moves a leaf, by lr * wd * p in either part."""
   zero = jax.tree.map(jnp.zeros_like, unrolled_params)
   rows = optimizers.muon_leaves(unrolled_params)
-  for mask, decayed in ((optim_matrices(), lambda r: len(r.shape) >= 2),
+  for mask, decayed in ((optim.matrices, lambda r: len(r.shape) >= 2),
                         (None, lambda r: True)):
     tx = optimizers.muon(learning_rate=LR, total_steps=10**6, weight_decay=0.5,
                          weight_decay_mask=mask)
@@ -182,11 +182,6 @@ def test_weight_decay_follows_the_mask_over_both_parts(unrolled_params):
     for row, a, p in zip(rows, jax.tree.leaves(u), jax.tree.leaves(unrolled_params)):
       want = -LR * 0.5 * np.asarray(p) if decayed(row) else np.zeros(p.shape)
       np.testing.assert_allclose(a, want, rtol=1e-6, atol=1e-9, err_msg=row.path)
-
-
-def optim_matrices():
-  from purax.core import optim
-  return optim.matrices
 
 
 def test_the_table_formats_a_row_per_leaf(unrolled_params):
