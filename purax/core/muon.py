@@ -285,10 +285,11 @@ def dimension_numbers(params, muon_leaves=None):
 
 
 def labels(params, muon_leaves=None):
-  """``'muon'`` or ``'adamw'`` per leaf (``optax.partition``'s labels)."""
+  """``'muon'`` or ``'adamw'`` per leaf (``optax.partition``'s labels); a
+  masked leaf stays masked."""
   rows = _rows(params, muon_leaves)
   treedef = jax.tree.structure(params, is_leaf=_is_masked)
-  return jax.tree.unflatten(treedef, [row.part for _, row in rows])
+  return jax.tree.unflatten(treedef, [x if row is None else row.part for x, row in rows])
 
 
 def width_scale(update, dims: optax.contrib.MuonDimensionNumbers):

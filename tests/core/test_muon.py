@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import purax
+from purax.core import muon as muon_lib
 from purax.core import optim, optimizers
 from purax.nn.transformer import DecoderLM
 
@@ -191,3 +192,18 @@ def test_the_table_formats_a_row_per_leaf(unrolled_params):
   assert re.search(r'\nlayers_0/attention/qkv +\[32, 3, 4, 8\] +muon +red \[0\] out \[2, 3\] '
                    r'batch \[1\] +attention q, k, v', text)
   assert text.splitlines()[-1].startswith('muon: 12 leaves, 36,864 parameters; adamw: ')
+
+
+def test_inside_optax_partition_a_masked_leaf_changes_no_other_leaf_s_answer():
+  """Within optax.partition the Muon part sees the AdamW leaves as MaskedNode:
+  the rule still sees their paths (the head stays Dense_2, so Dense_1 keeps
+  its axes), and masked leaves stay masked."""
+  params = {f'Dense_{i}': {'kernel': jnp.zeros(s)} for i, s in enumerate([(4, 8), (8, 16),
+                                                                          (16, 3)])}
+  masked = {**params, 'Dense_2': {'kernel': optax.MaskedNode()}}
+  full, part = muon_lib.dimension_numbers(params), muon_lib.dimension_numbers(masked)
+  assert full['Dense_2']['kernel'] is None
+  assert isinstance(part['Dense_2']['kernel'], optax.MaskedNode)
+  for name in ('Dense_0', 'Dense_1'):
+    assert part[name]['kernel'] == full[name]['kernel'] == ((0,), (1,))
+  assert muon_lib.labels(masked)['Dense_1']['kernel'] == 'muon'
