@@ -21,6 +21,8 @@ from purax.app import job as job_lib
 from purax.app import memory
 from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
+from purax.app.optimizers import OPTIMIZERS
+from purax.core import lazy
 from purax.inspect import summary as summary_lib
 
 
@@ -75,6 +77,10 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
     lowered = job.plan.lower(state, job.abstract['train_metrics'], batch)
     cost = summary_lib.compiled_cost(lowered.compile())
   info = print_summary(state, shardings=job.plan.state_sharding, stream=stream)
+  leaf_table = lazy.resolve(OPTIMIZERS[config.optimizer.name].leaf_table)
+  if leaf_table is not None:   # which leaf gets which part of the optimizer (Muon's)
+    print(f'{config.optimizer.name}: which leaf goes where\n{leaf_table(state.params)}',
+          file=stream)
   print(summary_lib.format_cost(cost), file=stream)
   print(f'dry run of {config.model.name} on {config.data.name}: {config.run.steps} steps of '
         f'batch {config.data.batch_size} would run in {config.run.workdir}; nothing written',

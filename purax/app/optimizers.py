@@ -41,6 +41,8 @@ class OptimizerSpec:
     schedule: its learning-rate schedule, a key of :data:`purax.core.optim.SCHEDULES`.
     evaluated: ``state -> params`` to evaluate (``purax.Task(eval_params=)``),
       its import path, or None.
+    leaf_table: ``params -> str``, which leaf gets which part of the
+      optimizer (``--dry-run`` prints it), its import path, or None.
   """
 
   builder: Callable[..., optax.GradientTransformation] | str
@@ -48,6 +50,7 @@ class OptimizerSpec:
   help: str
   schedule: str = 'cosine'
   evaluated: Callable | str | None = None
+  leaf_table: Callable | str | None = None
 
   @property
   def build(self) -> Callable[..., optax.GradientTransformation]:
@@ -83,7 +86,9 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     'muon': OptimizerSpec(
         'purax.core.optimizers:muon', ('peak_learning_rate', 'momentum', 'weight_decay', 'b1',
                                        'b2', 'clip_norm'),
-        "Muon on the 2-D leaves (optax.contrib.muon), AdamW on the others, warmup then cosine"),
+        'Muon on the hidden matrices (attention, MLP, convolution kernels), AdamW on '
+        'embeddings, head, norms, biases (--dry-run prints which), warmup then cosine',
+        leaf_table='purax.core.muon:leaf_table'),
     'schedule_free_adamw': OptimizerSpec(
         'purax.core.optimizers:schedule_free_adamw', ('peak_learning_rate', 'weight_decay',
                                                       'b1', 'b2', 'clip_norm'),

@@ -4,9 +4,10 @@ global-norm clipping first, every float hyperparameter injected (float32, in
 the weight-decay mask :func:`purax.core.optim.matrices` by default.
 
 - :func:`sgd`: SGD with momentum, L2 weight decay, warmup + cosine.
-- :func:`muon`: ``optax.contrib.muon`` (Jordan 2024; Liu et al. 2025), whose
-  2-D leaves get Newton-Schulz-orthogonalised momentum and the others AdamW,
-  warmup + cosine.
+- :func:`muon`: Muon (Jordan 2024; Liu et al. 2025) on the hidden layers'
+  matrices (:func:`purax.core.muon.muon_leaves`: attention, MLP and convolution kernels,
+  scanned stacks layer by layer), AdamW on embeddings, head, norms and
+  biases, warmup + cosine.
 - :func:`schedule_free_adamw`: ``optax.contrib.schedule_free`` around AdamW
   (Defazio et al. 2024), warmup then constant; evaluate it at
   :func:`schedule_free_eval_params` (``purax.Task(eval_params=...)``).
@@ -19,11 +20,15 @@ schedule :func:`purax.core.hparams.get` can report).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
 
+from purax.core import muon as muon_lib
 from purax.core.errors import ConfigError, expect
+from purax.core.muon import MuonLeaf, format_muon_leaves, muon_leaves  # noqa: F401
 from purax.core.optim import (ScheduledTransformation, check_finite, check_mask, check_steps,
                               clip_by_global_norm, matrices, scheduled)
 
@@ -79,39 +84,85 @@ def sgd(*, learning_rate: float = 0.1, total_steps: int, warmup_steps: int = 0,
                    static=dict(nesterov=bool(nesterov), weight_decay_mask=weight_decay_mask))
 
 
+def _scale_by_muon_leaves(momentum, eps, overrides):
+  """Muon's direction on the leaves :func:`purax.core.muon.muon_leaves` gives
+  it: Nesterov momentum orthogonalised by 5 Newton-Schulz iterations along
+  each leaf's axes (``optax.contrib.scale_by_muon``), then Jordan's width
+  scale (as ``optax.contrib.muon``)."""
+  dims = functools.partial(muon_lib.dimension_numbers, muon_leaves=overrides)
+
+  def scale(updates, state, params=None):
+    del params
+    spec = dims(updates)
+    updates = jax.tree.map(
+        lambda u, d: muon_lib.width_scale(u, d) if isinstance(
+            d, optax.contrib.MuonDimensionNumbers) else u,
+        updates, spec, is_leaf=_is_dims_or_masked)
+    return updates, state
+
+  return optax.chain(
+      optax.contrib.scale_by_muon(beta=momentum, eps=eps, mu_dtype=jnp.float32,
+                                  nesterov=True, weight_dimension_numbers=dims),
+      optax.GradientTransformation(lambda params: optax.EmptyState(), scale))
+
+
+def _is_dims_or_masked(x) -> bool:
+  return x is None or isinstance(x, (optax.contrib.MuonDimensionNumbers, optax.MaskedNode))
+
+
 def _muon(peak_learning_rate, momentum, b1, b2, eps, weight_decay, clip_norm, *, schedule,
-          decay_others):
+          weight_decay_mask, muon_leaves):
+  # optax.contrib.muon's two parts (its Muon chain and its AdamW, Nesterov
+  # as there), with the leaves chosen by purax.core.muon and the decoupled
+  # weight decay (-lr * wd * p in both parts, as there) masked over the whole tree.
   return optax.chain(
       clip_by_global_norm(clip_norm, use_given_norm=True),
-      optax.contrib.muon(schedule(peak_learning_rate), beta=momentum, eps=eps,
-                         weight_decay=weight_decay, adam_b1=b1, adam_b2=b2,
-                         adam_weight_decay=weight_decay if decay_others else 0.0,
-                         mu_dtype=jnp.float32))
+      optax.partition(
+          {'muon': _scale_by_muon_leaves(momentum, eps, muon_leaves),
+           'adamw': optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=jnp.float32,
+                                        nesterov=True)},
+          functools.partial(muon_lib.labels, muon_leaves=muon_leaves)),
+      optax.add_decayed_weights(weight_decay, weight_decay_mask),
+      optax.scale_by_learning_rate(schedule(peak_learning_rate)))
 
 
 def muon(*, learning_rate: float = 0.02, total_steps: int, warmup_steps: int = 0,
          momentum: float = 0.95, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
          weight_decay: float = 0.0, clip_norm: float = 1.0,
-         weight_decay_mask=matrices) -> ScheduledTransformation:
-  """Muon (``optax.contrib.muon``): the momentum of every 2-D leaf
-  orthogonalised by Newton-Schulz iterations, AdamW for the other leaves;
-  warmup-cosine and clipping.
+         weight_decay_mask=matrices, muon_leaves=None) -> ScheduledTransformation:
+  """Muon on the hidden layers' matrices, AdamW on the rest; warmup-cosine and clipping.
 
-  References: Jordan, "Muon: an optimizer for hidden layers" (modded-nanogpt,
-  2024); Liu et al. 2025, "Muon is Scalable for LLM Training".
+  Muon (Jordan 2024): the Nesterov momentum of each matrix orthogonalised by
+  5 Newton-Schulz iterations (``optax.contrib.scale_by_muon``) and scaled by
+  ``sqrt(max(1, fan_out / fan_in))``. Which leaves are matrices, and along
+  which axes (attention's ``[embed, 3, heads, head_dim]`` is three
+  ``[embed, heads * head_dim]`` matrices; a convolution ``[*window, in,
+  out]`` the matrix ``[in * prod(window), out]``; a scanned stack's layer
+  axis a batch axis): :func:`purax.core.muon.muon_leaves`, whose table
+  ``purax train --optimizer muon --dry-run`` prints. Embeddings, the output
+  head, norms and biases get AdamW (Nesterov, as ``optax.contrib.muon``'s).
+
+  References: Jordan, "Muon: An optimizer for hidden layers in neural
+  networks" (2024; modded-nanogpt); Liu et al. 2025, "Muon is Scalable for
+  LLM Training".
 
   Args:
     learning_rate: peak learning rate of both parts (optax's default
       ``adam_learning_rate=None``). total_steps, warmup_steps: the schedule.
     momentum: Muon's momentum ``beta`` (optax's default 0.95).
-    b1, b2, eps: the AdamW part's (``eps`` also Muon's denominator's).
-    weight_decay: decoupled weight decay, scaled by the learning rate
-      (optax's convention for Muon), on the 2-D leaves.
-    weight_decay_mask: :func:`purax.core.optim.matrices` (default): the
-      AdamW part (vectors, scalars and leaves of more than 2 dimensions, such
-      as convolution kernels) is not decayed; ``None``: it is decayed too.
-      Only these two: Muon's own mask is its 2-D leaves.
+    b1, b2, eps: the AdamW part's (``eps`` also Muon's Newton-Schulz
+      normalisation's).
+    weight_decay: decoupled weight decay, ``-learning_rate * weight_decay *
+      param`` per step in both parts (optax's convention for Muon), on the
+      leaves of ``weight_decay_mask``.
+    weight_decay_mask: as in :func:`purax.adamw`: :func:`purax.core.optim.matrices`
+      (default: every leaf of ``ndim >= 2``, Muon's and the embeddings and
+      head; not vectors), None (every leaf), or a function / pytree of bools.
     clip_norm: as in :func:`purax.adamw`.
+    muon_leaves: None (the rule of :mod:`purax.core.muon`) or overrides
+      ``{regex: optax.contrib.MuonDimensionNumbers(reduction_axis,
+      output_axis) or None}``: the first pattern that fully matches a leaf's
+      path (``layers_0/attention/qkv``) decides it, None meaning AdamW.
 
   Returns:
     A :class:`purax.core.optim.ScheduledTransformation`; injected:
@@ -119,20 +170,22 @@ def muon(*, learning_rate: float = 0.02, total_steps: int, warmup_steps: int = 0
     ``weight_decay``, ``clip_norm``.
 
   Raises:
-    ConfigError: a value out of range or not finite, or another mask, naming it.
+    ConfigError: a value out of range or not finite, a bad mask or override,
+      naming it (an override pattern matching no leaf: at ``init``).
+
+  Example: ``purax.Task(model, tx=muon(total_steps=1000, muon_leaves={r'.*/wo':
+  None}))`` keeps the MLP output kernels on AdamW.
   """
   _check(learning_rate, clip_norm, weight_decay, total_steps, warmup_steps, weight_decay_mask,
          momentum=momentum, b1=b1, b2=b2)
   check_finite(eps=eps)
   expect(eps > 0, 'eps', '> 0', eps, ConfigError)
-  expect(weight_decay_mask is None or weight_decay_mask is matrices, 'weight_decay_mask',
-         'purax.core.optim.matrices or None (Muon decays its 2-D leaves; the choice is '
-         'whether the AdamW leaves are decayed too)', weight_decay_mask, ConfigError)
   return scheduled(_muon, warmup_steps=warmup_steps, total_steps=total_steps,
                    hyperparams=dict(peak_learning_rate=learning_rate, momentum=momentum, b1=b1,
                                     b2=b2, eps=eps, weight_decay=weight_decay,
                                     clip_norm=clip_norm),
-                   static=dict(decay_others=weight_decay_mask is None))
+                   static=dict(weight_decay_mask=weight_decay_mask,
+                               muon_leaves=muon_lib.check_overrides(muon_leaves) or None))
 
 
 def _schedule_free_adamw(peak_learning_rate, b1, b2, eps, weight_decay, clip_norm, *,

@@ -98,3 +98,23 @@ def test_dry_run_on_a_run_directory_makes_the_resume_check_and_writes_nothing(tm
   assert cli.main(['train', '--dry-run', '--model', 'mlp', '--workdir', str(foreign)]) != 0
   assert 'workdir: expected a new or empty directory' in capsys.readouterr().err
   assert os.listdir(foreign) == ['notes.txt']
+
+
+def test_dry_run_with_muon_prints_which_leaf_goes_where(tmp_path, capsys):
+  """--optimizer muon --dry-run prints purax.core.muon's table: the LM's
+  attention and MLP kernels on Muon (scanned: the layer axis a batch axis),
+  its embedding and norms on AdamW; adamw prints no such table."""
+  args = ['train', '--dry-run', '--model', 'lm', '--dataset', 'pystdlib', '--d-model', '32',
+          '--num-layers', '2', '--num-heads', '4', '--seq-len', '16', '--batch-size', '4',
+          '--optimizer', 'muon', '--workdir', str(tmp_path / 'x')]
+  assert cli.main(args + ['--scan-layers', 'True']) == 0
+  out = capsys.readouterr().out
+  assert 'muon: which leaf goes where' in out
+  assert re.search(r'\nlayers/attention/qkv +\[2, 32, 3, 4, 8\] +muon +red \[1\] out \[3, 4\] '
+                   r'batch \[0, 2\] ', out), out
+  assert re.search(r'\nlayers/mlp/wo +\[2, 128, 32\] +muon +red \[1\] out \[2\] batch \[0\] ', out)
+  assert re.search(r'\nembed/embedding +\[256, 32\] +adamw +- +an embedding table', out)
+  assert re.search(r'\nlayers/norm1/scale +\[2, 32\] +adamw ', out)
+  assert cli.main(args[:-4] + ['--workdir', str(tmp_path / 'y')]) == 0
+  assert 'which leaf goes where' not in capsys.readouterr().out
+  assert os.listdir(tmp_path) == []

@@ -31,7 +31,8 @@ MATRICES = {"['dense']['kernel']", "['layers']['kernel']"}
     lambda **kw: purax.adamw(total_steps=10, weight_decay=0.1, **kw),
     lambda **kw: optimizers.sgd(total_steps=10, weight_decay=0.1, **kw),
     lambda **kw: optimizers.schedule_free_adamw(weight_decay=0.1, **kw),
-], ids=['adamw', 'sgd', 'schedule_free_adamw'])
+    lambda **kw: optimizers.muon(total_steps=10, weight_decay=0.1, **kw),
+], ids=['adamw', 'sgd', 'schedule_free_adamw', 'muon'])
 def test_weight_decay_reaches_the_matrices_by_default_and_every_leaf_without_a_mask(build):
   """Matrices only (ndim >= 2; a stacked 'layers' axis not counted): no bias,
   no norm scale, no stacked scale [layers, d]; mask None: every leaf."""
@@ -93,8 +94,9 @@ def test_muon_is_optax_muon_with_its_hyperparameters_injected():
 
 @pytest.mark.parametrize('build, field', [
     (lambda: optimizers.sgd(total_steps=10, momentum=1.0), 'momentum'),
-    (lambda: optimizers.muon(total_steps=10, weight_decay_mask={'w': True}),
+    (lambda: optimizers.muon(total_steps=10, weight_decay_mask='matrices'),
      'weight_decay_mask'),
+    (lambda: optimizers.muon(total_steps=10, muon_leaves={'w': 'muon'}), r"muon_leaves\['w'\]"),
     (lambda: optimizers.schedule_free_adamw(b1=0.0), 'b1'),
     (lambda: purax.adamw(total_steps=10, weight_decay_mask='matrices'), 'weight_decay_mask'),
     (lambda: optimizers.sgd(total_steps=0), 'total_steps'),

@@ -84,8 +84,8 @@ MUON = purax.Task(model=purax.nn.MLP(num_classes=4, features=(16, 16)),
 
 
 def test_muon_on_an_fsdp_mesh_equals_muon_on_one_device():
-  """optax.contrib.muon (its 2-D leaves orthogonalised by 5 Newton-Schulz
-  iterations, the rest AdamW) with every kernel split over fsdp=8: the
+  """Muon (the hidden kernels orthogonalised by 5 Newton-Schulz iterations,
+  the head and vectors AdamW) with every kernel split over fsdp=8: the
   state after 3 steps equals one device's within testing.TOLERANCES (params
   rtol 1e-4, atol 1e-5; lr 2e-2 widens it by 2 * lr per step for gradient
   entries that are rounding noise, as for Adam). Not bitwise: the
