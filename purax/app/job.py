@@ -216,11 +216,13 @@ HOOKS: dict[str, Callable] = {
 }
 
 
-def time_budget(duration: str, eval_data) -> hooks_lib.TimeBudget:
+def time_budget(duration: str, eval_data, *, report_s: float = 0.0) -> hooks_lib.TimeBudget:
   """The ``--time-budget`` hook: its clock started with the process (the
-  command's wall time), its final evaluation ``eval_data``."""
-  return hooks_lib.TimeBudget(budget_lib.parse_duration(duration), eval_data=eval_data,
-                              started=process_started())
+  command's wall time), its final evaluation ``eval_data``; ``report_s``
+  more kept for what the command writes after training (a sweep's report)."""
+  seconds = budget_lib.parse_duration(duration)
+  return hooks_lib.TimeBudget(seconds, eval_data=eval_data, started=process_started(),
+                              tail_s=max(2.0, 0.03 * seconds) + report_s)
 
 
 def process_started() -> float:

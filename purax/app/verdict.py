@@ -98,6 +98,46 @@ def of_run(config, end, final: dict, budget, *, fitted_now: bool, replay_dir: st
   }
 
 
+def of_sweep(config, end, summary: dict | None, budget, *, compile_s: float) -> dict[str, Any]:
+  """The verdict of a ``purax sweep`` on a budget (the module docstring).
+
+  Args:
+    config: its :class:`purax.app.sweep_config.SweepConfig`.
+    end: how its population's run ended (:class:`purax.hooks.End`).
+    summary: what ``sweep.json`` holds (:func:`purax.app.report.write`), or
+      None for a sweep that was stopped (no member reported).
+    budget: its :class:`purax.hooks.TimeBudget`.
+    compile_s: the seconds this invocation spent compiling.
+  """
+  metric = config.population.metric
+  rows = (summary or {}).get('members', [])
+  swept = list((summary or {}).get('swept', []))
+  members = []
+  for r in sorted(rows, key=lambda r: r['member']):
+    members.append({
+        'member': r['member'], 'seed': r['seed'], 'status': r['status'], 'steps': r['steps'],
+        'hparams': {k: v for k, v in r.items() if k not in _ROW_KEYS
+                    and not k.startswith('eval_')},
+        'metric': {f'eval/{k[len("eval_"):]}': v for k, v in r.items() if k.startswith('eval_')},
+        'seen': seen(config, r['steps'])})
+  seeded = len({r['seed'] for r in rows}) > 1
+  baseline = config.population.baseline
+  return {
+      'format': FORMAT, 'status': end.status, 'end': end.as_dict(), 'step': end.step,
+      'metric_name': f'eval/{metric}', 'config': config.flat(),
+      'budget_s': budget.seconds, 'wall_s': round(budget.used(), 3),
+      'compile_s': round(compile_s, 3), 'time_budget': budget.report(),
+      'members': members, 'baseline': baseline,
+      'configurations': by_configuration(rows, metric, swept, baseline) if seeded and rows
+      else [],
+      'memory_fits': [], 'nan_diagnoses': [],   # a sweep neither fits nor replays
+  }
+
+
+#: The keys of a sweep's member row that are not hyperparameters.
+_ROW_KEYS = frozenset(('rank', 'member', 'seed', 'status', 'steps'))
+
+
 def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, float | None]:
   """Welch's t-test of two samples' means (unequal variances), two-sided.
 

@@ -271,3 +271,37 @@ def test_members_are_grouped_by_configuration_against_a_baseline():
   assert groups[0]['welch_vs_baseline'] is None
   assert groups[1]['welch_vs_baseline'] == verdict_lib.welch([2.0, 2.4, 2.2], [1.0, 1.2, 1.1])
   assert groups[1]['welch_vs_baseline']['p'] < 0.01
+
+
+def test_a_sweep_on_a_budget_reports_each_member_and_its_seeds(tmp_path):
+  from purax.app import sweep
+  from purax.app.sweep_config import SweepConfig
+  workdir = tmp_path / 's'
+  summary = sweep.run(SweepConfig.of(
+      model='mlp', learning_rate='1e-3,1e-2', seeds='0,1,2', steps=6, batch_size=16,
+      log_every=3, eval_every=0, progress=False, time_budget='1h', baseline=3,
+      workdir=str(workdir)))
+  verdict = verdict_lib.read(str(workdir))
+  assert verdict['status'] == 'finished' and verdict['step'] == 6   # --steps came first
+  assert verdict['metric_name'] == 'eval/loss' and verdict['baseline'] == 3
+  assert verdict['budget_s'] == 3600.0 and verdict['config']['time_budget'] == '1h'
+  members = verdict['members']
+  assert [(m['member'], m['seed'], m['steps']) for m in members] == [
+      (i, i % 3, 6) for i in range(6)]
+  assert all(m['seen'] == {'examples': 6 * 16} for m in members)
+  by_member = {r['member']: r for r in summary['members']}
+  assert [m['metric']['eval/loss'] for m in members] == [
+      by_member[i]['eval_loss'] for i in range(6)]
+  assert [m['hparams']['peak_learning_rate'] for m in members] == [1e-3] * 3 + [1e-2] * 3
+  # The seeds are the population's axis: per configuration, mean, spread and
+  # Welch's test against the configuration of member 3 (the baseline).
+  groups = verdict['configurations']
+  assert [(g['members'], g['baseline']) for g in groups] == [([0, 1, 2], False),
+                                                            ([3, 4, 5], True)]
+  losses = [by_member[i]['eval_loss'] for i in range(6)]
+  assert groups[0]['mean_loss'] == pytest.approx(np.mean(losses[:3]))
+  assert groups[0]['std_loss'] == pytest.approx(np.std(losses[:3], ddof=1))
+  assert groups[0]['welch_vs_baseline'] == pytest.approx(
+      verdict_lib.welch(losses[:3], losses[3:]))
+  assert groups[1]['welch_vs_baseline'] is None
+  assert verdict['memory_fits'] == [] and verdict['nan_diagnoses'] == []
