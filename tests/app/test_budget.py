@@ -305,3 +305,27 @@ def test_a_sweep_on_a_budget_reports_each_member_and_its_seeds(tmp_path):
       verdict_lib.welch(losses[:3], losses[3:]))
   assert groups[1]['welch_vs_baseline'] is None
   assert verdict['memory_fits'] == [] and verdict['nan_diagnoses'] == []
+
+
+def test_a_run_the_budget_ended_is_over_for_the_same_command(tmp_path, monkeypatch):
+  import time
+  from purax.app import job as job_lib
+  # A budget of 100 s of which 88 s are gone when the job is built: the run
+  # trains for the rest and ends by the budget, long before --steps.
+  monkeypatch.setattr(job_lib, 'time_budget', lambda duration, eval_data, **k: TimeBudget(
+      100.0, eval_data=eval_data, started=time.monotonic() - 88.0, tail_s=1.0))
+  workdir = tmp_path / 'r'
+  config = TrainConfig.of(**{**CONFIG, 'steps': 10 ** 6}, time_budget='100s',
+                          workdir=str(workdir))
+  final = runs.train(config)
+  verdict = verdict_lib.read(str(workdir))
+  step = verdict['step']
+  assert verdict['status'] == 'finished' and verdict['end']['reason'].startswith(REASON)
+  assert 4 < step < 10 ** 6 and verdict['seen'] == {'examples': step * 8}
+  assert verdict['time_budget']['planned_step'] <= step      # the plan's (or a later) step
+  assert verdict['metric'] == {f'eval/{k}': v for k, v in final.items()}
+  # The same command trains nothing (the run is over), whatever its clock says.
+  lines = (workdir / 'metrics.jsonl').read_text()
+  assert runs.train(config) == final
+  assert (workdir / 'metrics.jsonl').read_text() == lines
+  assert verdict_lib.read(str(workdir)) == verdict
