@@ -263,14 +263,14 @@ def test_members_are_grouped_by_configuration_against_a_baseline():
   rows = [{'member': i, 'seed': i % 3, 'peak_learning_rate': lr, 'eval_loss': loss}
           for i, (lr, loss) in enumerate([(0.1, 1.0), (0.1, 1.2), (0.1, 1.1),
                                           (0.01, 2.0), (0.01, 2.4), (0.01, 2.2)])]
-  groups = verdict_lib.by_configuration(rows, 'loss', ['peak_learning_rate'], baseline=0)
+  groups = verdict_lib.by_configuration(rows, 'loss', ['peak_learning_rate'], baseline=4)
   assert [g['members'] for g in groups] == [[0, 1, 2], [3, 4, 5]]
-  assert [g['baseline'] for g in groups] == [True, False]
+  assert [g['baseline'] for g in groups] == [False, True]     # member 4's configuration
   assert groups[0]['mean_loss'] == pytest.approx(1.1)
   assert groups[1]['std_loss'] == pytest.approx(0.2)
-  assert groups[0]['welch_vs_baseline'] is None
-  assert groups[1]['welch_vs_baseline'] == verdict_lib.welch([2.0, 2.4, 2.2], [1.0, 1.2, 1.1])
-  assert groups[1]['welch_vs_baseline']['p'] < 0.01
+  assert groups[1]['welch_vs_baseline'] is None
+  assert groups[0]['welch_vs_baseline'] == verdict_lib.welch([1.0, 1.2, 1.1], [2.0, 2.4, 2.2])
+  assert groups[0]['welch_vs_baseline']['p'] < 0.01
 
 
 def test_a_sweep_on_a_budget_reports_each_member_and_its_seeds(tmp_path):
