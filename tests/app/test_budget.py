@@ -329,3 +329,21 @@ def test_a_run_the_budget_ended_is_over_for_the_same_command(tmp_path, monkeypat
   assert runs.train(config) == final
   assert (workdir / 'metrics.jsonl').read_text() == lines
   assert verdict_lib.read(str(workdir)) == verdict
+
+
+def test_a_nan_diagnosed_on_a_budget_is_in_the_verdict(tmp_path, capsys):
+  from purax.app import cli
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(32, 6)).astype(np.float32)
+  x[5, :] = 3e38          # finite, but the first layer's output overflows to inf
+  np.savez(tmp_path / 'd.npz', x_train=x, y_train=rng.integers(0, 3, 32),
+           x_test=rng.normal(size=(8, 6)).astype(np.float32), y_test=rng.integers(0, 3, 8))
+  workdir = tmp_path / 'run'
+  assert cli.main(['train', '--dataset', f'npz:{tmp_path / "d.npz"}', '--model', 'mlp',
+                   '--steps', '4', '--batch-size', '8', '--log-every', '2', '--eval-every', '0',
+                   '--no-progress', '--debug-nans', '--time-budget', '1h',
+                   '--workdir', str(workdir)]) == 0
+  verdict = verdict_lib.read(str(workdir))
+  assert [(d['action'], d['saved_step'], d['step'], d['where'], d['path'])
+          for d in verdict['nan_diagnoses']] == [('nan_diagnosis', 2, 2, 'forward', 'Dense_0')]
+  assert verdict['memory_fits'] == [] and verdict['status'] == 'finished'
