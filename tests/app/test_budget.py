@@ -347,3 +347,23 @@ def test_a_nan_diagnosed_on_a_budget_is_in_the_verdict(tmp_path, capsys):
   assert [(d['action'], d['saved_step'], d['step'], d['where'], d['path'])
           for d in verdict['nan_diagnoses']] == [('nan_diagnosis', 2, 2, 'forward', 'Dense_0')]
   assert verdict['memory_fits'] == [] and verdict['status'] == 'finished'
+
+
+@pytest.mark.slow
+def test_a_stopped_run_has_a_verdict_and_its_resume_plans_in_its_own_budget(tmp_path):
+  from tests.helpers_runs import ARGS, purax as run_purax
+  workdir = str(tmp_path / 'r')
+  first = run_purax('train', *ARGS, '--time-budget', '1h', '--workdir', workdir,
+                    recorded_stop=20)
+  assert first.returncode == 0, first.stderr[-3000:]     # a stop request at step 20
+  stopped = verdict_lib.read(workdir)
+  assert (stopped['status'], stopped['step']) == ('stopped', 20)
+  assert stopped['metric'] == {} and stopped['seen'] == {'examples': 20 * 32}
+  again = run_purax('train', *ARGS, '--time-budget', '1h', '--workdir', workdir)
+  assert again.returncode == 0, again.stderr[-3000:]
+  verdict = verdict_lib.read(workdir)
+  assert (verdict['status'], verdict['step']) == ('finished', 40)
+  # This invocation's plan: from the step it resumed at (20), after its own
+  # compiling call and 3 probe steps, in its own hour.
+  assert verdict['time_budget']['plans'][0]['step'] == 24
+  assert 0 < verdict['wall_s'] < 3600 and verdict['budget_s'] == 3600.0
