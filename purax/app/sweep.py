@@ -124,7 +124,10 @@ def run(config: SweepConfig) -> dict:
   logged record), and at the end ``sweep.json`` (members sorted by the eval
   metric, their hyperparameters, status and curves), ``curves.png`` and
   ``best/`` (an ordinary run: ``config.json``, ``checkpoints/``,
-  ``final_metrics.json``). The same command on the same ``--workdir``
+  ``final_metrics.json``); with ``--time-budget`` the steps are planned to the
+  budget (:class:`purax.hooks.TimeBudget`) and ``verdict.json`` is written
+  after ``sweep.json`` (:func:`purax.app.verdict.of_sweep`; also for a stopped
+  sweep). The same command on the same ``--workdir``
   resumes an interrupted sweep from its newest checkpoint (the same result,
   bitwise on the CPU) and returns a finished one's summary.
 
