@@ -367,3 +367,9 @@ def test_a_stopped_run_has_a_verdict_and_its_resume_plans_in_its_own_budget(tmp_
   # compiling call and 3 probe steps, in its own hour.
   assert verdict['time_budget']['plans'][0]['step'] == 24
   assert 0 < verdict['wall_s'] < 3600 and verdict['budget_s'] == 3600.0
+
+
+def test_a_language_model_counts_tokens_seen():
+  config = TrainConfig.of(model='lm', dataset='pystdlib', batch_size=4, seq_len=16)
+  assert verdict_lib.seen(config, 10) == {'tokens': 10 * 4 * 16}
+  assert verdict_lib.seen(TrainConfig.of(model='cnn', batch_size=4), 10) == {'examples': 40}
