@@ -19,6 +19,8 @@ Examples (each line is parsed and validated by ``tests/test_docs.py``):
   purax plot --workdir runs/mine                # curves.png of a run or a sweep
   purax debug-nan --workdir runs/mine --step 41 # replay a skipped non-finite update
   purax tune lr --model cnn --steps 50          # learning-rate range test, one program
+  purax train --model cnn --steps 100000 --time-budget 60s   # planned to 60 s; verdict.json
+  purax sweep --lr 1e-3,1e-2 --seeds 0,1,2,3 --steps 100000 --time-budget 5m --baseline 0
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ writers = lazy.module('purax.io.writers')
 mesh_lib = lazy.module('purax.parallel.mesh')
 budget = lazy.module('purax.plan.budget')
 spikes = lazy.module('purax.core.spikes')
+budget_hook = lazy.module('purax.hooks.budget')
 
 #: The file of a run directory that holds its config (:func:`read_config`).
 CONFIG = 'config.json'
@@ -123,6 +124,12 @@ class RunConfig:
     ema_every: sample the params for the average every N steps.
     histograms: write per-layer parameter and gradient histograms (TensorBoard)
       every N steps (0: off; costs a forward and backward pass on a fixed batch).
+    time_budget: end the run within this wall time of the command, e.g. '60s', '5m',
+      '1h': the steps are planned from the measured step time (compilation left out),
+      the run ends finished ('time budget') with its final evaluation inside it, and
+      verdict.json is written (purax.hooks.TimeBudget); --steps stays the most it trains
+      and the length the decay spans. The budget is each invocation's: a resumed run
+      gets it anew.
   """
 
   steps: int = field(500, resumable=True, computation=True)
@@ -155,6 +162,7 @@ class RunConfig:
   ema_decay: float | None = None
   ema_every: int = field(1, cadence=True)
   histograms: int = field(0, resumable=True, cadence=True)
+  time_budget: str | None = field(None, resumable=True)
 
   def best(self) -> metrics_lib.Best:
     """The rule of --keep-best and --patience (:class:`purax.core.metrics.Best`)."""
@@ -209,6 +217,11 @@ class RunConfig:
       start, stop = profile.parse_range(self.profile)
       expect(stop <= self.steps, 'profile', f'a range of steps within --steps={self.steps}',
              repr(self.profile), ConfigError)
+    if self.time_budget is not None:
+      budget_hook.parse_duration(self.time_budget, 'time_budget')
+      expect(not self.num_processes or self.num_processes == 1, 'time_budget',
+             'unset for a multi-host run (each process would plan its own steps)',
+             repr(self.time_budget), ConfigError)
     if self.wandb_project is not None:
       bad = sorted(set(self.wandb_project) & set(WANDB_FORBIDDEN))
       expect(0 < len(self.wandb_project) <= 128 and not bad, 'wandb_project',

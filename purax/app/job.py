@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
+import time
 from typing import Any, Callable
 
 import jax
@@ -21,6 +23,7 @@ import numpy as np
 
 import purax
 from purax import hooks as hooks_lib
+from purax.hooks import budget as budget_lib
 from purax import loop
 from purax import parallel
 from purax.plan import SingleDevicePlan
@@ -208,7 +211,33 @@ HOOKS: dict[str, Callable] = {
     'ema_decay': lambda config, task, plan, data, train_data: _ema(config, task, plan, data),
     'histograms': lambda config, task, plan, data, train_data: hooks_lib.Histograms(
         every=config.run.histograms, task=task, batch=train_data[0]),
+    'time_budget': lambda config, task, plan, data, train_data: time_budget(
+        config.run.time_budget, data.eval(config.data.eval_batch_size)),
 }
+
+
+def time_budget(duration: str, eval_data, *, report_s: float = 0.0) -> hooks_lib.TimeBudget:
+  """The ``--time-budget`` hook: its clock started with the process (the
+  command's wall time), its final evaluation ``eval_data``; ``report_s``
+  more kept for what the command writes after training (a sweep's report)."""
+  seconds = budget_lib.parse_duration(duration)
+  return hooks_lib.TimeBudget(seconds, eval_data=eval_data, started=process_started(),
+                              tail_s=max(2.0, 0.03 * seconds) + report_s)
+
+
+def process_started() -> float:
+  """When this process started, on ``time.monotonic``'s clock (Linux: from
+  ``/proc/self/stat``; elsewhere when this module was imported)."""
+  try:
+    with open('/proc/self/stat', encoding='ascii') as f:
+      ticks = int(f.read().rsplit(')', 1)[1].split()[19])
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf('SC_CLK_TCK')
+    return time.monotonic() - max(age, 0.0)
+  except (OSError, ValueError, IndexError, AttributeError):
+    return _IMPORTED
+
+
+_IMPORTED = time.monotonic()
 
 
 def run_hooks(config: TrainConfig, task, plan, data, train_data) -> tuple:

@@ -22,7 +22,7 @@ from purax.core.errors import ConfigError, expect
 from purax.io.safe_files import open_file, write_atomic
 
 #: Options that change nothing a sweep or a range test computes or writes.
-UNCHECKED = ('progress', 'workdir', 'checkpoint_every')
+UNCHECKED = ('progress', 'workdir', 'checkpoint_every', 'time_budget', 'baseline')
 
 
 class JobDir:

@@ -70,15 +70,18 @@ def table(rows: list[dict], metric: str, columns=()) -> str:
                     *(line(c) for c in cells)])
 
 
-def save_best(config, job, pop, seeds, hparams, i: int, final: dict, workdir: str) -> None:
+def save_best(config, job, pop, seeds, hparams, i: int, final: dict, workdir: str,
+              reached: int | None = None) -> None:
   """Member ``i`` as an ordinary run that ``purax eval`` restores and
   ``purax train --workdir`` continues.
 
   Writes ``config.json`` (its :class:`purax.app.config.TrainConfig`: its seed
   and every hyperparameter), ``member.json``, ``checkpoints/`` in the format of
   ``purax train`` (``{'state', 'train_metrics'}``, an empty metrics window)
-  and ``final_metrics.json``.
+  and ``final_metrics.json``, at step ``reached`` (default ``--steps``; less
+  when a ``--time-budget`` ended the sweep).
   """
+  reached = config.run.steps if reached is None else reached
   os.makedirs(workdir)
   member_hp = {n: _f32(v[i]) for n, v in hparams.items()}
   member_config = config.base(member_hp, seed=int(seeds[i]), workdir=workdir)
@@ -90,13 +93,14 @@ def save_best(config, job, pop, seeds, hparams, i: int, final: dict, workdir: st
                                         job.abstract['train_metrics'])}
   with Checkpointer(os.path.join(workdir, 'checkpoints'), metadata=job_lib.metadata(
       member_config, job.sample, job.num_classes)) as ckpt:
-    ckpt.save(config.run.steps, tree)
+    ckpt.save(reached, tree)
   rundir_lib.write_atomic(os.path.join(workdir, 'final_metrics.json'), json.dumps(
-      {'step': config.run.steps, **{k: _json_number(v[i]) for k, v in final.items()}},
+      {'step': reached, **{k: _json_number(v[i]) for k, v in final.items()}},
       indent=2))
 
 
-def write(config, job, pop, seeds, history, *, console: bool = True) -> dict:
+def write(config, job, pop, seeds, history, *, console: bool = True,
+          reached: int | None = None) -> dict:
   """Ranks the members, prints the table, writes sweep.json, curves.png and best/.
 
   Returns:
@@ -124,7 +128,7 @@ def write(config, job, pop, seeds, history, *, console: bool = True) -> dict:
       else None
   best_dir = os.path.join(config.run.workdir, 'best')
   if best is not None:
-    save_best(config, job, pop, seeds, hparams, best, final, best_dir)
+    save_best(config, job, pop, seeds, hparams, best, final, best_dir, reached)
   summary = {
       'config': config.flat(), 'metric': metric, 'swept': list(columns),
       'members': rows,

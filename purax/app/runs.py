@@ -31,15 +31,17 @@ from purax import parallel
 from purax.app import job as job_lib
 from purax.app import memory
 from purax.app import rundir as rundir_lib
+from purax.app import verdict as verdict_lib
 from purax.app.config import TrainConfig
 from purax.app.dry_run import print_summary
 from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
-from purax.io import datasets, export, progress, profile, text, writers
+from purax.io import compile_time, datasets, export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from purax.io.checkpoint import replay
 from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_init
 from purax.io import signals
 from purax.io.signals import StopOnSignal
+from purax.hooks import budget as budget_lib
 from purax.hooks.record import DONE, End
 from purax.inspect import nan as nonfinite
 from purax.loop import evaluate, fit
@@ -78,7 +80,8 @@ def train(config: TrainConfig) -> dict:
   with StopOnSignal() as stop, rundir_lib.RunDir(config) as rundir:
     starting = _start_phases(stop)
     starting('checking the run directory')
-    if config.run.fit_memory and not rundir.resuming:   # a resumed run keeps its choice
+    fitted_now = config.run.fit_memory and not rundir.resuming
+    if fitted_now:   # a resumed run keeps its choice
       config, _ = memory.fit_config(config, stream=sys.stderr if rundir.primary else None)
       rundir.config = config
       starting('fitting the step in memory')
@@ -109,7 +112,7 @@ def train(config: TrainConfig) -> dict:
         with contextlib.suppress(Exception):
           if checkpointer.steps():
             rundir.committed()
-    return finish(job, rundir, state, history, stop)
+    return finish(job, rundir, state, history, stop, fitted_now=fitted_now)
 
 
 def connect(config: TrainConfig) -> TrainConfig:
@@ -219,10 +222,12 @@ def _all_finite(tree) -> jax.Array:
                            or [jnp.bool_(True)]))
 
 
-def finish(job, rundir, state, history, stop) -> dict:
+def finish(job, rundir, state, history, stop, *, fitted_now: bool = False) -> dict:
   """The run's result, said once: how it ended (:class:`purax.hooks.End`),
-  in ``final_metrics.json`` (a finished or early-stopped run) and in words on
-  stderr with the run directory, its checkpoints and the next commands.
+  in ``final_metrics.json`` (a finished or early-stopped run), in
+  ``verdict.json`` (a run on a ``--time-budget``, :mod:`purax.app.verdict`:
+  also a stopped one) and in words on stderr with the run directory, its
+  checkpoints and the next commands.
 
   Returns:
     The final evaluation metrics; for a stopped run ``{'stopped_by':
@@ -237,9 +242,11 @@ def finish(job, rundir, state, history, stop) -> dict:
     by = stop.received or 'a signal to another process'
     status = (f' (exit status {signals.status(signal.Signals[stop.received])})'
               if stop.received else '')
-    say_end(rundir, End('stopped', reached, f'a checkpoint at step {reached} is committed in '
-                        f'{rundir.file("checkpoints")}; run the same command to resume{status}',
-                        signal=by))
+    stopped = End('stopped', reached, f'a checkpoint at step {reached} is committed in '
+                  f'{rundir.file("checkpoints")}; run the same command to resume{status}',
+                  signal=by)
+    write_verdict(job, rundir, end or stopped, {}, fitted_now)
+    say_end(rundir, stopped)
     return {'stopped_by': by, 'step': reached}
   if stop.received:     # e.g. during the final save: the run had ended, and is kept
     print(f'purax: {stop.received} arrived as the run ended; step {reached} is committed '
@@ -259,9 +266,23 @@ def finish(job, rundir, state, history, stop) -> dict:
     rundir_lib.write_atomic(rundir.file('final_metrics.json'), json.dumps(
         {'step': reached, **final, 'status': end.status, 'end': end.as_dict()}, indent=2,
         allow_nan=False))
+  write_verdict(job, rundir, end, final, fitted_now)
   say_end(rundir, end)
   # A signal that came as the run ended is still answered by its status.
   return {**final, 'stopped_by': stop.received} if stop.received else final
+
+
+def write_verdict(job, rundir, end: End, final: dict, fitted_now: bool) -> None:
+  """``verdict.json`` of a run on a ``--time-budget`` (:func:`purax.app.verdict.of_run`),
+  written by the writer (process 0) only; nothing without a budget."""
+  budget = next((h for h in job.hooks if isinstance(h, hooks_lib.TimeBudget)), None)
+  if budget is None or not rundir.primary:
+    return
+  verdict_lib.write(rundir.file(verdict_lib.VERDICT), verdict_lib.of_run(
+      job.config, end, final, budget, fitted_now=fitted_now,
+      replay_dir=rundir.file(replay.DIRECTORY), compile_s=compile_time.seconds()))
+  print(f'purax: verdict {rundir.file(verdict_lib.VERDICT)} ({budget.used():.1f} s of the '
+        f'{budget.seconds:g} s budget used)', file=sys.stderr)
 
 
 def say_end(rundir, end: End) -> None:
@@ -314,11 +335,15 @@ def ended_run(job, rundir, restored: Restored) -> dict | None:
     end = None
   if end is None or not end.done:
     return None
-  if end.status == 'finished' and config.run.steps != end.step:
+  if budget_lib.ended_by_budget(end):
+    if (config.run.time_budget, config.run.steps) != (saved.run.time_budget, saved.run.steps):
+      return None                      # another budget (or --steps) trains on: its own budget
+  elif end.status == 'finished' and config.run.steps != end.step:
     return None                        # a longer --steps trains on
   if end.status == 'early_stopped' and config.run.patience > saved.run.patience:
     return None                        # a larger --patience trains on
-  more = ('--steps larger than ' + str(end.step) if end.status == 'finished' else
+  more = ('another --time-budget or --steps' if budget_lib.ended_by_budget(end) else
+          '--steps larger than ' + str(end.step) if end.status == 'finished' else
           f'--patience larger than {saved.run.patience}')
   if rundir.primary:
     print(f'purax: {rundir.path} has already ended: nothing to train (to train on, pass '

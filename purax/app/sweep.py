@@ -31,6 +31,7 @@ from purax import plan as plan_lib
 from purax.app import job as job_lib
 from purax.app import jobdir as jobdir_lib
 from purax.app import report
+from purax.app import verdict as verdict_lib
 from purax.app import rundir as rundir_lib
 from purax.app.hparams import BY_STATE
 from purax.app.search import members_from_specs, parse_seeds
@@ -41,7 +42,8 @@ from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 from purax import hooks as hooks_lib
-from purax.io import signals, writers
+from purax.hooks import budget as budget_lib
+from purax.io import compile_time, signals, writers
 from purax.io.checkpoint import Checkpointer
 from purax.io.checkpoint.run import Restored
 from purax.io.safe_files import open_file
@@ -99,6 +101,9 @@ def population_hooks(config: SweepConfig, hparams: dict, eval_data, *, writer=No
   if population.patience:
     hooks.append(hooks_lib.PopulationEarlyStopping(metric=population.metric, mode=mode,
                                                    patience=population.patience))
+  if run.time_budget is not None:
+    # The report (sweep.json, curves.png, best/) is written inside the budget too.
+    hooks.append(job_lib.time_budget(run.time_budget, eval_data, report_s=REPORT_S))
   if population.pbt_every:
     pbt = hooks_lib.PBT(every=population.pbt_every, metric=population.metric, mode=mode,
                         fraction=population.pbt_fraction,
@@ -119,7 +124,10 @@ def run(config: SweepConfig) -> dict:
   logged record), and at the end ``sweep.json`` (members sorted by the eval
   metric, their hyperparameters, status and curves), ``curves.png`` and
   ``best/`` (an ordinary run: ``config.json``, ``checkpoints/``,
-  ``final_metrics.json``). The same command on the same ``--workdir``
+  ``final_metrics.json``); with ``--time-budget`` the steps are planned to the
+  budget (:class:`purax.hooks.TimeBudget`) and ``verdict.json`` is written
+  after ``sweep.json`` (:func:`purax.app.verdict.of_sweep`; also for a stopped
+  sweep). The same command on the same ``--workdir``
   resumes an interrupted sweep from its newest checkpoint (the same result,
   bitwise on the CPU) and returns a finished one's summary.
 
@@ -169,28 +177,41 @@ def run(config: SweepConfig) -> dict:
         print(f'purax: resuming sweep {jobdir.path} from step {restored.step}', file=sys.stderr)
       rundir_lib.truncate_jsonl(history_path, restored.step)
       writer = writers.MultiWriter([writers.ConsoleWriter(), HistoryWriter(history_path)])
+      hooks = population_hooks(
+          config, hparams, job.data.eval(config.data.eval_batch_size), writer=writer,
+          checkpointer=ckpt, should_stop=_after_start_up(stop))
       try:
-        pop, _ = fit(job.task, restored, train_data, plan=plan, hooks=population_hooks(
-            config, hparams, job.data.eval(config.data.eval_batch_size), writer=writer,
-            checkpointer=ckpt, should_stop=_after_start_up(stop)))
+        pop, history = fit(job.task, restored, train_data, plan=plan, hooks=hooks)
       finally:
         writer.close()
         if ckpt.steps():
           jobdir.committed()
-    reached = plan.start_step(pop) if stop.received else steps
-    if reached < steps:
+    budget = next((h for h in hooks if isinstance(h, hooks_lib.TimeBudget)), None)
+    by_budget = budget_lib.ended_by_budget(getattr(history, 'end', None))
+    reached = plan.start_step(pop) if stop.received or by_budget else steps
+    if reached < steps and not by_budget:
+      if budget is not None:
+        verdict_lib.write(jobdir.file(verdict_lib.VERDICT), verdict_lib.of_sweep(
+            config, history.end, None, budget, compile_s=compile_time.seconds()))
       print(f'purax: stopped by {stop.received} at step {reached}; checkpoint committed in '
             f'{jobdir.file("checkpoints")}; run the same command to resume (exit status '
             f'{signals.status(signal.Signals[stop.received])})', file=sys.stderr)
       return {'stopped_by': stop.received, 'step': reached}
     shutil.rmtree(jobdir.file('best'), ignore_errors=True)   # a report cut short before
-    summary = report.write(config, job, pop, seeds, read_history(history_path))
+    summary = report.write(config, job, pop, seeds, read_history(history_path), reached=reached)
+    if budget is not None:
+      verdict_lib.write(jobdir.file(verdict_lib.VERDICT), verdict_lib.of_sweep(
+          config, history.end, summary, budget, compile_s=compile_time.seconds()))
   if stop():     # after the last step: the sweep was finished, and is written
     print(f'purax: {stop.received} arrived as the sweep finished; its report is written '
           f'(exit status {signals.status(signal.Signals[stop.received])})', file=sys.stderr)
     return {**summary, 'stopped_by': stop.received}   # still answered by its status
   return summary
 
+
+#: Seconds a ``--time-budget`` keeps for the report after training (sweep.json,
+#: curves.png, best/: a plot and a checkpoint on the CPU).
+REPORT_S = 5.0
 
 #: Every record the sweep logged (a line each), kept across resumes.
 HISTORY = 'history.jsonl'

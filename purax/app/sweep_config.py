@@ -40,6 +40,8 @@ class PopulationConfig:
     pbt_every: population-based training every N steps, after that step's
       evaluation (a multiple of --eval-every; 0: off).
     pbt_fraction: share of members replaced by PBT, in (0, 0.5].
+    baseline: with --time-budget, the member whose configuration the others are
+      tested against in verdict.json (over their seeds: Welch's t-test).
   """
 
   seeds: str = '0'
@@ -49,6 +51,7 @@ class PopulationConfig:
   patience: int = 0
   pbt_every: int = 0
   pbt_fraction: float = 0.25
+  baseline: int = 0
 
   def best(self) -> metrics_lib.Best:
     """The ranking rule of ``--metric``: eval loss minimised, accuracy maximised
@@ -79,6 +82,10 @@ class SweepRunConfig:
     eval_every: evaluate every N steps (0: at the end only).
     progress: show a progress bar.
     mesh: every member on a device mesh, e.g. 'data=2' (each batch split over it).
+    time_budget: end the sweep within this wall time, e.g. '60s', '5m', '1h', as
+      purax train --time-budget; verdict.json then reports each member and, per
+      configuration, the mean and spread over its seeds and Welch's t-test against
+      --baseline.
   """
 
   steps: int = 300
@@ -87,6 +94,7 @@ class SweepRunConfig:
   eval_every: int = 100
   progress: bool = True
   mesh: str | None = None
+  time_budget: str | None = None
 
   def validate(self) -> 'SweepRunConfig':
     self.as_run().validate()
@@ -97,7 +105,8 @@ class SweepRunConfig:
     return dataclasses.replace(RunConfig(steps=self.steps, workdir=self.workdir,
                                          log_every=self.log_every, eval_every=self.eval_every,
                                          progress=self.progress, mesh=self.mesh,
-                                         checkpoint_interval_s=0.0), **changes)
+                                         checkpoint_interval_s=0.0,
+                                         time_budget=self.time_budget), **changes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +136,7 @@ class SweepConfig(Sections):
              f'{sorted(declared) or "no hyperparameter"}: purax.loss_function(hparams=...))',
              repr(value), ConfigError)
     self.base().validate()
+    self.run.validate()       # and its --time-budget
     self.population.validate(self.run.eval_every)
     specs = self.specs()
     random = ['--' + row.field.replace('_', '-') for row in hparams_lib.HPARAMS
@@ -139,6 +149,9 @@ class SweepConfig(Sections):
            f'a population of 1 to 2**16 = {pop_lib.MAX_MEMBERS} members', f'{size} ({how})',
            ConfigError)
     config_lib.check_spike_window(self.optimizer, members=size)
+    expect(0 <= self.population.baseline < size, 'baseline',
+           f'a member of the population, in [0, {size})', self.population.baseline,
+           ConfigError)
     return self
 
   def population_size(self) -> tuple[int, str]:
@@ -173,7 +186,8 @@ class SweepConfig(Sections):
                                                for row in hparams_lib.HPARAMS
                                                if row.state in values})
     run = self.run.as_run(progress=False, seed=0 if seed is None else int(seed),
-                          workdir=workdir if workdir is not None else self.run.workdir)
+                          workdir=workdir if workdir is not None else self.run.workdir,
+                          time_budget=None)   # the sweep's, not a member run's
     return TrainConfig(model=self.model.with_sizes(), data=self.data, optimizer=optimizer,
                        run=run)
 

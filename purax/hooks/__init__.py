@@ -52,7 +52,7 @@ Provided: the loop's own (:class:`Log`, :class:`Evaluate`,
 :class:`NonFiniteReplay`, :class:`NonFiniteStreak`, :class:`Stop`, :class:`Checkpoint`,
 :class:`Progress`, :class:`Profile`; :func:`standard` builds them) and the
 library (:class:`EarlyStopping`, :class:`PopulationEarlyStopping`,
-:class:`PBT`, :class:`EMA`, :class:`Histograms`).
+:class:`PBT`, :class:`EMA`, :class:`Histograms`, :class:`TimeBudget`).
 
 Your own hook is a plain class. This one writes the global parameter norm
 every 10 steps and ends the run when the training loss falls below a
@@ -94,6 +94,7 @@ Example:
   True
 """
 
+from purax.hooks.budget import TimeBudget as TimeBudget
 from purax.hooks.builtin import Checkpoint as Checkpoint
 from purax.hooks.builtin import Evaluate as Evaluate
 from purax.hooks.builtin import Log as Log
@@ -143,6 +144,7 @@ __all__ = [
     'STATUSES',
     'StepInfo',
     'Stop',
+    'TimeBudget',
     'due',
     'next_due',
     'scores',
