@@ -8,6 +8,7 @@ from purax.core import lazy as _lazy
 
 __getattr__, __dir__ = _lazy.attach(__name__, {
     'flops': 'purax.core.flops',
+    'guards': 'purax.core.guards',
     'loops': 'purax.core.loops',
     'losses': 'purax.core.losses',
     'metrics': 'purax.core.metrics',

@@ -113,7 +113,7 @@ def test_the_window_statistics_and_the_decision():
     (lambda: dataclasses.replace(BASE, spike_guard=6.0), 'spike_guard: expected None or a '
      'purax.SpikeGuard'),
     (lambda: jax.eval_shape(GUARDED.step, BASE.abstract_state(_batch(0)), _batch(0)),
-     'state.spike_window: expected a SpikeWindow of window=4'),
+     r"state.guards\['spikes'\]: expected a SpikeWindow of window=4"),
     (lambda: objectives.language_model_loss(z_loss=-1e-4), 'z_loss: expected a finite number'),
 ])
 def test_bad_options_are_named(make, match):
