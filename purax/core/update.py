@@ -311,8 +311,8 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
   # a conditional there blocks the host until the step's work is done. The
   # skip branch returns the fields as they were.
   new = loops.branch(verdict.ok, updated, lambda s: tuple(getattr(s, f) for f in fields), state)
-  # A skipped update's loss metrics are zeroed (so the window's averages stay
-  # finite) and it counts in its guard's metric only.
+  # A skipped update's loss metrics count nothing (total and count zeroed: the
+  # window averages its applied updates) and it counts in its guard's metric.
   metrics = jax.tree.map(lambda x: jnp.where(verdict.ok, x, jnp.zeros_like(x)), metrics)
   return (state.replace(step=state.step + 1, guards=verdict.state, **dict(zip(fields, new))),
           {**metrics, **verdict.metrics})
