@@ -14,6 +14,7 @@ digests that code wrote (tests/fixtures/guards_before_0.3.0.npz, written by
 ``python -m tests.scripts.guard_references`` on the commit before this
 change, under this suite's XLA flags)."""
 
+import dataclasses
 import os
 
 import jax
@@ -80,8 +81,37 @@ def test_combine_skips_when_any_guard_says_so_and_freezes_a_frozen_members_guard
       'loss_scale']   # nothing counted: NaN
 
 
-def test_a_new_guard_adds_a_key_not_a_field():
-  """A guard of your own: its state rides in state.guards through the step."""
-  import dataclasses
+GUARDED = H.task((True, True, True))
+
+
+def test_guard_state_is_one_subtree_that_the_step_carries_through():
+  """A guard adds a key to state.guards, not a field; a key no guard owns rides along."""
   fields = [f.name for f in dataclasses.fields(purax.TrainState)]
   assert fields == ['step', 'params', 'model_state', 'opt_state', 'rng', 'hparams', 'guards']
+  state = GUARDED.init(jax.random.key(0), H.batches()[0])
+  assert sorted(state.guards) == ['loss_scale', 'spikes']
+  assert H.task((True, False, False)).init(jax.random.key(0), H.batches()[0]).guards == {}
+  mine = jnp.arange(3.0)
+  after, _ = jax.jit(GUARDED.step)(state.replace(guards={**state.guards, 'mine': mine}),
+                                   H.batches()[0])
+  assert sorted(after.guards) == ['loss_scale', 'mine', 'spikes']
+  np.testing.assert_array_equal(after.guards['mine'], mine)
+  assert int(after.guards['spikes'].size) == 1
+
+
+def test_the_spellings_before_0_3_work_with_a_deprecation_warning():
+  state = GUARDED.init(jax.random.key(0), H.batches()[0])
+  with pytest.warns(DeprecationWarning, match=r"state.guards.get\('loss_scale'\)"):
+    assert state.loss_scale is state.guards['loss_scale']
+  with pytest.warns(DeprecationWarning, match=r"state.guards.get\('spikes'\)"):
+    assert state.spike_window is state.guards['spikes']
+  with pytest.warns(DeprecationWarning, match=r"guards=\{'loss_scale': ...\}"):
+    made = purax.TrainState(step=state.step, params=state.params, model_state={},
+                            opt_state=state.opt_state, rng=state.rng, hparams=state.hparams,
+                            loss_scale=state.guards['loss_scale'], spike_window=None)
+  assert list(made.guards) == ['loss_scale']
+  with pytest.warns(DeprecationWarning):
+    dropped = state.replace(loss_scale=None)
+  assert list(dropped.guards) == ['spikes'] and 'loss_scale' in state.guards
+  with pytest.warns(DeprecationWarning):
+    assert dropped.loss_scale is None

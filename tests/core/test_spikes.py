@@ -33,7 +33,12 @@ def test_with_the_options_off_the_step_is_the_program_it_was_before_them(kind):
   the merge of the spike guard was shown to leave the program as it was
   (its parent f0aec14 printed the same text); the LM's re-recorded after issue
   47 gave its token loss a custom VJP (760df72; its options-off program is
-  that commit's, the MLP's unchanged)."""
+  that commit's, the MLP's unchanged). Both re-recorded after issue 45 composed
+  the guards (purax/core/guards.py): the jaxpr lost a dead ``step + 1`` in
+  the update branch and computes the guard metrics before the branch; the
+  compiled programs (XLA:CPU's optimized HLO, instruction by instruction,
+  names aside) of both tasks, options off and every guard on, are those of
+  248594e, and tests/core/test_guards.py trains bitwise as it did."""
   if jax.__version__ != RECORDED_WITH:
     pytest.skip(f'the fixtures were printed by jax {RECORDED_WITH}, this is {jax.__version__} '
                 '(regenerate them with tests/scripts/step_program.py at the commit they name)')
