@@ -30,6 +30,19 @@ class _Unset:
 _UNSET = _Unset()
 
 
+def _with_legacy_fields(guards, **fields):
+  """``guards`` with the deprecated keywords' values (None: removed), warned about."""
+  for field, value in fields.items():
+    if value is not _UNSET:
+      key = LEGACY_GUARD_FIELDS[field]
+      warnings.warn(f'TrainState({field}=...) is deprecated (until 0.4): the state is '
+                    f"guards={{'{key}': ...}}", DeprecationWarning, stacklevel=3)
+      guards = {k: v for k, v in guards.items() if k != key}
+      if value is not None:
+        guards[key] = value
+  return guards
+
+
 class TrainState(struct.PyTreeNode):
   """Everything that changes during training, and nothing else.
 
@@ -73,19 +86,19 @@ class TrainState(struct.PyTreeNode):
   def __init__(self, step: jax.Array, params: PyTree, model_state: PyTree, opt_state: PyTree,
                rng: jax.Array, hparams: PyTree, guards: Mapping[str, PyTree] | None = None, *,
                loss_scale: PyTree = _UNSET, spike_window: PyTree = _UNSET) -> None:
-    guards = {} if guards is None else guards
-    for field, value in (('loss_scale', loss_scale), ('spike_window', spike_window)):
-      if value is not _UNSET:
-        key = LEGACY_GUARD_FIELDS[field]
-        warnings.warn(f'TrainState({field}=...) is deprecated (until 0.4): the state is '
-                      f"guards={{'{key}': ...}}", DeprecationWarning, stacklevel=2)
-        guards = {k: v for k, v in guards.items() if k != key}
-        if value is not None:
-          guards[key] = value
-    for name, value in (('step', step), ('params', params), ('model_state', model_state),
-                        ('opt_state', opt_state), ('rng', rng), ('hparams', hparams),
-                        ('guards', guards)):
-      object.__setattr__(self, name, value)
+    # Every unflatten of a state calls this: the common path sets the fields only.
+    if guards is None:
+      guards = {}
+    if loss_scale is not _UNSET or spike_window is not _UNSET:
+      guards = _with_legacy_fields(guards, loss_scale=loss_scale, spike_window=spike_window)
+    put = object.__setattr__
+    put(self, 'step', step)
+    put(self, 'params', params)
+    put(self, 'model_state', model_state)
+    put(self, 'opt_state', opt_state)
+    put(self, 'rng', rng)
+    put(self, 'hparams', hparams)
+    put(self, 'guards', guards)
 
   @property
   def loss_scale(self) -> PyTree:
