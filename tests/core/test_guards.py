@@ -11,7 +11,7 @@ trained 8 steps through ``purax.fit`` over a NaN batch and a spike. The end
 state (step, params, optimizer state, model state, guard state, a
 population's frozen flags) and every logged metric are compared with the
 digests that code wrote (tests/fixtures/guards_before_0.3.0.npz, written by
-``python -m tests.scripts.guard_references`` on the commit before this
+``python -m tests.scripts.guard_references`` on 248594e, the commit before this
 change, under this suite's XLA flags)."""
 
 import dataclasses
