@@ -7,6 +7,7 @@ Its names are bound on first use (:func:`purax.core.lazy.attach`): importing
 from purax.core import lazy as _lazy
 
 __getattr__, __dir__ = _lazy.attach(__name__, {
+    'guards': 'purax.core.guards',
     'loops': 'purax.core.loops',
     'losses': 'purax.core.losses',
     'metrics': 'purax.core.metrics',

@@ -175,7 +175,7 @@ def _member_step(task, state: TrainState, frozen: jax.Array, batch):
   # learning rate) are caught at the member's next
   # step, whose loss they make non-finite. Checking the params themselves
   # every step was measured at ~5% of a small member's step.
-  newly = (jnp.zeros((), bool) if state.loss_scale is not None
+  newly = (jnp.zeros((), bool) if state.guards.get('loss_scale') is not None
            else metrics['skipped'].value > 0)       # never set for a frozen member
   new_state = new_state.replace(step=jnp.where(frozen | newly, state.step, new_state.step))
   return new_state, metrics, newly

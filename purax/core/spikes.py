@@ -4,7 +4,7 @@ above its recent history, as pure state.
 A :class:`SpikeGuard` (static: the window's length and ``k``) given to
 :class:`purax.Task` (``spike_guard=``) makes every step compare the batch's
 loss and gradient global norm with the mean and standard deviation of the
-last ``window`` steps' values, kept in ``state.spike_window`` (a
+last ``window`` steps' values, kept in ``state.guards['spikes']`` (a
 :class:`SpikeWindow`, so a resumed run continues with the same history). A
 step is a spike when the window holds at least :attr:`SpikeGuard.min_history`
 values and
@@ -12,7 +12,7 @@ values and
     loss > mean(loss) + k * std(loss)   or   grad_norm > mean(gn) + k * std(gn)
 
 (standard deviations floored at 1e-6). A spike's update is skipped by the
-non-finite guard's own ``lax.cond`` (:mod:`purax.core.update`): params,
+guards' one ``lax.cond`` (:mod:`purax.core.guards`): params,
 optimizer state and model state stay bitwise as they were, ``state.step``
 advances, and the step counts in ``metrics['spikes']`` (logged as
 ``train/spikes``) and nowhere else. Every step's finite values enter the
@@ -30,7 +30,7 @@ Example:
   >>> state, metrics = jax.jit(task.step)(state, batch)
   >>> purax.metrics.compute(metrics)['spikes']      # too little history to judge yet
   0.0
-  >>> int(state.spike_window.size)                   # this step's loss and norm entered it
+  >>> int(state.guards['spikes'].size)               # this step's loss and norm entered it
   1
 """
 
@@ -63,7 +63,7 @@ STD_FLOOR = 1e-6
 
 
 class SpikeWindow(struct.PyTreeNode):
-  """The recent history the spike guard compares with (``state.spike_window``).
+  """The recent history the spike guard compares with (``state.guards['spikes']``).
 
   Attributes:
     values: float32 ``[window, 2]``: ``(loss, grad_norm)`` of the last
@@ -120,7 +120,7 @@ class SpikeGuard:
     window with its values recorded (when both are finite). Traceable.
 
     Args:
-      window: ``state.spike_window``.
+      window: ``state.guards['spikes']``.
       loss: the batch's weighted mean loss, float32 ``[]``.
       grad_norm: the gradients' global norm, float32 ``[]``.
 
@@ -129,7 +129,7 @@ class SpikeGuard:
         length (a state made by a task without this ``spike_guard``).
     """
     expect(isinstance(window, SpikeWindow) and window.values.shape[-2:] == (self.window, 2),
-           'state.spike_window', f'a SpikeWindow of window={self.window} (the state of '
+           "state.guards['spikes']", f'a SpikeWindow of window={self.window} (the state of '
            'task.init of a task with this spike_guard)',
            type(window).__name__ if not isinstance(window, SpikeWindow)
            else f'window={window.values.shape[-2]}', ConfigError)

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from purax.core import guards as guards_lib
 from purax.core import loss_scale as loss_scale_lib
 from purax.core import objectives
 from purax.core import shapes
@@ -134,7 +135,7 @@ class Task:
     skip_nonfinite: skip (and count) updates whose gradients are not finite,
       leaving params, optimizer state and model state bitwise unchanged.
     loss_scale: initial dynamic loss scale (e.g. ``2**15``) for float16
-      training; ``None``: no loss scaling. The state is ``state.loss_scale``.
+      training; ``None``: no loss scaling. The state is ``state.guards['loss_scale']``.
     eval_params: ``state -> params``: the params :meth:`evaluate` and
       :meth:`predict` use (so ``purax.evaluate``, the run's ``eval/*``, the
       best-k checkpoints ranked by them, export and ``purax.hooks.EMA``'s
@@ -143,7 +144,7 @@ class Task:
       or your own function of the state. ``None``: ``state.params``.
     spike_guard: a :class:`purax.core.spikes.SpikeGuard`: also skip (and
       count, ``metrics['spikes']``) updates whose loss or gradient norm is a
-      spike above the recent history kept in ``state.spike_window``;
+      spike above the recent history kept in ``state.guards['spikes']``;
       ``None`` (the default): off, and the step is the program it is without it.
 
   Raises:
@@ -262,6 +263,11 @@ class Task:
     init_key, rng = jax.random.split(as_typed_key(key))
     params, model_state = self.pure_model.init(init_key, batch)
     shapes.record(self, params, batch)      # to name a later batch of another shape
+    guards = {}                             # each guard's state (purax.core.guards)
+    if self.loss_scale is not None:
+      guards[guards_lib.LOSS_SCALE] = loss_scale_lib.LossScale.create(self.loss_scale)
+    if self.spike_guard is not None:
+      guards[guards_lib.SPIKES] = self.spike_guard.init()
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -269,9 +275,7 @@ class Task:
         opt_state=self.tx.init(params),
         rng=rng,
         hparams=self.default_hparams(),
-        loss_scale=(None if self.loss_scale is None
-                    else loss_scale_lib.LossScale.create(self.loss_scale)),
-        spike_window=None if self.spike_guard is None else self.spike_guard.init(),
+        guards=guards,
     )
     self.check_batch(batch, state)   # a trace only: nothing is computed
     return state

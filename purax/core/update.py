@@ -26,22 +26,26 @@ microbatches, loss-scaled, summed across devices), then a guarded update.
 - Loss scaling (float16): the differentiated objective is the mean loss (or,
   summing microbatches or devices, ``loss_i * W_i / n_i`` with ``n_i`` the
   number of loss values: the mean weight, a constant <= 1 for 0/1 weights)
-  times ``state.loss_scale``; the gradient is divided by it right after, in
-  float32. The scale applied is the state's, whatever the batch size.
-- Non-finite guard: when the gradients' global norm (any NaN or inf in any
-  gradient makes it non-finite), the loss or a hyperparameter in the state
+  times ``state.guards['loss_scale']``; the gradient is divided by it right
+  after, in float32. The scale applied is the state's, whatever the batch size.
+- Guards (:mod:`purax.core.guards`, each a small function with its own state
+  in ``state.guards`` and its own metrics; one branch for all): the
+  non-finite guard skips an update whose gradients' global norm (any NaN or
+  inf in any gradient makes it non-finite), loss or hyperparameters
   (:func:`purax.core.hparams.all_finite`: one written into ``opt_state``
-  past the setters' checks) is not finite, the update is skipped — params,
-  optimizer state (its counters, hence the schedule, too) and model state
-  stay bitwise as they were — and the step counts in
-  ``metrics['skipped']``; its loss metrics are zeroed so the window's
-  averages stay finite. ``state.step`` still advances: it counts steps taken
-  (batches consumed, the data position). The loss scale, if any, is halved.
-- Spike guard (``Settings.spike_guard``, off by default): a finite update
-  whose loss or gradient norm is a spike above ``state.spike_window``
-  (:mod:`purax.core.spikes`) is skipped through the same branch, counted in
-  ``metrics['spikes']`` (its loss metrics zeroed likewise); the window
-  records the step's values either way.
+  past the setters' checks) are not finite, counted in
+  ``metrics['skipped']`` and ``metrics['skip_streak']``; the loss scale,
+  if any, is halved; the spike guard (``Settings.spike_guard``, off by
+  default) skips a finite update whose loss or gradient norm is a spike
+  above its window (:mod:`purax.core.spikes`), counted in
+  ``metrics['spikes']``; a frozen population member is skipped. A skipped
+  update leaves params, optimizer state (its counters, hence the schedule,
+  too) and model state bitwise as they were; ``state.step`` still advances:
+  it counts steps taken (batches consumed, the data position). Its loss
+  metrics (loss, accuracy, examples, ``grad_norm``) count nothing (total and
+  count zeroed, never NaN): a log window's averages are those of its applied
+  updates, and a window in which every update was skipped logs them as NaN
+  (nothing counted).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from purax.core import guards as guards_lib
 from purax.core import hparams as hparams_lib
 from purax.core import loops
 from purax.core import metrics as metrics_lib
@@ -125,7 +130,7 @@ def gradients(loss_fn: LossFn, state: TrainState, batch, *, settings: Settings =
          "device's examples); use jax.jit with shardings (purax.parallel.sharded), "
          'which computes it on the global batch', axis_name, ConfigError)
   key = state.step_key()
-  scale = state.loss_scale
+  scale = state.guards.get(guards_lib.LOSS_SCALE)
   k = settings.microbatches
 
   def grad_of(params, model_state, microbatch, mb_key, *, summed: bool):
@@ -264,33 +269,32 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
   """One guarded optimizer update of ``tx`` on ``loss_fn``'s gradients; see the
   module docstring (optax-style: a loss function and settings in, no Task).
 
-  ``frozen`` (bool ``[]``, for populations) turns the guard on and makes it
-  also skip the update when set: the params, optimizer, model state and loss
-  scale stay as they were (the arrays through the same ``lax.cond``: no
-  select over the state) and every metric is zero. The caller keeps the
-  ``step`` of a frozen member.
+  The guards (:mod:`purax.core.guards`) decide together whether the update is
+  applied; ``frozen`` (bool ``[]``, for populations) is one of them: a frozen
+  member's params, optimizer, model state and guard state stay as they were
+  (the arrays through the same ``lax.cond``: no select over the state) and
+  every metric is zero. The caller keeps the ``step`` of a frozen member.
   """
   grads, metrics, model_state = gradients(loss_fn, state, batch, settings=settings,
                                           axis_name=axis_name)
   metrics = dict(metrics)
-  # One pass over the gradients gives the norm the metrics report, the guard
-  # tests and :func:`purax.adamw`'s clipping uses (handed to it, not recomputed).
+  # One pass over the gradients gives the norm the metrics report, the guards
+  # test and :func:`purax.adamw`'s clipping uses (handed to it, not recomputed).
   grad_norm = optim.global_norm(grads)
   metrics['grad_norm'] = metrics_lib.Average.of(grad_norm)
-  extra = extra_args(tx, value=metrics['loss'].total / jnp.maximum(metrics['loss'].count, 1e-12),
-                     grad=grads, grad_norm=grad_norm, value_fn=objective(
-                         loss_fn, state, batch, settings=settings, axis_name=axis_name))
+  loss = metrics['loss'].total / jnp.maximum(metrics['loss'].count, 1e-12)
+  extra = extra_args(tx, value=loss, grad=grads, grad_norm=grad_norm, value_fn=objective(
+      loss_fn, state, batch, settings=settings, axis_name=axis_name))
+  fields = ('params', 'opt_state', 'model_state')
 
-  def apply(state):
+  def updated(state):
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
-    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                         model_state=model_state, opt_state=opt_state)
+    return optax.apply_updates(state.params, updates), opt_state, model_state
 
-  spikes = settings.spike_guard
-  guard = (settings.skip_nonfinite or state.loss_scale is not None or frozen is not None
-           or spikes is not None)
-  if not guard:
-    return apply(state), metrics
+  checks = guards_lib.of(state.guards, skip_nonfinite=settings.skip_nonfinite,
+                         spike_guard=settings.spike_guard, frozen_flag=frozen)
+  if not checks:
+    return state.replace(step=state.step + 1, **dict(zip(fields, updated(state)))), metrics
   # Any NaN or inf in any gradient makes their global norm non-finite (the
   # norm itself does not overflow: optim.global_norm rescales). A non-finite
   # hyperparameter (a NaN learning rate) spoils the update from finite
@@ -298,50 +302,17 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
   # updates (a pass over every parameter) would have to run before the cond.
   finite = (jnp.isfinite(grad_norm) & jnp.isfinite(metrics['loss'].total)
             & hparams_lib.all_finite(state))
+  verdict = guards_lib.combine(checks, guards_lib.Signals(finite, loss, grad_norm),
+                               state.guards, frozen)
   # A branch taken at run time, not a select over every leaf: on the CPU a
   # select keeps the old params/opt_state alive next to the new ones, which
   # makes XLA copy the optimizer's moments before updating them in place (a
   # third of a small model's step). On a GPU it is the select (loops.branch):
   # a conditional there blocks the host until the step's work is done. The
   # skip branch returns the fields as they were.
-  fields = ('params', 'opt_state', 'model_state')
-
-  def updated(state):
-    new = apply(state)
-    return tuple(getattr(new, f) for f in fields)
-
-  def kept(state):
-    return tuple(getattr(state, f) for f in fields)
-
-  take = finite if frozen is None else finite & jnp.logical_not(frozen)
-  if spikes is not None:   # the spike guard skips through the same branch
-    spike, window = spikes.check(state.spike_window, metrics['loss'].total
-                                 / jnp.maximum(metrics['loss'].count, 1e-12), grad_norm)
-    take = take & jnp.logical_not(spike)
-  new_state = state.replace(step=state.step + 1,
-                            **dict(zip(fields, loops.branch(take, updated, kept, state))))
-  # A skipped update counts in 'skipped' and nowhere else (its loss metrics
-  # are zeroed so the window's averages stay finite); a frozen member's step
-  # counts nowhere at all.
-  skipped = jnp.logical_not(finite)
-  if frozen is not None:
-    skipped = skipped & jnp.logical_not(frozen)
-  metrics = jax.tree.map(lambda x: jnp.where(take, x, jnp.zeros_like(x)), metrics)
-  metrics['skipped'] = metrics_lib.Sum.of(skipped)
-  metrics['skip_streak'] = metrics_lib.Streak.of(skipped)
-  if spikes is not None:
-    if frozen is not None:
-      spike = spike & jnp.logical_not(frozen)
-      window = jax.tree.map(lambda new, old: jnp.where(frozen, old, new), window,
-                            state.spike_window)
-    new_state = new_state.replace(spike_window=window)
-    metrics['spikes'] = metrics_lib.Sum.of(spike)
-  if state.loss_scale is not None:
-    scale = state.loss_scale.update(finite)
-    if frozen is not None:
-      scale = jax.tree.map(lambda new, old: jnp.where(frozen, old, new), scale,
-                           state.loss_scale)
-    new_state = new_state.replace(loss_scale=scale)
-    metrics['loss_scale'] = metrics_lib.Average.of(
-        state.loss_scale.scale, None if frozen is None else jnp.logical_not(frozen))
-  return new_state, metrics
+  new = loops.branch(verdict.ok, updated, lambda s: tuple(getattr(s, f) for f in fields), state)
+  # A skipped update's loss metrics count nothing (total and count zeroed: the
+  # window averages its applied updates) and it counts in its guard's metric.
+  metrics = jax.tree.map(lambda x: jnp.where(verdict.ok, x, jnp.zeros_like(x)), metrics)
+  return (state.replace(step=state.step + 1, guards=verdict.state, **dict(zip(fields, new))),
+          {**metrics, **verdict.metrics})

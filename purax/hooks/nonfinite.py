@@ -143,8 +143,8 @@ def before_skips(state: TrainState, step: int, skipped: int) -> TrainState:
   state; ``step`` set back; a loss scale doubled back once per skipped update
   (capped at its maximum; its count of good steps, which no gradient reads, is 0)."""
   state = state.replace(step=jnp.asarray(step, jnp.int32))
-  scale = state.loss_scale
+  scale = state.guards.get('loss_scale')
   if scale is not None:
-    state = state.replace(loss_scale=scale.replace(
-        scale=jnp.minimum(scale.scale * 2.0 ** skipped, scale.max_scale).astype(jnp.float32)))
+    state = state.replace(guards={**state.guards, 'loss_scale': scale.replace(
+        scale=jnp.minimum(scale.scale * 2.0 ** skipped, scale.max_scale).astype(jnp.float32))})
   return state

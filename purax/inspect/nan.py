@@ -245,7 +245,7 @@ def _backward(task, state, microbatch, key) -> tuple | None:
   """:meth:`_Cotangents.first_nonfinite` of one microbatch's backward pass
   (the loss scaled as the step scales it)."""
   cotangents = _Cotangents()
-  scale = getattr(state, 'loss_scale', None)
+  scale = state.guards.get('loss_scale')
 
   def objective(params):
     with intercept_calls(cotangents.hook):

@@ -117,7 +117,8 @@ def state_shardings(state: TrainState, mesh: Mesh, rules: Rules, *,
 
   ``params`` and ``opt_state`` (:data:`PARTITIONED`) follow the rules; every
   other field — ``step``, ``rng``, ``hparams``, ``model_state`` (batch
-  statistics), ``loss_scale``, any field added later — is replicated.
+  statistics), ``guards`` (the loss scale, the spike window), any field added later —
+  is replicated.
 
   Args:
     state: a concrete or abstract (``jax.eval_shape``) state.

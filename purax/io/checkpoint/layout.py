@@ -12,7 +12,9 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
+from purax.core.state import LEGACY_GUARD_FIELDS, TrainState
 from purax.io.checkpoint.errors import CheckpointError, CheckpointMismatchError
 
 PyTree = Any
@@ -163,6 +165,75 @@ def with_absent_fields(restored: PyTree, target: PyTree) -> PyTree:
                              for f in fields})
   if isinstance(target, Mapping) and isinstance(restored, Mapping):
     return type(target)((k, with_absent_fields(restored[k], v)) for k, v in target.items())
+  return restored
+
+
+# -- guard state kept in fields of its own before 0.3 ------------------------------
+
+
+class TrainStateBefore030(struct.PyTreeNode):
+  """How a :class:`purax.TrainState` was stored before 0.3: each guard's state
+  a field of its own (``loss_scale``, ``spike_window``; ``None``: no leaves,
+  and a checkpoint written before a field existed lacks it), where 0.3 keeps
+  them in ``guards`` (:data:`purax.core.state.LEGACY_GUARD_FIELDS`). Its
+  leaves, their paths and their order are those of the old state."""
+
+  step: Any
+  params: Any
+  model_state: Any
+  opt_state: Any
+  rng: Any
+  hparams: Any
+  loss_scale: Any = None
+  spike_window: Any = None
+
+
+def in_saved_layout(target: PyTree, saved) -> PyTree:
+  """``target`` in the layout of the stored tree ``saved`` (orbax's metadata:
+  nested mappings; None: unknown, ``target`` as it is): each
+  :class:`purax.TrainState` whose stored tree has no ``guards`` (written
+  before 0.3) becomes a :class:`TrainStateBefore030`, so the signature, the
+  fingerprints and the restore see the paths that were written.
+  :func:`from_saved_layout` undoes it after the restore.
+
+  Raises:
+    CheckpointMismatchError: the target has guard state no field of the old
+      layout held (a guard added since: the checkpoint cannot have it).
+  """
+  if isinstance(target, TrainState) and isinstance(saved, Mapping) and 'guards' not in saved:
+    keys = {key: field for field, key in LEGACY_GUARD_FIELDS.items()}
+    unknown = sorted(set(target.guards) - set(keys))
+    if unknown:
+      raise CheckpointMismatchError(
+          f"state.guards: expected only {sorted(keys)} in a checkpoint written before 0.3 "
+          f"(its guard state in fields of their own), got also {unknown}")
+    return TrainStateBefore030(
+        step=target.step, params=target.params, model_state=target.model_state,
+        opt_state=target.opt_state, rng=target.rng, hparams=target.hparams,
+        **{keys[k]: v for k, v in target.guards.items()})
+  fields = _data_fields(target)
+  if fields is not None and isinstance(saved, Mapping):
+    return target.replace(**{f: in_saved_layout(getattr(target, f), saved.get(f))
+                             for f in fields})
+  if isinstance(target, Mapping) and isinstance(saved, Mapping):
+    return type(target)((k, in_saved_layout(v, saved.get(k))) for k, v in target.items())
+  return target
+
+
+def from_saved_layout(restored: PyTree, target: PyTree) -> PyTree:
+  """The inverse of :func:`in_saved_layout`: ``restored`` in ``target``'s layout."""
+  if isinstance(restored, TrainStateBefore030) and isinstance(target, TrainState):
+    guards = {key: getattr(restored, field) for field, key in LEGACY_GUARD_FIELDS.items()
+              if getattr(restored, field) is not None}
+    return target.replace(step=restored.step, params=restored.params,
+                          model_state=restored.model_state, opt_state=restored.opt_state,
+                          rng=restored.rng, hparams=restored.hparams, guards=guards)
+  fields = _data_fields(target)
+  if fields is not None and _data_fields(restored) is not None:
+    return target.replace(**{f: from_saved_layout(getattr(restored, f), getattr(target, f))
+                             for f in fields})
+  if isinstance(target, Mapping) and isinstance(restored, Mapping):
+    return type(target)((k, from_saved_layout(restored[k], v)) for k, v in target.items())
   return restored
 
 

@@ -387,15 +387,18 @@ class Checkpointer:
     except Exception:   # any failure to read it: the restore reports the files' state
       return None
 
-  def _restore_step(self, abstract, step):
+  def _restore_step(self, wanted, step):
     where = f'checkpoint {step} in {self.directory}'
     extra = self._read_extra(step)
+    saved = self._saved_tree(step)
+    # A checkpoint written before 0.3 keeps guard state in fields of its own.
+    abstract = layout.in_saved_layout(wanted, saved)
     target_signature = layout.signature(abstract)
     if self.verify:
       layout.check_signature(extra['signature'], target_signature, where)
     full = layout.abstract_storable(abstract)
     # A checkpoint written before a None field of the state existed lacks it.
-    target = layout.without_absent_fields(full, self._saved_tree(step))
+    target = layout.without_absent_fields(full, saved)
     try:
       stored = layout.with_absent_fields(self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target)))['state'], full)
@@ -416,4 +419,7 @@ class Checkpointer:
     placed = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(stored)
     if self.verify:
       integrity.check_fingerprints(extra['fingerprints'], placed, target_signature)
-    return layout.unstorable(placed, abstract), extra, step
+    restored = layout.unstorable(placed, abstract)
+    if jax.tree.structure(abstract) != jax.tree.structure(wanted):
+      restored = layout.from_saved_layout(restored, wanted)
+    return restored, extra, step
