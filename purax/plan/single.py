@@ -76,33 +76,39 @@ class SingleDevicePlan(Plan):
   def singles(calls: Iterator) -> Iterator:
     """The batches of ``calls``, one step each (stacked calls sliced)."""
     for b, taken in calls:
-      if isinstance(b, Stacked):
+      if taken > 1:          # a Stacked call
         yield from (jax.tree.map(lambda x, i=i: x[i], b.batches) for i in range(taken))
       else:
         yield b
 
   def _program(self, batch):
-    return multi_train_step if isinstance(batch, Stacked) else train_step
-
-  def _call(self, state, acc, batch):
+    """``(compiled program, its input)`` of a call: the ``k``-step scan of a
+    :class:`purax.plan.feed.Stacked`, else the one-step program. The one place
+    a call's input is told apart."""
     if isinstance(batch, Stacked):
-      auto.COMPILED.multi.add((self.task, loops.shapes_key(batch.batches, drop_leading=True),
-                               batch.steps))
-      return multi_train_step(self.task, state, acc, batch.batches)
-    return train_step(self.task, state, acc, batch)
+      return multi_train_step, batch.batches
+    return train_step, batch
+
+  def _call(self, state, acc, program, inputs):
+    if program is multi_train_step:
+      auto.COMPILED.multi.add((self.task, loops.shapes_key(inputs, drop_leading=True),
+                               len(jax.tree.leaves(inputs)[0])))
+    return program(self.task, state, acc, inputs)
 
   def train_step(self, state, acc, batch):
+    timed = batch if isinstance(batch, auto.Timed) else None   # a call 'auto' measures
+    program, inputs = self._program(batch if timed is None else timed.batch)
     with host_batch_transfer():
-      if not isinstance(batch, auto.Timed):
-        return self._call(state, acc, batch)
-      cache = getattr(self._program(batch.batch), '_cache_size', lambda: 0)
+      if timed is None:
+        return self._call(state, acc, program, inputs)
+      cache = getattr(program, '_cache_size', lambda: 0)
       cached = cache()
       begin = time.perf_counter()
-      state, acc = self._call(state, acc, batch.batch)
-      if batch.sync:
+      state, acc = self._call(state, acc, program, inputs)
+      if timed.sync:
         jax.block_until_ready(acc)
-      batch.ended = time.perf_counter()
-      batch.seconds, batch.compiled = batch.ended - begin, cache() > cached
+      timed.ended = time.perf_counter()
+      timed.seconds, timed.compiled = timed.ended - begin, cache() > cached
       return state, acc
 
   def lower(self, state, acc, batch):

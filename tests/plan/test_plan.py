@@ -193,3 +193,15 @@ def test_a_plan_that_overrides_a_helper_by_its_name_before_0_3_still_has_it_call
   assert Old._eval_batch is Old.__dict__['eval_batch']
   metrics = purax.evaluate(TASK, fresh(), DATA[:2], plan=Old(TASK))
   assert Old.seen == 2 and 'loss' in metrics
+
+
+def test_the_protocol_docstring_lists_exactly_its_public_members():
+  import re
+  from purax.plan import protocol
+  listed = set(re.findall(r'^- ``(\w+)', protocol.__doc__, re.M)) | set(
+      re.findall(r'``(\w+)``', protocol.__doc__.split('Its public members, all of them:')[1]
+                 .split('\n- ``start_step')[0]))
+  plan = plan_lib.Plan(TASK)
+  public = {n for n in dir(plan) if not n.startswith('_')}
+  assert public == listed, (sorted(public - listed), sorted(listed - public))
+  assert len(public) == 16
