@@ -2,7 +2,8 @@
 placed by the run's plan. Beside :func:`purax.fit` (:mod:`purax.loop`), which
 takes what it returns: the checkpoint layout it reads is
 :mod:`purax.io.checkpoint.run`'s, the placement the plan's
-(:meth:`purax.plan.Plan.abstract_checkpoint`, :meth:`purax.plan.Plan.init_state`).
+(:meth:`purax.plan.protocol.Plan.abstract_checkpoint`,
+:meth:`purax.plan.protocol.Plan.init_state`).
 """
 
 from __future__ import annotations
@@ -28,24 +29,26 @@ def restore_or_init(directory: str | Checkpointer, task, key: jax.Array, batch, 
   Args:
     directory: a checkpoint directory (``fit``'s checkpointer's), a
       ``purax train`` run directory (its ``checkpoints/`` is used), or a
-      :class:`Checkpointer`. A path is opened read-only (unless
-      ``move_aside``): nothing in it is created, cleaned up or renamed. A missing or empty directory (or one holding only
-      unfinished saves) is "nothing here yet" and initialises.
+      :class:`purax.io.checkpoint.Checkpointer`. A path is opened read-only (unless
+      ``move_aside``): nothing in it is created, cleaned up or renamed. A
+      missing or empty directory (or one holding only unfinished saves) is
+      "nothing here yet" and initialises.
     task: the task whose state is restored (its shapes and dtypes must match:
       strict, never a cast).
     key: the PRNG key of a fresh state (``task.init(key, batch)``).
     batch: a sample batch (only shapes matter).
     plan: the run's plan (:mod:`purax.plan`); a
-      :class:`purax.parallel.ShardedPlan` restores (or creates) the state
+      :class:`purax.plan.ShardedPlan` restores (or creates) the state
       directly in its sharding.
     hooks: the hooks the run will use; those with array state
       (:class:`purax.hooks.EMA`) get it restored (``Restored.hook_arrays``).
       Give the same hooks as the run that saved: a checkpoint saved with an
       array hook restored without it (or the reverse) is a
-      :class:`CheckpointMismatchError` naming the ``hooks`` path.
+      :class:`purax.io.checkpoint.CheckpointMismatchError` naming the
+      ``hooks`` path.
     move_aside: rename each unreadable checkpoint met on the way to
-      ``STEP.unreadable-N`` (:meth:`Checkpointer.restore`; what ``purax train``
-      does when it resumes).
+      ``STEP.unreadable-N`` (:meth:`purax.io.checkpoint.Checkpointer.restore`;
+      what ``purax train`` does when it resumes).
     must_exist: require a checkpoint: "nothing here yet" is an error rather
       than a fresh state (for code that means to resume, e.g. evaluation).
 

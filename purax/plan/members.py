@@ -1,8 +1,9 @@
 """The population plan: every member of a :class:`purax.core.population.Population`
 stepped at once (``task.step`` vmapped; frozen members kept), one program, and
-the compiled programs it runs (:func:`train_step`, :func:`eval_step`, their
-zeroed metrics windows). The pure functions (``init``, ``step``,
-``evaluate``, how members share the machine) are :mod:`purax.core.population`'s.
+the compiled programs it runs (``train_step``, ``eval_step``, their zeroed
+metrics windows: :func:`zero_train_metrics`, :func:`zero_eval_metrics`). The
+pure functions (``init``, ``step``, ``evaluate``, how members share the
+machine) are :mod:`purax.core.population`'s.
 
 Example:
   >>> from purax.core import population

@@ -71,10 +71,10 @@ class ShardedPlan(Plan):
     checks, prefetch: as :class:`purax.plan.Plan`.
 
   The names before 0.3 still work, deprecated until 0.4: ``init(key)``
-  (:meth:`init_state`), ``shard_state(state)`` (:meth:`place` in new buffers:
+  (:meth:`init_state`), ``shard_state(state)`` (``place`` in new buffers:
   ``jax.device_put(state, plan.state_sharding, may_alias=False)``) and
-  ``step(state, batch) -> (state, metrics)`` (:meth:`train_step` with a zeroed
-  window, :meth:`zero_metrics`).
+  ``step(state, batch) -> (state, metrics)`` (``train_step`` with a zeroed
+  window, ``zero_metrics``).
 
   Raises:
     DataError: a malformed batch, or a batch size not divisible by the batch axes.
@@ -114,13 +114,13 @@ class ShardedPlan(Plan):
 
   @property
   def step(self):
-    """Deprecated since 0.3: :meth:`train_step` (``step``: the jitted ``(state, batch) ->
+    """Deprecated since 0.3: ``train_step`` (``step``: the jitted ``(state, batch) ->
     (state, metrics)``, ``state`` donated)."""
     _deprecated('step(state, batch)', 'train_step(state, acc, batch)')
     return self._step
 
   def shard_state(self, state: TrainState) -> TrainState:
-    """Deprecated since 0.3: :meth:`place` (``shard_state`` placed in new buffers)."""
+    """Deprecated since 0.3: ``place`` (``shard_state`` placed in new buffers)."""
     _deprecated('shard_state(state)', 'place(state) (or jax.device_put(state, '
                 'plan.state_sharding, may_alias=False) for new buffers)')
     return jax.device_put(state, self.state_sharding, may_alias=False)
