@@ -5,7 +5,7 @@ digits (8x8 = 64 inputs, batch 64) with
 AdamW at K different learning rates (log-spaced 1e-4 .. 1e-2) and K seeds, for
 the same number of steps, in one process:
 
-- ``population_<strategy>``: :func:`purax.core.population.train_step`
+- ``population_<strategy>``: :func:`purax.plan.members.train_step`
   (divergence checks included), one jitted call per step for all K members,
   with the population strategy ``'auto'`` (what ``fit`` uses; the chunk size
   it picks is recorded) and each of ``--strategies`` (``vmap``,
@@ -42,6 +42,7 @@ import numpy as np
 import purax
 from purax.core import metrics as metrics_lib
 from purax.core import population as P
+from purax.plan import members
 from purax.io import datasets
 from purax.core.metrics import zeros_of as zero_metrics
 from purax.plan import train_step
@@ -66,11 +67,11 @@ def population(task, batches, k, strategy='auto', reps=1):
   lrs = np.geomspace(1e-4, 1e-2, k).astype(np.float32)
   pop = jax.jit(P.init, static_argnums=0)(task, jax.vmap(jax.random.key)(jnp.arange(k)),
                                           {'peak_learning_rate': lrs}, batches[0])
-  acc = P.zero_train_metrics(task, pop, batches[0])
+  acc = members.zero_train_metrics(task, pop, batches[0])
   jax.block_until_ready(pop)
   t = time.perf_counter()
   for b in batches * reps:
-    pop, acc = P.train_step(task, pop, acc, b, None, strategy=strategy)
+    pop, acc = members.train_step(task, pop, acc, b, None, strategy=strategy)
   jax.block_until_ready((pop, acc))
   return time.perf_counter() - t
 

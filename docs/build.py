@@ -197,8 +197,9 @@ test = [batch]                                                   # evaluation ba
 
 
 #: The API pages in reading order (the rest follow by name).
-ORDER = ('purax', 'purax.core', 'purax.nn', 'purax.loop', 'purax.hooks', 'purax.plan',
-         'purax.parallel', 'purax.io', 'purax.io.checkpoint', 'purax.testing', 'purax.app')
+ORDER = ('purax', 'purax.core', 'purax.nn', 'purax.loop', 'purax.resume', 'purax.hooks',
+         'purax.plan', 'purax.parallel', 'purax.io', 'purax.io.checkpoint', 'purax.testing',
+         'purax.app')
 
 
 def api_index(names: list[str]) -> str:

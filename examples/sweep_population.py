@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import purax
 from purax.core import population
+from purax.plan import members
 from own_model_contrastive import Embed, digit_batches, supcon
 
 TINY = bool(os.environ.get('PURAX_EXAMPLE_TINY'))
@@ -23,9 +24,9 @@ if __name__ == '__main__':
   hparams = {'temperature': jnp.array([t for t, _ in GRID]),
              'peak_learning_rate': jnp.array([lr for _, lr in GRID])}
   pop = population.init(task, keys, hparams, batches[0])
-  acc = population.zero_train_metrics(task, pop, batches[0])
+  acc = members.zero_train_metrics(task, pop, batches[0])
   for batch in batches[:SWEEP]:
-    pop, acc = population.train_step(task, pop, acc, batch, None)   # one program for all
+    pop, acc = members.train_step(task, pop, acc, batch, None)   # one program for all
   scores = jax.jit(population.evaluate, static_argnums=0)(task, pop, test)
   accuracy = purax.metrics.compute(scores)['nn_accuracy']
   for (t, lr), a, status in zip(GRID, accuracy, population.status(pop)):

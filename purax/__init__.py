@@ -37,7 +37,7 @@ _PUBLIC = {
     'objectives': 'purax.core.objectives',
     'summary': 'purax.inspect.summary:summary',
     'Checkpointer': 'purax.io.checkpoint:Checkpointer',
-    'restore_or_init': 'purax.io.checkpoint.run:restore_or_init',
+    'restore_or_init': 'purax.resume:restore_or_init',
     'hooks': 'purax.hooks',
     'plan': 'purax.plan',
     'StopOnSignal': 'purax.io.signals:StopOnSignal',

@@ -37,7 +37,7 @@ import jax
 from purax.core import metrics as metrics_lib
 from purax.core import shapes
 from purax.core.errors import ConfigError, DataError, expect, expect_kind
-from purax.core.population import Population
+from purax.core.population import Population, is_population
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.hooks.standard import standard
@@ -45,9 +45,10 @@ from purax.hooks.loop import Legacy, _Loop, cadences, is_legacy, name_of
 from purax.hooks.record import End
 from purax.io.checkpoint import layout
 from purax.io.checkpoint.run import Restored
-from purax.io.pipeline import owned
-from purax.parallel.plan import Plan
-from purax.plan import SingleDevicePlan
+from purax.plan.feed import holds_its_batches as holds_its_batches
+from purax.plan.feed import own
+from purax.plan.protocol import Plan
+from purax.plan.single import SingleDevicePlan
 
 
 def evaluate(task: Task, state: TrainState, batches: Iterable, *, plan=None
@@ -70,15 +71,6 @@ def is_random_access(data) -> bool:
   """Whether ``data`` is read by step (``len()`` and ``data[s]``), not iterated."""
   return hasattr(data, '__len__') and hasattr(data, '__getitem__') and not isinstance(
       data, (dict, str, bytes))
-
-
-def holds_its_batches(data) -> bool:
-  """Whether ``data``'s batches can be handed to a step as they are: a list or
-  tuple of batches (held, so nothing refills them) or a source that builds new
-  arrays at every read and says so (``fresh_batches = True``, as
-  :func:`purax.io.pipeline.train_dataset` does). Other sources' batches are
-  copied once (:func:`purax.io.pipeline.owned`): a loader may refill its arrays."""
-  return isinstance(data, (list, tuple)) or getattr(data, 'fresh_batches', False) is True
 
 
 class _Source:
@@ -137,14 +129,14 @@ class _Source:
       if self.stateful:
         self.positions.append(self.iterator.get_state())
       if self.kept is not None:    # the one copy of it, kept and handed to the step
-        batch = owned(batch)
+        batch = own(batch, held=True)
         self.kept.append((step, batch))
       yield batch
 
   def keep(self, n: int) -> None:
     """Keep the last ``n`` batches of an iterable source, for :meth:`batch`.
 
-    Each is copied once (:func:`purax.io.pipeline.owned`), and that copy is
+    Each is copied once (:func:`purax.plan.feed.own`), and that copy is
     the one the step gets (``fresh``: the plan copies it no more). A random-
     access source needs nothing kept: its batch of step ``s`` is ``data[s]``.
     """
@@ -283,7 +275,7 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
     train_data: random access by step (``train_data[s]`` is the batch of step
       ``s``) or any iterable of batches (the module docstring). Its loader may
       refill a batch's arrays once it has yielded it: ``fit`` trains on a copy
-      where a call could still read it (:func:`purax.io.pipeline.owned`),
+      where a call could still read it (:func:`purax.plan.feed.copy_needed`),
       except for a list or tuple of batches and a source marked
       ``fresh_batches = True`` (:func:`holds_its_batches`).
     steps: the step to train to; default ``len(train_data)`` (random access)
@@ -430,7 +422,7 @@ def _check_model(task, state, batch, step: int) -> None:
   another model is a named ConfigError, not a failure deep in the model; a
   first batch of another per-example shape than the one the params were built
   from (:mod:`purax.core.shapes`) is a DataError naming its field and step."""
-  if isinstance(state, Population):   # its batches may carry a members axis: the plan checks
+  if is_population(state):   # its batches may carry a members axis: the plan checks
     return
   given = layout.signature(state.params)
   expected = layout.signature(task.abstract_state(batch).params)

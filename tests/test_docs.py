@@ -113,7 +113,7 @@ def test_site_builds_and_every_docstring_example_is_a_code_block(site):
   assert problems == []
   examples = build.docstring_examples()
   assert len(examples) >= 15, sorted(examples)        # modules with >>> examples
-  assert {'purax.core.task', 'purax.loop', 'purax.io.checkpoint.run', 'purax.hooks.library',
+  assert {'purax.core.task', 'purax.loop', 'purax.resume', 'purax.hooks.library',
           'purax.testing'} <= set(examples)
   for module, sources in examples.items():
     page = _html(out, os.path.join('api', build.page_of(module) + '.html'))
@@ -129,7 +129,7 @@ def test_landing_page_links_the_core_api_and_every_guide(site):
   index = _html(out, 'index.html')
   hrefs = set(re.findall(r'href="([^"]+)"', index))
   for target in ('purax.core.task.Task', 'purax.loop.fit', 'purax.core.state.TrainState',
-                 'purax.io.checkpoint.run.restore_or_init', 'module-purax.testing'):
+                 'purax.resume.restore_or_init', 'module-purax.testing'):
     assert any(h.endswith('#' + target) for h in hrefs), target
   for page in glob.glob(os.path.join(DOCS, 'guides', '*.md')):
     name = os.path.basename(page)[:-3]

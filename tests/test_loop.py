@@ -70,12 +70,12 @@ def test_host_syncs_happen_only_at_log_points(monkeypatch):
 def test_a_cpu_fit_hands_its_step_host_batches_without_a_device_put(monkeypatch, steps_per_call):
   """On the CPU the jitted call takes each numpy batch itself: a device_put
   ahead of it made the MLP step 7% slower (plan.to_step). Evaluation too."""
-  from purax.parallel import plan as base
-  from purax.plan import single
+  from purax.plan import feed, single
+  from purax.plan import protocol as base
   task, train, evals = make(num_steps=8)
   seen = []
-  real_put = pipeline.prefetch_to_device
-  monkeypatch.setattr(base, 'prefetch_to_device',
+  real_put = feed.prefetch_to_device
+  monkeypatch.setattr(feed, 'prefetch_to_device',
                       lambda *a, **k: seen.append('prefetch') or real_put(*a, **k))
   class Spy:
     def __init__(self, real):
@@ -113,22 +113,22 @@ def test_a_loader_that_refills_its_arrays_trains_on_the_batches_it_yielded(steps
 def test_batches_are_copied_only_where_the_source_may_refill_them(steps_per_call, monkeypatch):
   """A list of batches and purax's own training dataset (new arrays at every
   read, ``fresh_batches``) go to the step as they are; an iterator's batches
-  are copied once each (purax.io.pipeline.owned): no per-step copy a bare
-  loop would not make, and none missing where a loader may refill."""
+  are copied once each (purax.plan.feed.owned, the one copy every stage
+  makes through purax.plan.feed.own): no per-step copy a bare loop would not
+  make, and none missing where a loader may refill."""
   import purax.plan.auto as auto_mod
-  import purax.plan.single as single_mod
-  import purax.parallel.plan as plan_mod
+  import purax.plan.feed as feed_mod
   copies = []
+  real_owned = feed_mod.owned
 
   def counted(batch):
     copies.append(1)
-    return pipeline.owned(batch)
+    return real_owned(batch)
 
-  for module in (auto_mod, single_mod, plan_mod):
-    monkeypatch.setattr(module, 'owned', counted)
+  monkeypatch.setattr(feed_mod, 'owned', counted)
   # 'auto' as a fast machine runs it: k = 2 after its 5 probe steps, kept. Step
   # 5 runs alone (copied by owned), steps 6-7 are copied into their call's
-  # stack (purax.plan.single.stacked), not by owned.
+  # stack (purax.plan.feed.stacked), not by owned.
   monkeypatch.setattr(auto_mod, 'choose_steps_per_call', lambda *a, **kw: 2)
   monkeypatch.setattr(auto_mod, 'k_pays', lambda *a: True)
   task, train, _ = make(num_steps=8)

@@ -38,7 +38,8 @@ from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
 from purax.io import compile_time, datasets, export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from purax.io.checkpoint import replay
-from purax.io.checkpoint.run import Restored, abstract_checkpoint, restore_or_init
+from purax.io.checkpoint.run import Restored, abstract_checkpoint
+from purax.resume import restore_or_init
 from purax.io import signals
 from purax.io.signals import StopOnSignal
 from purax.hooks import budget as budget_lib

@@ -168,7 +168,7 @@ def attach(package: str, names: Mapping[str, str], deprecated: Mapping[str, tupl
   ``names`` maps each public name to its import path; ``dir(package)`` lists
   them. A name bound once is kept in the package (later accesses are plain
   lookups); a name outside the table that is a submodule (``purax.core.task``)
-  is imported as one. ``deprecated`` maps an old spelling to ``(import path,
+  is imported as one (in a package; a module may attach names too). ``deprecated`` maps an old spelling to ``(import path,
   new spelling, version it goes in)``: it still works, with a
   ``DeprecationWarning`` naming the replacement at each access, and is not
   listed by ``dir``.
@@ -187,11 +187,12 @@ def attach(package: str, names: Mapping[str, str], deprecated: Mapping[str, tupl
       warnings.warn(f'purax: {package}.{name} is deprecated: use {new} (it goes in {until}; '
                     'CHANGELOG.md)', DeprecationWarning, stacklevel=2)
       return resolve(path)
-    try:
-      return resolve(f'{package}.{name}')
-    except ModuleNotFoundError as e:
-      if e.name != f'{package}.{name}':
-        raise
+    if '__path__' in namespace:      # a package: the name may be a submodule (not a module's)
+      try:
+        return resolve(f'{package}.{name}')
+      except ModuleNotFoundError as e:
+        if e.name != f'{package}.{name}':
+          raise
     raise AttributeError(f'module {package!r} has no attribute {name!r}')
 
   def __dir__() -> list[str]:

@@ -41,15 +41,19 @@ Example:
   >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
   >>> hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
   >>> pop = population.init(task, keys, hparams, batch)
-  >>> zeros = population.zero_train_metrics(task, pop, batch)
-  >>> pop, metrics = population.train_step(task, pop, zeros, batch)
+  >>> pop, metrics = jax.jit(population.step, static_argnums=0)(task, pop, batch)
   >>> purax.metrics.compute(metrics)['loss'].shape     # one loss per member
   (4,)
+
+The compiled programs a host loop calls (the step with its metrics window,
+the evaluation, their zeroed windows) are the population plan's
+(:mod:`purax.plan.members`); :func:`is_population` is the one test of "is
+this a population".
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Literal, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +98,12 @@ class Population(struct.PyTreeNode):
   def frozen(self) -> jax.Array:
     """bool ``[members]``: diverged or stopped; these members no longer change."""
     return self.diverged | self.stopped
+
+
+def is_population(x) -> bool:
+  """Whether ``x`` is a :class:`Population` (a stacked state with its members'
+  status), not a single :class:`TrainState`: the one test of it."""
+  return isinstance(x, Population)
 
 
 # -- hyperparameters --------------------------------------------------------
@@ -393,7 +403,7 @@ def early_stopping(pop: Population, scores: jax.Array, *, patience: int,
 
 def member(pop: Population | TrainState, i: int) -> TrainState:
   """Member ``i``'s ordinary single-model :class:`TrainState` (no member axis)."""
-  state = pop.state if isinstance(pop, Population) else pop
+  state = pop.state if is_population(pop) else pop
   return jax.tree.map(lambda x: x[i], state)
 
 
@@ -402,50 +412,16 @@ def stack(states: list[TrainState]) -> TrainState:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *states)
 
 
-# -- jitted entry points for host loops -------------------------------------
-
-
-def _train_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
-  return metrics_lib.stepped(lambda p: step(task, p, batch, batch_index, strategy=strategy),
-                             pop, acc)
-
-
-def _eval_step(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
-  return metrics_lib.merge(acc, evaluate(task, pop, batch, batch_index, strategy=strategy))
-
-
-def _unrolled(task, pop, acc, batch, batch_index=None, *, strategy: Strategy = 'auto'):
-  """Whether the members' loop of this call is unrolled (:mod:`purax.core.loops`):
-  then its program is compiled with ``loops.UNROLLED_CPU_OPTIONS``."""
-  members = jnp.shape(jax.tree.leaves(pop.state)[0])[0]
-  if members == 1 or chunk_size(strategy, members) >= members:
-    return False                        # no loop over members
-  # With batch_index, a member's batch is one row of the pool.
-  return loops.step_unrolls(task, batch, stacked=batch_index is not None)
-
-
-# Compiled once per (task, strategy, shapes): new hyperparameter values or seeds
-# of the same member count reuse the program. The population and the running
-# metrics are donated.
-train_step = loops.Jit(_train_step, _unrolled, static_argnums=0, static_argnames='strategy',
-                       donate_argnums=(1, 2))
-eval_step = loops.Jit(_eval_step, _unrolled, static_argnums=0, static_argnames='strategy',
-                      donate_argnums=2)
-
-
-def zero_train_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
-  """Zeroed ``[members]`` metrics accumulator of ``train_step`` (no compute)."""
-  return metrics_lib.zeros_of(lambda p, b, i: step(task, p, b, i, strategy='vmap')[1], pop,
-                              batch, batch_index)
-
-
-def zero_eval_metrics(task, pop: Population, batch, batch_index=None) -> dict[str, Any]:
-  """Zeroed ``[members]`` metrics accumulator of ``eval_step`` (no compute)."""
-  return metrics_lib.zeros_of(lambda p, b, i: evaluate(task, p, b, i, strategy='vmap'), pop,
-                              batch, batch_index)
-
-
 def status(pop: Population) -> np.ndarray:
   """Host-side per-member status strings: ``'ok'``, ``'diverged'``, ``'stopped'``."""
   diverged, stopped = jax.device_get((pop.diverged, pop.stopped))
   return np.where(diverged, 'diverged', np.where(stopped, 'stopped', 'ok'))
+
+
+from purax.core import lazy as _lazy  # noqa: E402
+
+# The compiled programs moved beside the population's plan in 0.3
+# (purax.plan.members); the spellings here work, deprecated, until 0.4.
+__getattr__, _ = _lazy.attach(__name__, {}, deprecated={
+    name: (f'purax.plan.members:{name}', f'purax.plan.members.{name}', '0.4')
+    for name in ('train_step', 'eval_step', 'zero_train_metrics', 'zero_eval_metrics')})

@@ -166,19 +166,19 @@ class PBT:
 def _params_of(state):
   """The params of a :class:`TrainState`, or the stacked ``[members]`` params
   of a :class:`purax.core.population.Population`."""
-  return state.state.params if isinstance(state, pop_lib.Population) else state.params
+  return state.state.params if pop_lib.is_population(state) else state.params
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _sample(params_of, state):
   """``params_of`` of a state, or of every member of a population (vmapped)."""
-  if isinstance(state, pop_lib.Population):
+  if pop_lib.is_population(state):
     return jax.vmap(params_of)(state.state)
   return params_of(state)
 
 
 def _with_params(state, params):
-  if isinstance(state, pop_lib.Population):
+  if pop_lib.is_population(state):
     return state.replace(state=state.state.replace(params=params))
   return state.replace(params=params)
 
@@ -440,7 +440,7 @@ class Histograms:
     if info.forced and not (self.at_end and info.end.done):
       return None
     state = info.state
-    expect(not isinstance(state, pop_lib.Population), 'Histograms state',
+    expect(not pop_lib.is_population(state), 'Histograms state',
            'a TrainState (one run)', 'a Population', ConfigError)
     histograms = {f'params/{_path_name(path)}': np.asarray(x, np.float32) for path, x in
                   jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]}

@@ -13,13 +13,13 @@ import numpy as np
 
 from purax.core import hparams as hparams_lib
 from purax.core import metrics as metrics_lib
-from purax.core.population import Population
+from purax.core.population import is_population
 from purax.io import compile_time
 
 
 def _train_state(state):
   """The :class:`TrainState` of ``state`` (a Population's stacked one)."""
-  return state.state if isinstance(state, Population) else state
+  return state.state if is_population(state) else state
 
 
 def _applied_packed(task, state):

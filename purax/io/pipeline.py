@@ -1,4 +1,4 @@
-"""Batches from in-memory arrays with grain, and device prefetch.
+"""Batches from in-memory arrays with grain.
 
 Training batches come from a grain ``MapDataset`` that is random access by
 step: the batch of step ``s`` is ``ds[s]``, which makes resuming at any step
@@ -8,17 +8,15 @@ epoch, cached: grain's per-element ``shuffle`` cost more per example than a
 small model's whole step), and the remainder of an epoch carries
 into the next batch. Evaluation batches pad the last batch to a fixed
 size and carry per-example weights (1 real, 0 padding), so every example counts
-exactly once and the evaluation step compiles once.
+exactly once and the evaluation step compiles once. How a batch then gets to
+the step (copy, stack, prefetch, transfer) is :mod:`purax.plan.feed`.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
-import itertools
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
 
 from purax.core.errors import ConfigError, expect
@@ -39,7 +37,7 @@ def _gather(x: np.ndarray, y: np.ndarray):
 def fresh(ds):
   """``ds`` marked ``fresh_batches = True``: every read builds new arrays, so
   :func:`purax.fit` hands its batches to the step without a copy
-  (:func:`purax.loop.holds_its_batches`). Returns ``ds``."""
+  (:func:`purax.plan.feed.holds_its_batches`). Returns ``ds``."""
   ds.fresh_batches = True
   return ds
 
@@ -108,40 +106,10 @@ def eval_batches(x: np.ndarray, y: np.ndarray, *, batch_size: int) -> grain.MapD
   return grain.MapDataset.range(n).batch(batch_size, drop_remainder=False).map(pad)
 
 
-def owned(batch):
-  """``batch`` with each numpy array copied: memory that no loader writes again.
+from purax.core import lazy as _lazy  # noqa: E402
 
-  On the CPU, ``jax.device_put`` and a jitted call may use an aligned numpy
-  array's memory in place until the step reads it, and XLA runs the step
-  after the call returns. A loader that refills the same array for its next
-  batch (a ring of buffers, a preallocated batch) would then change a batch
-  its step has not read yet, and training silently runs on other data
-  (``tests/test_loop.py``: a loader that refills one 4096-byte-aligned batch
-  trains differently without this copy; so it did, checked by hand, when
-  ``fit`` still called ``device_put`` on the CPU). Costs one host copy of
-  the batch; other leaves (jax arrays, Python scalars) are kept as they are.
-  """
-  return jax.tree.map(lambda x: np.array(x) if isinstance(x, np.ndarray) else x, batch)
-
-
-def prefetch_to_device(batches: Iterable, size: int = 2,
-                       sharding: jax.sharding.Sharding | None = None) -> Iterator:
-  """Yields batches already put on the device, ``size`` ahead of the consumer.
-
-  ``jax.device_put`` is asynchronous, so the next batch is transferred while
-  the current step runs (the idea of ``flax.jax_utils.prefetch_to_device``,
-  for any sharding). On the CPU each batch is copied first (:func:`owned`):
-  ``device_put`` may keep using a numpy array's memory there.
-  """
-  queue = collections.deque()
-  iterator = iter(batches)
-  cpu = jax.default_backend() == 'cpu'
-
-  def enqueue(n):
-    for batch in itertools.islice(iterator, n):
-      queue.append(jax.device_put(owned(batch) if cpu else batch, sharding))
-
-  enqueue(size)
-  while queue:
-    yield queue.popleft()
-    enqueue(1)
+# Batch staging moved to purax.plan.feed in 0.3 (io imports nothing of plan:
+# docs/design.md, the import table); these spellings work, deprecated, until 0.4.
+__getattr__, _ = _lazy.attach(__name__, {}, deprecated={
+    name: (f'purax.plan.feed:{name}', f'purax.plan.feed.{name}', '0.4')
+    for name in ('owned', 'prefetch_to_device')})

@@ -4,14 +4,19 @@
   ``('data', 'fsdp', 'tensor')``;
 - :class:`Rules` (:func:`data_parallel`, :func:`fsdp`, :func:`tensor_parallel`)
   say how each array is split; :func:`shard` places a state or a batch;
-- :func:`sharded` jits ``init`` / ``step`` / ``evaluate`` with those shardings
-  and the state donated: the step is :meth:`purax.Task.step`, unchanged;
+- :func:`sharded` builds the plan (:class:`purax.plan.ShardedPlan`,
+  :mod:`purax.plan.sharded`) that jits ``init_state`` / ``train_step`` /
+  ``evaluate`` with those shardings and the state donated: the step is
+  :meth:`purax.Task.step`, unchanged;
 - :func:`shard_map_step` and :func:`pmap_step` are the per-device variants
   (explicit gradient ``psum``, BatchNorm ``axis_name``, a dropout key per device);
 - :mod:`purax.parallel.distributed` starts multi-host runs on
   ``jax.distributed`` and builds global batches from per-process data.
 
-Nothing here touches a device at import.
+Nothing here touches a device at import. ``parallel`` imports nothing of
+:mod:`purax.plan` (``docs/design.md``, the import table): :func:`sharded`,
+:class:`ShardedPlan` and :class:`Plan` are the plans' (:mod:`purax.plan`),
+bound here on first use for the spellings before 0.3.
 """
 
 from purax.parallel import distributed as distributed
@@ -38,9 +43,6 @@ from purax.parallel.spmd import shard_map_step as shard_map_step
 from purax.parallel.spmd import split_batch as split_batch
 from purax.parallel.spmd import unreplicate as unreplicate
 from purax.parallel.spmd import with_axis_name as with_axis_name
-from purax.parallel.plan import Plan as Plan
-from purax.parallel.step import ShardedPlan as ShardedPlan
-from purax.parallel.step import sharded as sharded
 
 __all__ = [
     'AXES',
@@ -75,8 +77,13 @@ __all__ = [
 from purax.core import lazy as _lazy  # noqa: E402
 
 # Spellings before 0.2, still working with a DeprecationWarning until 0.4.
-__getattr__, _ = _lazy.attach(__name__, {}, deprecated={
-    'Sharded': ('purax.parallel.step:ShardedPlan',
+__getattr__, __dir__ = _lazy.attach(__name__, {
+    # The plans' (purax.plan), bound on first use: parallel imports nothing of plan.
+    'Plan': 'purax.plan.protocol:Plan',
+    'ShardedPlan': 'purax.plan.sharded:ShardedPlan',
+    'sharded': 'purax.plan.sharded:sharded',
+}, deprecated={
+    'Sharded': ('purax.plan.sharded:ShardedPlan',
                 'purax.parallel.ShardedPlan (purax.parallel.sharded(task, mesh, rules, batch))',
                 '0.4'),
 })

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import jax
 
 from purax.core import loops
-from purax.io.pipeline import owned
+from purax.plan.feed import own
 
 #: Single steps timed before ``k`` is chosen (the first compiles).
 PROBE_STEPS = 5
@@ -152,7 +152,7 @@ def auto_batches(plan, host_batches: Iterator, loop) -> Iterator:
   """The calls of a ``steps_per_call='auto'`` fit (module docstring); the
   choice is left in ``plan.chosen_steps_per_call``."""
   # Held before their steps run: copied, as a loader may refill its arrays.
-  probe = [b if loop.fresh_batches else owned(b)
+  probe = [own(b, loop.fresh_batches, held=True)
            for b in itertools.islice(host_batches, PROBE_STEPS)]
   timed = [Timed(b, sync=i == len(probe) - 1) for i, b in enumerate(probe)]
   yield from ((t, 1) for t in timed)

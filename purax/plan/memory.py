@@ -85,6 +85,7 @@ from purax.io.checkpoint.run import abstract_checkpoint
 from purax.io.profile import is_out_of_memory
 from purax.plan.budget import MARGIN, default_budget
 from purax.plan.candidates import Candidate, axes, dominates, grid
+from purax.plan.sharded import sharded
 from purax.plan.single import SingleDevicePlan
 
 #: Candidates whose estimated FLOPs are within this share of the fewest are
@@ -163,7 +164,7 @@ class MemoryFit:
     implies (:func:`purax.parallel.for_mesh`)."""
     if self.mesh is None:
       return SingleDevicePlan(self.task)
-    return parallel.sharded(self.task, self.mesh, parallel.for_mesh(self.mesh), sample_batch)
+    return sharded(self.task, self.mesh, parallel.for_mesh(self.mesh), sample_batch)
 
   def table(self) -> str:
     """The candidate table and the choice, as :func:`fit_memory` prints it."""
@@ -195,7 +196,7 @@ def measure(task: Task, batch, mesh: Mesh | None = None) -> dict[str, float]:
   if mesh is None:
     plan = SingleDevicePlan(task)
   else:
-    plan = parallel.sharded(task, mesh, parallel.for_mesh(mesh), shapes)
+    plan = sharded(task, mesh, parallel.for_mesh(mesh), shapes)
   compiled = plan.lower(abstract['state'], abstract['train_metrics'], shapes).compile()
   cost = summary_lib.compiled_cost(compiled)
   _MEASURED[key] = cost

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import jax
-import numpy as np
-from flax import struct
 
 from purax.core import loops
 from purax.core import metrics as metrics_lib
-from purax.core.errors import DataError, expect
-from purax.io.pipeline import owned
-from purax.parallel.plan import Plan, host_batch_transfer, to_step
 from purax.plan import auto
+from purax.plan.feed import Stacked, host_batch_transfer, stacked, to_step
+from purax.plan.protocol import Plan
 
 
 def _train_step(task, state, acc, batch):
@@ -44,72 +41,11 @@ multi_train_step = loops.Jit(
     static_argnums=0, donate_argnums=(1, 2))
 
 
-class Stacked(struct.PyTreeNode):
-  """``k`` batches stacked for one multi-step call (every leaf ``[k, batch, ...]``)."""
-
-  batches: Any
-
-  @property
-  def steps(self) -> int:
-    return len(jax.tree.leaves(self.batches)[0])
-
-
-def stacked(batches: Iterable, start: int, k: int, alone=lambda step: False, *,
-            fresh: bool = False) -> Iterator:
-  """Groups batches into :class:`Stacked` calls of ``k`` that end at multiples of
-  ``k``; the steps before the first multiple (a resumed run), after the last (a
-  tail shorter than ``k``) and every block of ``k`` holding a step that must
-  run ``alone`` (a profiled step: ``alone(state.step)``) come as single
-  batches, run by the one-step program: a shorter scan would be another
-  compilation.
-
-  Each batch is copied once, into its slot of the call's new ``[k, ...]``
-  arrays (or :func:`purax.io.pipeline.owned` for a single, unless ``fresh``:
-  the source's batches need no copy), as it arrives: a loader may refill its
-  arrays once it has yielded them.
-
-  Raises:
-    DataError: a batch of a call whose structure, shapes or dtypes (as jit
-      sees them, :func:`purax.core.loops.shapes_key`) differ from the call's
-      first batch's.
-  """
-  step, n = start, 0
-  treedef = key = stacks = None
-  single_until = start                 # steps before it run one per call
-  for batch in batches:
-    if not n and step % k == 0 and step >= single_until and any(
-        alone(s) for s in range(step, step + k)):
-      single_until = step + k
-    if not n and (step % k or step < single_until):
-      step += 1
-      yield batch if fresh else owned(batch)
-      continue
-    leaves, tree = jax.tree.flatten(batch)
-    if n == 0:
-      treedef, key = tree, loops.shapes_key(leaves)
-      stacks = [np.empty((k, *np.shape(x)), x.dtype if hasattr(x, 'dtype') else
-                         np.asarray(x).dtype) for x in leaves]
-    else:
-      got = (tree, loops.shapes_key(leaves))
-      expect(got == (treedef, key), f'train_data batch of step {step}',
-             f'the structure, shapes and dtypes of the first batch of its call of '
-             f'steps_per_call={k} ({treedef}, {key})', f'{got[0]}, {got[1]}', DataError)
-    for stack, x in zip(stacks, leaves):
-      stack[n] = x
-    n += 1
-    step += 1
-    if step % k == 0:
-      yield Stacked(jax.tree.unflatten(treedef, stacks))
-      n, stacks = 0, None
-  for i in range(n):                   # the tail: single steps
-    yield jax.tree.unflatten(treedef, [stack[i] for stack in stacks])
-
-
 class SingleDevicePlan(Plan):
   """``task.step`` jitted on one device; ``fit``'s ``steps_per_call`` steps per call.
 
   ``steps_per_call = k > 1`` scans the step over ``k`` stacked batches
-  (:func:`stacked`): one host-to-device transfer and one Python iteration
+  (:func:`purax.plan.feed.stacked`): one host-to-device transfer and one Python iteration
   per ``k`` steps, with exactly the result of ``k`` single steps (bitwise on
   the CPU). ``'auto'``: :mod:`purax.plan.auto` chooses ``k``; the choice of
   the last ``fit`` is ``chosen_steps_per_call``.
@@ -140,33 +76,39 @@ class SingleDevicePlan(Plan):
   def singles(calls: Iterator) -> Iterator:
     """The batches of ``calls``, one step each (stacked calls sliced)."""
     for b, taken in calls:
-      if isinstance(b, Stacked):
+      if taken > 1:          # a Stacked call
         yield from (jax.tree.map(lambda x, i=i: x[i], b.batches) for i in range(taken))
       else:
         yield b
 
   def _program(self, batch):
-    return multi_train_step if isinstance(batch, Stacked) else train_step
-
-  def _call(self, state, acc, batch):
+    """``(compiled program, its input)`` of a call: the ``k``-step scan of a
+    :class:`purax.plan.feed.Stacked`, else the one-step program. The one place
+    a call's input is told apart."""
     if isinstance(batch, Stacked):
-      auto.COMPILED.multi.add((self.task, loops.shapes_key(batch.batches, drop_leading=True),
-                               batch.steps))
-      return multi_train_step(self.task, state, acc, batch.batches)
-    return train_step(self.task, state, acc, batch)
+      return multi_train_step, batch.batches
+    return train_step, batch
+
+  def _call(self, state, acc, program, inputs):
+    if program is multi_train_step:
+      auto.COMPILED.multi.add((self.task, loops.shapes_key(inputs, drop_leading=True),
+                               len(jax.tree.leaves(inputs)[0])))
+    return program(self.task, state, acc, inputs)
 
   def train_step(self, state, acc, batch):
+    timed = batch if isinstance(batch, auto.Timed) else None   # a call 'auto' measures
+    program, inputs = self._program(batch if timed is None else timed.batch)
     with host_batch_transfer():
-      if not isinstance(batch, auto.Timed):
-        return self._call(state, acc, batch)
-      cache = getattr(self._program(batch.batch), '_cache_size', lambda: 0)
+      if timed is None:
+        return self._call(state, acc, program, inputs)
+      cache = getattr(program, '_cache_size', lambda: 0)
       cached = cache()
       begin = time.perf_counter()
-      state, acc = self._call(state, acc, batch.batch)
-      if batch.sync:
+      state, acc = self._call(state, acc, program, inputs)
+      if timed.sync:
         jax.block_until_ready(acc)
-      batch.ended = time.perf_counter()
-      batch.seconds, batch.compiled = batch.ended - begin, cache() > cached
+      timed.ended = time.perf_counter()
+      timed.seconds, timed.compiled = timed.ended - begin, cache() > cached
       return state, acc
 
   def lower(self, state, acc, batch):

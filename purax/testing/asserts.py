@@ -16,7 +16,7 @@ from purax.core.task import Task
 from purax.parallel import spmd
 from purax.parallel.rules import Rules
 from purax.parallel.shard import replicated
-from purax.parallel.step import sharded
+from purax.plan.sharded import sharded
 
 
 @dataclasses.dataclass(frozen=True)

@@ -284,3 +284,21 @@ def test_a_frozen_member_counts_nowhere_and_keeps_its_loss_scale():
   assert m['skipped'].tolist() == [1.0, 0.0] and m['examples'].tolist() == [0.0, 0.0]
   assert np.isnan(m['loss_scale'][1]) and m['loss_scale'][0] == 2.0 ** 126
   assert float(pop.state.loss_scale.scale[0]) < 2.0 ** 126 and int(pop.state.step[0]) == 1
+
+
+def test_is_population_is_the_one_test_of_a_population():
+  """``is_population`` tells a Population from a TrainState (stacked or not),
+  and no module of purax asks it another way (isinstance of Population)."""
+  import pathlib
+  task = purax.Task(model=purax.nn.MLP(features=(4,), num_classes=3),
+                    tx=purax.adamw(learning_rate=1e-3, total_steps=2))
+  batch = {'x': np.zeros((2, 3), np.float32), 'y': np.zeros((2,), np.int32)}
+  keys = jax.vmap(jax.random.key)(jnp.arange(2))
+  pop = P.init(task, keys, {}, batch)
+  assert P.is_population(pop)
+  assert not P.is_population(pop.state) and not P.is_population(P.member(pop, 0))
+  root = pathlib.Path(purax.__file__).parent
+  asks = [f'{path.relative_to(root)}:{i}' for path in sorted(root.rglob('*.py'))
+          for i, line in enumerate(path.read_text().splitlines(), 1)
+          if re.search(r'isinstance\([^)]*Population\b', line)]
+  assert len(asks) == 1 and asks[0].startswith('core/population.py:'), asks

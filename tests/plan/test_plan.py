@@ -144,3 +144,64 @@ def test_a_plan_lowers_its_step_for_a_dry_run():
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), DATA[0])
   compiled = plan_lib.SingleDevicePlan(TASK).lower(state, acc, batch).compile()
   assert compiled.cost_analysis() is not None
+
+
+def test_the_names_before_0_3_still_work_with_a_warning():
+  """The sharded plan's pairs (init/init_state, step/train_step,
+  shard_state/place), the protocol's helpers made private, and the moved
+  modules' names: each works, with a DeprecationWarning naming the new one."""
+  import importlib
+  mesh = parallel.make_mesh(data=2, devices=jax.devices()[:2])
+  plan = parallel.sharded(TASK, mesh, parallel.data_parallel(), DATA[0])
+  with pytest.warns(DeprecationWarning, match=r'ShardedPlan.init\(key\) is deprecated: use '
+                                              r'init_state'):
+    old = plan.init(jax.random.key(0))
+  new = plan.init_state(jax.random.key(0), DATA[0])
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(old.params),
+               jax.device_get(new.params))
+  with pytest.warns(DeprecationWarning, match='use place'):
+    copy = plan.shard_state(new)
+  with pytest.warns(DeprecationWarning, match='use train_step'):
+    stepped, _ = plan.step(copy, plan.shard_batch(DATA[0]))
+  assert int(stepped.step) == 1 and not new.params['Dense_0']['kernel'].is_deleted()
+  with pytest.warns(DeprecationWarning, match=r'Plan.eval_batch is deprecated: use '
+                                              r'Plan._eval_batch'):
+    assert plan.eval_batch == plan._eval_batch
+  for module, name, new_home in (
+      ('purax.parallel.plan', 'Plan', 'purax.plan.protocol'),
+      ('purax.parallel.plan', 'to_step', 'purax.plan.feed'),
+      ('purax.parallel.step', 'ShardedPlan', 'purax.plan.sharded'),
+      ('purax.io.pipeline', 'owned', 'purax.plan.feed'),
+      ('purax.core.population', 'train_step', 'purax.plan.members')):
+    with pytest.warns(DeprecationWarning, match=f'use {new_home}.{name}'):
+      got = getattr(importlib.import_module(module), name)
+    assert got is getattr(importlib.import_module(new_home), name)
+  from purax.io.checkpoint import run
+  assert run.restore_or_init is purax.restore_or_init          # a public path, kept
+
+
+def test_a_plan_that_overrides_a_helper_by_its_name_before_0_3_still_has_it_called():
+  with pytest.warns(DeprecationWarning, match=r'Old.eval_batch overrides a deprecated name '
+                                              r'of purax.plan.Plan: name it _eval_batch'):
+    class Old(plan_lib.SingleDevicePlan):
+      seen = 0
+
+      def eval_batch(self, state, acc, batch):
+        Old.seen += 1
+        return super()._eval_batch(state, acc, batch)
+
+  assert Old._eval_batch is Old.__dict__['eval_batch']
+  metrics = purax.evaluate(TASK, fresh(), DATA[:2], plan=Old(TASK))
+  assert Old.seen == 2 and 'loss' in metrics
+
+
+def test_the_protocol_docstring_lists_exactly_its_public_members():
+  import re
+  from purax.plan import protocol
+  listed = set(re.findall(r'^- ``(\w+)', protocol.__doc__, re.M)) | set(
+      re.findall(r'``(\w+)``', protocol.__doc__.split('Its public members, all of them:')[1]
+                 .split('\n- ``start_step')[0]))
+  plan = plan_lib.Plan(TASK)
+  public = {n for n in dir(plan) if not n.startswith('_')}
+  assert public == listed, (sorted(public - listed), sorted(listed - public))
+  assert len(public) == 16

@@ -85,7 +85,7 @@ def test_a_call_holds_its_own_copy_of_each_batch_from_a_refilling_loader():
   # Resumed at step 2 with k = 4 and 12 batches: steps 2-3 single (passed on as
   # they are), calls of steps 4-7 and 8-11, then the tail, steps 12-13, single.
   fresh = batches()
-  out = list(plan_lib.single.stacked(refilling(fresh), 2, 4))
+  out = list(plan_lib.feed.stacked(refilling(fresh), 2, 4))
   assert [isinstance(o, plan_lib.Stacked) for o in out] == [False, False, True, True, False,
                                                             False]
   for call, first in zip(out[2:4], (2, 6)):
