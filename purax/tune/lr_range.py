@@ -115,7 +115,7 @@ from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.state import TrainState
 from purax.core.task import Task
-from purax.parallel.plan import host_batch_transfer
+from purax.plan.feed import host_batch_transfer
 from purax.tune.rules import DEFAULT_RULE, DIVERGED_ABOVE, FLAT, MIN_STEPS, WITHIN
 from purax.tune.rules import RULES as RULES
 from purax.tune.rules import Rule as Rule
