@@ -41,7 +41,7 @@ from purax.core.population import Population
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.hooks.standard import standard
-from purax.hooks.loop import Legacy, _Loop, cadences, is_legacy, name_of
+from purax.hooks.runner import Legacy, _Loop, cadences, is_legacy, name_of
 from purax.hooks.record import End
 from purax.io.checkpoint import layout
 from purax.io.checkpoint.run import Restored

@@ -38,10 +38,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from purax.app import hparams as hparams_lib
+from purax.app import hparam_table as hparams_lib
 from purax.app.config import TrainConfig
 from purax.core.errors import ConfigError, expect
-from purax.app.optimizers import OPTIMIZERS
+from purax.app.optimizer_table import OPTIMIZERS
 from purax.core.optim import SCHEDULES
 from purax.io.safe_files import open_file, write_atomic
 from purax.io.writers import TIMINGS
@@ -276,7 +276,7 @@ def read_jsonl(path: str) -> list[dict]:
 def learning_rates(config: Mapping[str, Any], peak: float | None = None,
                    points: int = 200) -> tuple[np.ndarray, np.ndarray]:
   """``(steps, lr)`` of the run's schedule: its optimizer's
-  (:data:`purax.app.optimizers.OPTIMIZERS`; warmup-cosine,
+  (:data:`purax.app.optimizer_table.OPTIMIZERS`; warmup-cosine,
   :func:`purax.core.optim.warmup_cosine`, unless it says otherwise)."""
   total = int(config.get('decay_steps') or config['steps'])
   shape = SCHEDULES[OPTIMIZERS[config.get('optimizer', 'adamw')].schedule]

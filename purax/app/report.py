@@ -2,7 +2,7 @@
 
 Host-side only: one transfer of the final population, then files. The table
 and the plot name every swept hyperparameter (any that differs across
-members, with :data:`purax.app.hparams.HPARAMS`' short names, a user's own
+members, with :data:`purax.app.hparam_table.HPARAMS`' short names, a user's own
 loss hyperparameter under its own name).
 """
 
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.app import hparams as hparams_lib
+from purax.app import hparam_table as hparams_lib
 from purax.app import job as job_lib
 from purax.app import plot
 from purax.app import rundir as rundir_lib

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.abc
+import importlib.util
 import os
 import re
 import sys
@@ -198,3 +200,40 @@ def attach(package: str, names: Mapping[str, str], deprecated: Mapping[str, tupl
     return sorted({*namespace, *names})
 
   return __getattr__, __dir__
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """The import finder of :func:`moved`: an old module path imports the module
+  that replaced it (the same module object), with a ``DeprecationWarning``."""
+
+  def __init__(self):
+    self.table: dict[str, tuple[str, str]] = {}
+
+  def find_spec(self, name, path=None, target=None):
+    del path, target
+    return importlib.util.spec_from_loader(name, self) if name in self.table else None
+
+  def create_module(self, spec):
+    new, until = self.table[spec.name]
+    warnings.warn(f'purax: module {spec.name} is deprecated: use {new} (it goes in {until}; '
+                  'CHANGELOG.md)', DeprecationWarning, stacklevel=2)
+    return importlib.import_module(new)   # its own __name__ and __spec__ are kept
+
+  def exec_module(self, module):
+    del module   # already executed under its new name
+
+
+_MOVED = _MovedModules()
+
+
+def moved(old: str, new: str, until: str = '0.4') -> None:
+  """Keeps the import path ``old`` of a module renamed to ``new`` working:
+  ``import old`` (and ``from package import old_name``) gives module ``new``
+  itself, with a ``DeprecationWarning`` naming ``new``, and no file of the
+  old name is left (``tests/test_layers.py`` holds that no two modules share
+  a file name). Called by the old module's package ``__init__``, which any
+  import of ``old`` runs first.
+  """
+  _MOVED.table[old] = (new, until)
+  if _MOVED not in sys.meta_path:
+    sys.meta_path.append(_MOVED)

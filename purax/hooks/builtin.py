@@ -11,7 +11,7 @@ import numpy as np
 
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, NonFiniteError, expect
-from purax.hooks.loop import due
+from purax.hooks.runner import due
 from purax.hooks.record import End, Output
 from purax.io import profile as profile_lib
 from purax.io import progress as progress_lib

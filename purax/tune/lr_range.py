@@ -76,8 +76,8 @@ from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.parallel.plan import host_batch_transfer
-from purax.tune.rules import RULES as RULES
-from purax.tune.rules import Rule as Rule
+from purax.tune.lr_rules import RULES as RULES
+from purax.tune.lr_rules import Rule as Rule
 
 
 

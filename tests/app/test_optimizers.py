@@ -1,4 +1,4 @@
-"""The optimizer table of the CLI (purax.app.optimizers): --optimizer NAME from
+"""The optimizer table of the CLI (purax.app.optimizer_table): --optimizer NAME from
 its rows, each optimizer's hyperparameters sweepable where they are injected,
 the rows it does not take refused by name, a schedule-free run evaluated,
 averaged and exported at its evaluation params."""
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import purax
-from purax.app import cli, data, hparams, plot, runs, sweep
+from purax.app import cli, data, plot, runs, sweep
+from purax.app import hparam_table as hparams
 from purax.app import job as job_lib
 from purax.core import population as pop_lib
 from purax.app.config import TrainConfig
-from purax.app.optimizers import OPTIMIZERS
+from purax.app.optimizer_table import OPTIMIZERS
 from purax.app.sweep import SweepConfig
 from purax.core.errors import ConfigError
 from purax.io.checkpoint import Checkpointer

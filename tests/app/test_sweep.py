@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from purax import loop
-from purax.app import cli, hparams, search, sweep
+from purax.app import cli, search, sweep
+from purax.app import hparam_table as hparams
 from purax.app.sweep import SweepConfig
 from purax.core import population as P
 from purax.core.errors import ConfigError

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.io.checkpoint.errors import CheckpointError, CheckpointMismatchError
+from purax.core.errors import CheckpointError, CheckpointMismatchError
 
 PyTree = Any
 

@@ -15,10 +15,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as orbax_policies
 
-from purax.core.errors import ConfigError, expect_kind
+from purax.core.errors import CheckpointError, ConfigError, expect_kind
 from purax.core.metrics import MODES, Best, to_minimise
 from purax.io.checkpoint import integrity, layout, quiet
-from purax.io.checkpoint.errors import CheckpointError, Unreadable
+from purax.io.checkpoint.integrity import Unreadable
 from purax.io.checkpoint.policies import DEFAULT_INTERVAL_S, BestOfRecorded, IntervalSinceStart
 
 PyTree = Any

@@ -22,7 +22,7 @@ from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, expect, expect_kind
 from purax.core.state import TrainState
 from purax.core.task import Task, as_typed_key
-from purax.io.checkpoint.errors import CheckpointError
+from purax.core.errors import CheckpointError
 from purax.io.checkpoint.manager import Checkpointer
 from purax.parallel.plan import Plan
 

@@ -4,7 +4,7 @@
 :mod:`purax.core.optim` / :mod:`purax.core.optimizers`, every hyperparameter
 injected; named by import path, imported on use, so ``--help`` needs no
 optax), the hyperparameters it takes (state names of the rows of
-:data:`purax.app.hparams.HPARAMS`: the ``--FLAG`` s that apply, and what
+:data:`purax.app.hparam_table.HPARAMS`: the ``--FLAG`` s that apply, and what
 ``purax sweep`` / PBT may vary), its schedule (for ``purax plot``) and its
 evaluation params (``purax.Task(eval_params=...)``). A hyperparameter row an
 optimizer does not take is refused by name when set.
