@@ -21,7 +21,7 @@ if __name__ == '__main__':
   task = purax.Task(model=Embed(), tx=purax.adamw(total_steps=SWEEP + MORE), loss=supcon)
   keys = jax.vmap(jax.random.key)(jnp.zeros(len(GRID), jnp.int32))   # same init for every member
   hparams = {'temperature': jnp.array([t for t, _ in GRID]),
-             'peak_learning_rate': jnp.array([lr for _, lr in GRID])}
+             'learning_rate': jnp.array([lr for _, lr in GRID])}
   pop = population.init(task, keys, hparams, batches[0])
   acc = population.zero_train_metrics(task, pop, batches[0])
   for batch in batches[:SWEEP]:

@@ -86,7 +86,7 @@ class HParam:
 #: The one hyperparameter table: one :class:`HParam` row per tunable
 #: hyperparameter (its flag, state name, default, bounds and short flag).
 HPARAMS: tuple[HParam, ...] = (
-    HParam('learning_rate', 'peak_learning_rate', 'optimizer', 2e-3,
+    HParam('learning_rate', 'learning_rate', 'optimizer', 2e-3,
            short='lr', help='peak learning rate (after warmup; then the optimizer\'s schedule)'),
     HParam('weight_decay', 'weight_decay', 'optimizer', 1e-4, short='wd',
            help='decoupled weight decay'),

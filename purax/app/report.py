@@ -58,7 +58,7 @@ def rank(scores: np.ndarray, status: np.ndarray) -> np.ndarray:
 def table(rows: list[dict], metric: str, columns=()) -> str:
   """A fixed-width text table of ranked members, with a column for each of
   ``columns`` (state names; the learning rate always) and for the seed."""
-  shown = list(dict.fromkeys(['peak_learning_rate', *columns]))
+  shown = list(dict.fromkeys(['learning_rate', *columns]))
   shown = [c for c in shown if c in rows[0]]
   cols = ['rank', 'member', 'seed', *shown, 'eval_loss', 'eval_accuracy', 'status', 'steps']
   fmt = lambda v: '-' if v is None else (f'{v:.4g}' if isinstance(v, float) else str(v))  # noqa: E731

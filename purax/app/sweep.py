@@ -103,7 +103,7 @@ def population_hooks(config: SweepConfig, hparams: dict, eval_data, *, writer=No
     pbt = hooks_lib.PBT(every=population.pbt_every, metric=population.metric, mode=mode,
                         fraction=population.pbt_fraction,
                         key=jax.random.key(population.sample_seed),
-                        names=report.swept(hparams) or ('peak_learning_rate',),
+                        names=report.swept(hparams) or ('learning_rate',),
                         bounds={name: BY_STATE[name].clip_bounds() for name in hparams
                                 if name in BY_STATE})
     pbt.check(run.eval_every)

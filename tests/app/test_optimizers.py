@@ -37,7 +37,7 @@ def test_the_choices_are_the_table_and_a_row_the_optimizer_does_not_take_is_refu
   with pytest.raises(ConfigError, match='momentum: expected unset for --optimizer adamw'):
     SweepConfig.of(momentum='0.8,0.9').validate()
   assert set(SweepConfig.of(optimizer='sgd', momentum='0.8,0.9').validate().specs()) == {
-      'peak_learning_rate', 'momentum', 'weight_decay', 'clip_norm', 'label_smoothing'}
+      'learning_rate', 'momentum', 'weight_decay', 'clip_norm', 'label_smoothing'}
 
 
 def test_the_plot_draws_each_optimizers_schedule():

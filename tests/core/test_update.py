@@ -152,8 +152,8 @@ def test_a_step_whose_loss_is_not_finite_is_skipped_even_with_finite_gradients()
   assert not tree_equal(taken.params, state.params)
 
 
-@pytest.mark.parametrize('name, value', [('peak_learning_rate', np.nan),
-                                         ('peak_learning_rate', np.inf), ('eps', -np.inf)])
+@pytest.mark.parametrize('name, value', [('learning_rate', np.nan),
+                                         ('learning_rate', np.inf), ('eps', -np.inf)])
 def test_a_non_finite_hyperparameter_written_into_opt_state_skips_the_update(name, value):
   """Issue 28.5: a NaN learning rate that reached ``opt_state`` past the setters
   (here by tree surgery) gave finite gradients, ``skipped 0`` and NaN params;

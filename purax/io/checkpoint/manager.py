@@ -390,6 +390,8 @@ class Checkpointer:
   def _restore_step(self, abstract, step):
     where = f'checkpoint {step} in {self.directory}'
     extra = self._read_extra(step)
+    # A checkpoint of purax before 0.3 stores a hyperparameter under its old name.
+    abstract, today = layout.as_saved(abstract, extra.get('signature'))
     target_signature = layout.signature(abstract)
     if self.verify:
       layout.check_signature(extra['signature'], target_signature, where)
@@ -416,4 +418,4 @@ class Checkpointer:
     placed = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(stored)
     if self.verify:
       integrity.check_fingerprints(extra['fingerprints'], placed, target_signature)
-    return layout.unstorable(placed, abstract), extra, step
+    return today(layout.unstorable(placed, abstract)), extra, step
