@@ -5,7 +5,7 @@ and populations (:func:`purax.core.hparams.check`), the command line (its
 checks and its ``--help``, without jax) and PBT (which clips to it). A value
 outside its interval is refused by each of them with the same
 :class:`~purax.core.errors.ConfigError`: ``NAME: expected a finite value in
-INTERVAL, got VALUE``."""
+INTERVAL[ (WHY)], got VALUE``."""
 
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ np = lazy.module('numpy')   # clip() only: the command line reads this table, nu
 @dataclasses.dataclass(frozen=True)
 class Bounds:
   """An interval of valid values: ``[low, high]``, ``low_open`` / ``high_open``
-  excluding an end."""
+  excluding an end; ``why``: what a value outside would do (said in the error)."""
 
   low: float
   high: float
   low_open: bool = False
   high_open: bool = False
+  why: str = ''
 
   def interval(self) -> str:
     return (f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
@@ -41,8 +42,8 @@ class Bounds:
 
   def check(self, value: float, name: str) -> None:
     """Raises ConfigError naming ``name`` unless ``value`` is finite and inside."""
-    expect(self.contains(float(value)), name, f'a finite value in {self.interval()}', value,
-           ConfigError)
+    expect(self.contains(float(value)), name, f'a finite value in {self.interval()}'
+           + (f' ({self.why})' if self.why else ''), value, ConfigError)
 
   def clip(self) -> tuple[float, float]:
     """The closed float32 interval a perturbed value is clipped to (PBT)."""
@@ -65,7 +66,8 @@ BOUNDS: Mapping[str, Bounds] = {
     'weight_decay': Bounds(0.0, 1.0),
     'b1': Bounds(0.0, 1.0, high_open=True),
     'b2': Bounds(0.0, 1.0, high_open=True),
-    'clip_norm': Bounds(0.0, math.inf, low_open=True, high_open=True),
+    'clip_norm': Bounds(0.0, math.inf, low_open=True, high_open=True,
+                        why='gradients are rescaled to at most this norm: 0 would zero them'),
     'momentum': Bounds(0.0, 1.0, high_open=True),
     'label_smoothing': Bounds(0.0, 1.0, high_open=True),
     'eps': Bounds(0.0, math.inf, high_open=True),
@@ -95,7 +97,7 @@ def check(**values: float) -> None:
 
   Raises:
     ConfigError: a value that is not a real number, not finite, or outside
-      its interval: ``NAME: expected a finite value in INTERVAL, got VALUE``.
+      its interval: ``NAME: expected a finite value in INTERVAL[ (WHY)], got VALUE``.
   """
   for name, value in values.items():
     expect_kind(value, name, numbers.Real, 'a finite number')

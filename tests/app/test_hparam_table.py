@@ -35,8 +35,10 @@ def outside(b: bounds_lib.Bounds) -> list[float]:
 
 def refused(name: str, value: float, prefix: str = '', member: str = '') -> str:
   """The one message: ``[prefix]NAME[member]: expected a finite value in INTERVAL, got VALUE``."""
+  b = bounds_lib.bounds(name)
+  expected = b.interval() + (f' ({b.why})' if b.why else '')
   return (f'^{re.escape(prefix)}{name}{re.escape(member)}: expected a finite value in '
-          f'{re.escape(bounds_lib.bounds(name).interval())}, got {re.escape(str(value))}$')
+          f'{re.escape(expected)}, got {re.escape(str(value))}$')
 
 
 CASES = [(opt, name, v) for opt, build in BUILDERS.items()
