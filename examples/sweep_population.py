@@ -32,8 +32,10 @@ if __name__ == '__main__':
     print(f'  temperature {t:<5} lr {lr:<6} test nn_accuracy {a:.3f} ({status})')
   best = int(jnp.argmin(population.score(scores, 'nn_accuracy', mode='max')))
   state = population.member(pop, best)
-  hparams = purax.hyperparams(state, task.tx)   # the current learning rate included
-  print(f'best member {best}:', {k: float(f'{v:.4g}') for k, v in hparams.items()})
+  hparams = purax.hyperparams(state)   # learning_rate: the schedule's peak, as set
+  now = float(purax.hyperparams(state, task.tx)['learning_rate'])   # the rate it is at now
+  print(f'best member {best}:', {k: float(f'{v:.4g}') for k, v in hparams.items()},
+        f'learning rate now {now:.4g}')
   state, _ = purax.fit(task, state, batches, hooks=purax.hooks.standard(log_every=MORE, progress=False))
   final = purax.evaluate(task, state, [test])
   print(f'sweep_population: best temperature {GRID[best][0]}, lr {GRID[best][1]}, '
