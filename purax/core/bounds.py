@@ -1,6 +1,6 @@
 """The valid interval of each hyperparameter: one table (:data:`BOUNDS`),
 read by every optimizer builder (:func:`purax.adamw`, the optimizers of
-:mod:`purax.core.optimizers`: :func:`check`), :func:`purax.set_hyperparams`
+:mod:`purax.core.optimizers`: :func:`check`), :func:`purax.core.hparams.set`
 and populations (:func:`purax.core.hparams.check`), the command line (its
 checks and its ``--help``, without jax) and PBT (which clips to it). A value
 outside its interval is refused by each of them with the same
