@@ -73,7 +73,7 @@ def sequential(job, batches, lrs, args):
   abstract = jax.eval_shape(lambda s, b: task.step(s, b)[1], job.abstract['state'], batches[0])
   columns, diverged = [], []
   for lr in lrs:
-    state = purax.set_hyperparams(job.init(0), peak_learning_rate=float(lr))
+    state = purax.set_hyperparams(job.init(0), learning_rate=float(lr))
     windows = []
     for batch in batches:
       state, acc = train_step(task, state, metrics_lib.zeros_like(abstract), batch)

@@ -66,7 +66,7 @@ def build(steps: int, width: int = 256, model: str = 'mlp'):
 def population(task, batches, k, strategy='auto', reps=1):
   lrs = np.geomspace(1e-4, 1e-2, k).astype(np.float32)
   pop = jax.jit(P.init, static_argnums=0)(task, jax.vmap(jax.random.key)(jnp.arange(k)),
-                                          {'peak_learning_rate': lrs}, batches[0])
+                                          {'learning_rate': lrs}, batches[0])
   acc = members.zero_train_metrics(task, pop, batches[0])
   jax.block_until_ready(pop)
   t = time.perf_counter()
@@ -79,7 +79,7 @@ def population(task, batches, k, strategy='auto', reps=1):
 def sequential(task, batches, k, reps=1):
   lrs = np.geomspace(1e-4, 1e-2, k).astype(np.float32)
   init = jax.jit(lambda key, lr: purax.set_hyperparams(task.init(key, batches[0]),
-                                               {'peak_learning_rate': lr}))
+                                               {'learning_rate': lr}))
   states = [init(jax.random.key(i), lrs[i]) for i in range(k)]
   template = zero_metrics(lambda st, b: task.step(st, b)[1], states[0], batches[0])
   jax.block_until_ready(states)

@@ -22,7 +22,7 @@ if __name__ == '__main__':
   task = purax.Task(model=Embed(), tx=purax.adamw(total_steps=SWEEP + MORE), loss=supcon)
   keys = jax.vmap(jax.random.key)(jnp.zeros(len(GRID), jnp.int32))   # same init for every member
   hparams = {'temperature': jnp.array([t for t, _ in GRID]),
-             'peak_learning_rate': jnp.array([lr for _, lr in GRID])}
+             'learning_rate': jnp.array([lr for _, lr in GRID])}
   pop = population.init(task, keys, hparams, batches[0])
   acc = members.zero_train_metrics(task, pop, batches[0])
   for batch in batches[:SWEEP]:
@@ -33,8 +33,10 @@ if __name__ == '__main__':
     print(f'  temperature {t:<5} lr {lr:<6} test nn_accuracy {a:.3f} ({status})')
   best = int(jnp.argmin(population.score(scores, 'nn_accuracy', mode='max')))
   state = population.member(pop, best)
-  hparams = purax.hyperparams(state, task.tx)   # the current learning rate included
-  print(f'best member {best}:', {k: float(f'{v:.4g}') for k, v in hparams.items()})
+  hparams = purax.hyperparams(state)   # learning_rate: the schedule's peak, as set
+  now = float(purax.hyperparams(state, task.tx)['learning_rate'])   # the rate it is at now
+  print(f'best member {best}:', {k: float(f'{v:.4g}') for k, v in hparams.items()},
+        f'learning rate now {now:.4g}')
   state, _ = purax.fit(task, state, batches, hooks=purax.hooks.standard(log_every=MORE, progress=False))
   final = purax.evaluate(task, state, [test])
   print(f'sweep_population: best temperature {GRID[best][0]}, lr {GRID[best][1]}, '

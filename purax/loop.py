@@ -41,7 +41,7 @@ from purax.core.population import Population, is_population
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.hooks.standard import standard
-from purax.hooks.loop import Legacy, _Loop, cadences, is_legacy, name_of
+from purax.hooks.runner import Legacy, _Loop, cadences, is_legacy, name_of
 from purax.hooks.record import End
 from purax.io.checkpoint import layout
 from purax.io.checkpoint.run import Restored
@@ -351,10 +351,10 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
     source.batch_size = leading_size(first)
   loop = _Loop(task, plan, plan.place(restored.state), restored.train_metrics, start,
                source.num_steps, steps_per_call, hooks, source, source.fresh)
-  if first is not None and loop.metrics is None:
-    loop.metrics = plan.zero_metrics(loop.state, first)
-  elif loop.metrics is not None:       # a restored window (the tree of its checkpoint)
-    loop.metrics = metrics_lib.window(loop.metrics)
+  if first is not None and loop.window is None:
+    loop.window = plan.zero_metrics(loop.state, first)
+  elif loop.window is not None:       # a restored window (the tree of its checkpoint)
+    loop.window = metrics_lib.window(loop.window)
   loop.restore_hooks(restored.hook_states, restored.hook_arrays)
   batches = itertools.chain([first], host_batches) if first is not None else iter(())
   try:
@@ -362,7 +362,7 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
     loop.restore_window()
     for batch, taken in plan.device_batches(batches, loop):
       try:
-        loop.state, loop.metrics = plan.train_step(loop.state, loop.metrics, batch)
+        loop.state, loop.window = plan.train_step(loop.state, loop.window, batch)
       except DataError as e:    # a batch of another shape, found as the call is traced
         raise DataError(f'train_data batch of step {loop.step}' + (
             f' (or one of the {taken} batches of its call)' if taken > 1 else '') + f': {e}'

@@ -15,7 +15,7 @@ import numpy as np
 
 from purax.core.errors import ConfigError, expect, expect_kind
 from purax.core.task import Task, as_typed_key
-from purax.io.checkpoint.errors import CheckpointError
+from purax.core.errors import CheckpointError
 from purax.io.checkpoint.manager import Checkpointer
 from purax.io.checkpoint.run import Restored, abstract_checkpoint, checkpoint_directory
 from purax.plan.protocol import Plan

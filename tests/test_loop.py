@@ -44,7 +44,7 @@ def test_fit_compiles_once_and_a_new_learning_rate_does_not_recompile(monkeypatc
   assert len(TRACES) == 1 + 1  # the step's jit trace + the (cached) eval_shape of the metrics
   assert purax.plan.train_step._cache_size() == before + 1
   state = task.init(jax.random.key(0), train[0])
-  state = purax.set_hyperparams(state, peak_learning_rate=0.5)
+  state = purax.set_hyperparams(state, learning_rate=0.5)
   s2, hist2 = loop.fit(task, state, train, hooks=purax.hooks.standard(log_every=4, progress=False, eval_data=evals))
   assert purax.plan.train_step._cache_size() == before + 1, 'a new learning rate recompiled'
   assert len(TRACES) == 2      # nothing traced again: the metrics structure is cached too

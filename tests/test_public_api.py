@@ -137,8 +137,8 @@ def test_plan_population_and_set_hyperparams_of_an_opt_state_before_0_2():
   state = fresh()
   with pytest.warns(DeprecationWarning, match=r'set_hyperparams\(opt_state, \.\.\.\) is '
                                               r'deprecated since 0.2 .*set_hyperparams\(state'):
-    opt_state = purax.set_hyperparams(state.opt_state, peak_learning_rate=3e-4)
-  new = purax.set_hyperparams(state, peak_learning_rate=3e-4)
+    opt_state = purax.set_hyperparams(state.opt_state, learning_rate=3e-4)
+  new = purax.set_hyperparams(state, learning_rate=3e-4)
   assert tree_equal(opt_state, new.opt_state)
   with pytest.warns(DeprecationWarning, match=r'purax.hooks.Loop is deprecated: use purax.hooks.StepInfo'):
     purax.hooks.Loop

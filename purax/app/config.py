@@ -4,8 +4,8 @@ A :class:`TrainConfig` is four sections, each checked in one place:
 
 - ``model`` (:class:`purax.app.models.ModelConfig`): name, sizes, remat, precision;
 - ``data`` (:class:`purax.app.data.DataConfig`): data set, batch sizes, sequence length;
-- ``optimizer`` (:class:`purax.app.hparams.OptimizerConfig`): the optimizer
-  (``--optimizer``, a row of :data:`purax.app.optimizers.OPTIMIZERS`) and its
+- ``optimizer`` (:class:`purax.app.hparam_table.OptimizerConfig`): the optimizer
+  (``--optimizer``, a row of :data:`purax.app.optimizer_table.OPTIMIZERS`) and its
   weight-decay mask, one field per row of the hyperparameter table, plus
   warmup, microbatches, loss scale;
 - ``run`` (:class:`RunConfig`): steps, seed, run directory, cadences, mesh,
@@ -36,7 +36,7 @@ import typeguard
 
 from purax import __version__
 from purax.app import fields
-from purax.app import hparams as hparams_lib
+from purax.app import hparam_table as hparams_lib
 from purax.app.fields import field
 from purax.app.data import INT32_LIMIT, DataConfig
 from purax.app.models import ModelConfig

@@ -5,7 +5,7 @@ Validates the config, loads the data, builds the task, traces the state
 step exactly as the run would (on its mesh when ``--mesh`` is given), prints
 the model summary and the compiled step's FLOPs and memory from XLA's own
 analyses, and returns. With ``--fit-memory`` (on a new run directory) it
-first fits the step in memory as the run would (:mod:`purax.app.memory`),
+first fits the step in memory as the run would (:mod:`purax.app.fit_memory`),
 prints the candidate table, and reports the chosen configuration. No run
 directory, checkpoint or log is written.
 """
@@ -18,7 +18,7 @@ from typing import TextIO
 import jax
 
 from purax.app import job as job_lib
-from purax.app import memory
+from purax.app import fit_memory
 from purax.app import rundir as rundir_lib
 from purax.app.config import TrainConfig
 from purax.app.optimizers import OPTIMIZERS
@@ -67,7 +67,7 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
     # The run would resume this directory: the same check it makes.
     config.check_resumable(rundir_lib.read_config(config.run.workdir))
   elif config.run.fit_memory:
-    config, fitted = memory.fit_config(config, stream=stream)
+    config, fitted = fit_memory.fit_config(config, stream=stream)
   job = job_lib.build(config)
   state = job.abstract['state']
   if fitted is not None:   # the chosen step is compiled already
@@ -88,8 +88,8 @@ def dry_run(config: TrainConfig, *, stream: TextIO | None = None) -> dict:
   out = {'params': info.total_params,
          'state_bytes_per_device': info.bytes_per_device['total'], **cost}
   if fitted is not None:
-    out['fit_memory'] = {'chosen': str(fitted.chosen), 'flags': memory.flags(
-        fitted.chosen, memory.mesh_of(config)), 'budget_bytes': fitted.budget_bytes,
+    out['fit_memory'] = {'chosen': str(fitted.chosen), 'flags': fit_memory.flags(
+        fitted.chosen, fit_memory.mesh_of(config)), 'budget_bytes': fitted.budget_bytes,
         'candidates': len(fitted.rows),
         'compiled': sum(r.cost is not None for r in fitted.rows)}
   return out

@@ -31,8 +31,8 @@ from purax.plan import budget
 from purax.app import data as data_lib
 from purax.app import models
 from purax.app.config import TrainConfig
-from purax.app.hparams import HPARAMS
-from purax.app.optimizers import OPTIMIZERS, weight_decay_mask
+from purax.app.hparam_table import HPARAMS
+from purax.app.optimizer_table import OPTIMIZERS, weight_decay_mask
 from purax.core import metrics as metrics_lib
 from purax.core import objectives
 from purax.core.spikes import SpikeGuard

@@ -38,10 +38,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from purax.app import hparams as hparams_lib
+from purax.app import hparam_table as hparams_lib
 from purax.app.config import TrainConfig
+from purax.core.bounds import RENAMED
 from purax.core.errors import ConfigError, expect
-from purax.app.optimizers import OPTIMIZERS
+from purax.app.optimizer_table import OPTIMIZERS
 from purax.core.optim import SCHEDULES
 from purax.io.safe_files import open_file, write_atomic
 from purax.io.writers import TIMINGS
@@ -276,7 +277,7 @@ def read_jsonl(path: str) -> list[dict]:
 def learning_rates(config: Mapping[str, Any], peak: float | None = None,
                    points: int = 200) -> tuple[np.ndarray, np.ndarray]:
   """``(steps, lr)`` of the run's schedule: its optimizer's
-  (:data:`purax.app.optimizers.OPTIMIZERS`; warmup-cosine,
+  (:data:`purax.app.optimizer_table.OPTIMIZERS`; warmup-cosine,
   :func:`purax.core.optim.warmup_cosine`, unless it says otherwise)."""
   total = int(config.get('decay_steps') or config['steps'])
   shape = SCHEDULES[OPTIMIZERS[config.get('optimizer', 'adamw')].schedule]
@@ -398,8 +399,8 @@ def member_labels(rows: Sequence[Mapping[str, Any]],
             and len({r.get(k) for r in rows}) > 1] if rows else []
   # The table's hyperparameters first, in its order; the seed last.
   varying = list(swept) + sorted(others, key=lambda k: (k == 'seed', hparams_lib.order(k)))
-  if not varying and rows and 'peak_learning_rate' in rows[0]:
-    varying = ['peak_learning_rate']
+  if not varying and rows and 'learning_rate' in rows[0]:
+    varying = ['learning_rate']
   fmt = lambda v: f'{v:.3g}' if isinstance(v, float) else str(v)  # noqa: E731
   return {int(r['member']): ' '.join(f'{hparams_lib.label(k)}={fmt(r.get(k))}'
                                      for k in varying) for r in rows}
@@ -412,14 +413,15 @@ def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int
   the note (:func:`note`), PBT's exploit steps marked."""
   from matplotlib.lines import Line2D
   history = summary['history']
-  rows = summary['members']
+  # A sweep written before 0.3 names the learning rate peak_learning_rate.
+  rows = [{RENAMED.get(k, k): v for k, v in r.items()} for r in summary['members']]
   config = summary.get('config', {})
-  labels = member_labels(rows, summary.get('swept', ()))
+  labels = member_labels(rows, [RENAMED.get(k, k) for k in summary.get('swept', ())])
   members = len(rows)
   sched = {'steps': config.get('steps'), 'warmup_steps': config.get('warmup_steps'),
            'decay_steps': config.get('decay_steps'), 'learning_rate': 0.0}
   schedule = (None not in (sched['steps'], sched['warmup_steps'])
-              and not config.get('pbt_every') and any('peak_learning_rate' in r for r in rows))
+              and not config.get('pbt_every') and any('learning_rate' in r for r in rows))
   plt = _pyplot()
   layout = panels(history, schedule)
   fig, axes = _figure(plt, len(layout))
@@ -444,8 +446,8 @@ def plot_sweep_summary(summary: Mapping[str, Any], path: str, *, max_legend: int
                 families, fontsize=7)
     if title == 'learning rate' and not keys:
       for r in rows:
-        if 'peak_learning_rate' in r:
-          ax.plot(*learning_rates(sched, peak=r['peak_learning_rate']),
+        if 'learning_rate' in r:
+          ax.plot(*learning_rates(sched, peak=r['learning_rate']),
                   color=color(int(r['member'])), linewidth=1)
   title = f"{members} members, {config.get('model', '?')} on {config.get('dataset', '?')}"
   return _finish(fig, axes, path, title, legend=members <= max_legend,

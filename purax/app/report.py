@@ -2,7 +2,7 @@
 
 Host-side only: one transfer of the final population, then files. The table
 and the plot name every swept hyperparameter (any that differs across
-members, with :data:`purax.app.hparams.HPARAMS`' short names, a user's own
+members, with :data:`purax.app.hparam_table.HPARAMS`' short names, a user's own
 loss hyperparameter under its own name).
 """
 
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.app import hparams as hparams_lib
+from purax.app import hparam_table as hparams_lib
 from purax.app import job as job_lib
 from purax.app import plot
 from purax.app import rundir as rundir_lib
@@ -58,7 +58,7 @@ def rank(scores: np.ndarray, status: np.ndarray) -> np.ndarray:
 def table(rows: list[dict], metric: str, columns=()) -> str:
   """A fixed-width text table of ranked members, with a column for each of
   ``columns`` (state names; the learning rate always) and for the seed."""
-  shown = list(dict.fromkeys(['peak_learning_rate', *columns]))
+  shown = list(dict.fromkeys(['learning_rate', *columns]))
   shown = [c for c in shown if c in rows[0]]
   cols = ['rank', 'member', 'seed', *shown, 'eval_loss', 'eval_accuracy', 'status', 'steps']
   fmt = lambda v: '-' if v is None else (f'{v:.4g}' if isinstance(v, float) else str(v))  # noqa: E731

@@ -29,7 +29,7 @@ from jax.experimental import multihost_utils
 from purax import hooks as hooks_lib
 from purax import parallel
 from purax.app import job as job_lib
-from purax.app import memory
+from purax.app import fit_memory
 from purax.app import rundir as rundir_lib
 from purax.app import verdict as verdict_lib
 from purax.app.config import TrainConfig
@@ -83,7 +83,7 @@ def train(config: TrainConfig) -> dict:
     starting('checking the run directory')
     fitted_now = config.run.fit_memory and not rundir.resuming
     if fitted_now:   # a resumed run keeps its choice
-      config, _ = memory.fit_config(config, stream=sys.stderr if rundir.primary else None)
+      config, _ = fit_memory.fit_config(config, stream=sys.stderr if rundir.primary else None)
       rundir.config = config
       starting('fitting the step in memory')
     job = job_lib.build(config, phase=starting)
@@ -208,8 +208,8 @@ def _fit(job, rundir, checkpointer, restored, stop):
           every=0 if best.key.startswith('eval') else run.log_every))
     mesh = getattr(job.plan, 'mesh', None)
     with plan_memory.explain_out_of_memory(
-        job.task, job.sample, mesh=mesh, spell=lambda c: memory.flags(c, mesh),
-        **memory.choices(job.config)), profile.memory_profile_on_oom(rundir.path):
+        job.task, job.sample, mesh=mesh, spell=lambda c: fit_memory.flags(c, mesh),
+        **fit_memory.choices(job.config)), profile.memory_profile_on_oom(rundir.path):
       return fit(job.task, restored, job.train_data, plan=job.plan,
                  hooks=hooks + list(job.hooks), steps_per_call=run.steps_per_call)
   finally:

@@ -58,7 +58,7 @@ def parse_spec(field: str, text: str) -> tuple[float, ...] | Uniform:
 
   Raises:
     ConfigError: a malformed spec, naming the field, the expected form and
-      the text given (bounds: :meth:`purax.app.hparams.HParam.check`).
+      the text given (bounds: :meth:`purax.app.hparam_table.HParam.check`).
   """
   form = "'v1,v2,...', 'loguniform:LOW:HIGH' or 'uniform:LOW:HIGH'"
   text = str(text).strip()

@@ -4,7 +4,7 @@ Every member of a grid or random search trains in one compiled program
 (:mod:`purax.core.population`), whatever the values: the same job as
 ``purax train`` (any model and data set of the tables, ``--precision``,
 ``--mesh``), built once by :func:`purax.app.job.build`, with each optimizer
-or loss hyperparameter of :data:`purax.app.hparams.HPARAMS` a search spec.
+or loss hyperparameter of :data:`purax.app.hparam_table.HPARAMS` a search spec.
 Each member ``i`` reads the batches of its own seed (members that share a
 seed share batches), so member ``i`` computes what ``purax train`` computes
 with member ``i``'s hyperparameters and seed. The loop is :func:`purax.fit`
@@ -33,7 +33,7 @@ from purax.app import jobdir as jobdir_lib
 from purax.app import report
 from purax.app import verdict as verdict_lib
 from purax.app import rundir as rundir_lib
-from purax.app.hparams import BY_STATE
+from purax.app.hparam_table import BY_STATE
 from purax.app.search import members_from_specs, parse_seeds
 from purax.app.sweep_config import PopulationConfig as PopulationConfig
 from purax.app.sweep_config import SweepConfig as SweepConfig
@@ -108,7 +108,7 @@ def population_hooks(config: SweepConfig, hparams: dict, eval_data, *, writer=No
     pbt = hooks_lib.PBT(every=population.pbt_every, metric=population.metric, mode=mode,
                         fraction=population.pbt_fraction,
                         key=jax.random.key(population.sample_seed),
-                        names=report.swept(hparams) or ('peak_learning_rate',),
+                        names=report.swept(hparams) or ('learning_rate',),
                         bounds={name: BY_STATE[name].clip_bounds() for name in hparams
                                 if name in BY_STATE})
     pbt.check(run.eval_every)

@@ -1,5 +1,5 @@
 """The options of ``purax sweep`` (:class:`SweepConfig`): the sections of
-``purax train`` with each hyperparameter of :data:`purax.app.hparams.HPARAMS`
+``purax train`` with each hyperparameter of :data:`purax.app.hparam_table.HPARAMS`
 a search spec, plus the population's own. What a sweep runs is
 :mod:`purax.app.sweep`; this module imports no jax (``purax sweep --help``).
 """
@@ -11,10 +11,10 @@ import os
 import time
 from typing import Any, Literal, Mapping
 
-from purax.app import hparams as hparams_lib
+from purax.app import hparam_table as hparams_lib
 from purax.app.config import RunConfig, Sections, TrainConfig
 from purax.app.data import DataConfig
-from purax.app.hparams import OptimizerConfig, OptimizerSearch
+from purax.app.hparam_table import OptimizerConfig, OptimizerSearch
 from purax.app.models import ModelConfig
 from purax.core import lazy
 from purax.core.errors import ConfigError, expect

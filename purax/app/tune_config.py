@@ -12,12 +12,12 @@ from typing import Literal
 
 from purax.app.config import RunConfig, Sections, TrainConfig
 from purax.app.data import DataConfig
-from purax.app.hparams import OptimizerConfig
+from purax.app.hparam_table import OptimizerConfig
 from purax.app.models import ModelConfig
 from purax.core import lazy
 from purax.core.errors import ConfigError, expect
 from purax.core.strategies import STRATEGIES
-from purax.tune.rules import DEFAULT_RULE, MIN_STEPS, RULES
+from purax.tune.lr_rules import DEFAULT_RULE, MIN_STEPS, RULES
 
 # The grid's check and the population's bound, used by validate(): imported on use.
 lr_range = lazy.module('purax.tune.lr_range')

@@ -37,6 +37,12 @@ __getattr__, __dir__ = _lazy.attach(__name__, {
     'Task': 'purax.core.task:Task',
 }, deprecated={
     # Moved to purax.inspect in 0.3 (so did the modules summary, flops, nonfinite
-    # and intercept: their old paths are aliases, purax.core.lazy.moved).
+    # and intercept: their old paths are aliases, below).
     'find_nonfinite': ('purax:find_nonfinite', 'purax.find_nonfinite', '0.4'),
 })
+
+# Moved to purax.inspect in 0.3: the old module paths import the new modules,
+# with a DeprecationWarning, until 0.4.
+for _old, _new in (('summary', 'summary'), ('flops', 'flops'), ('nonfinite', 'nan'),
+                   ('intercept', 'intercept')):
+  _lazy.moved(f'purax.core.{_old}', f'purax.inspect.{_new}')

@@ -50,6 +50,14 @@ class OutOfMemoryError(PuraxError):
   :func:`purax.plan.memory.explain_out_of_memory`)."""
 
 
+class CheckpointError(PuraxError):
+  """A checkpoint could not be written or read (:mod:`purax.io.checkpoint`)."""
+
+
+class CheckpointMismatchError(CheckpointError):
+  """The checkpoint's structure, shapes or dtypes differ from the target's."""
+
+
 def expect(condition: bool, field: str, expected: str, actual, cls=DataError) -> None:
   """Raises ``cls(f"{field}: expected {expected}, got {actual}")`` unless ``condition``."""
   if not condition:

@@ -8,7 +8,14 @@ inside ``opt_state`` (at any depth: ``optax.chain``, ``optax.multi_transform``,
 ``optax.masked``), the loss's and model's in ``state.hparams``. :func:`get`
 reads them all, :func:`set` replaces them wherever they are, and
 :data:`BOUNDS` (:mod:`purax.core.bounds`) is the one table of their valid
-intervals (the command line validates against it, PBT clips to it).
+intervals (every optimizer builder, the command line and :func:`set` check
+against it, PBT clips to it).
+
+A hyperparameter has one name from the command line to the log
+(``--learning-rate``, the config field, the builder's argument, the state,
+``train/learning_rate``); :data:`RENAMED` maps the names of purax before 0.3
+(``peak_learning_rate``), which :func:`set` and PBT still take, with a
+``DeprecationWarning``, and old checkpoints restore under (:func:`renamed`).
 """
 
 from __future__ import annotations
@@ -23,10 +30,24 @@ import numpy as np
 
 from purax.core.bounds import BOUNDS as BOUNDS
 from purax.core.bounds import DEFAULT_BOUNDS as DEFAULT_BOUNDS
+from purax.core.bounds import RENAMED as RENAMED
 from purax.core.bounds import Bounds as Bounds
 from purax.core.bounds import bounds as bounds
 from purax.core.errors import ConfigError, expect
 from purax.core.optim import ScheduledTransformation
+
+
+
+
+def canonical(name: str) -> str:
+  """``name`` as the state spells it today: an old name of :data:`RENAMED` is
+  mapped to its new one with a ``DeprecationWarning``; any other is itself."""
+  if name in RENAMED:
+    warnings.warn(f'purax: hyperparameter {name!r} is deprecated: use {RENAMED[name]!r} '
+                  '(the same value; it goes in 0.4, CHANGELOG.md)', DeprecationWarning,
+                  stacklevel=3)
+    return RENAMED[name]
+  return name
 
 
 def _is_injected(x) -> bool:
@@ -41,6 +62,21 @@ def _injected(opt_state) -> list:
       found.append(node)
       found.extend(_injected(node.inner_state))
   return found
+
+
+def renamed(tree, mapping: Mapping[str, str]):
+  """``tree`` with the hyperparameters of every ``inject_hyperparams`` state in
+  it (at any depth) renamed by ``mapping`` (``old -> new``); everything else,
+  leaves included, as it was. Works on concrete and abstract trees: the
+  checkpoint layout restores a checkpoint of old names through it
+  (:func:`purax.io.checkpoint.layout.as_saved`)."""
+  def rename(node):
+    if not _is_injected(node):
+      return node
+    inner = jax.tree.map(rename, node.inner_state, is_leaf=_is_injected)
+    return node._replace(hyperparams={mapping.get(k, k): v for k, v in node.hyperparams.items()},
+                         inner_state=inner)
+  return jax.tree.map(rename, tree, is_leaf=_is_injected)
 
 
 def names(state) -> tuple[str, ...]:
@@ -71,9 +107,11 @@ def get(state, tx=None, *, applied: bool = False) -> dict[str, jax.Array]:
   Args:
     state: a :class:`purax.TrainState` (or any object with ``opt_state`` and
       ``hparams``); a stacked (population) state gives ``[members]`` values.
-    tx: the state's optax transformation (``task.tx``); needed only for
-      ``'learning_rate'`` under :func:`purax.adamw`'s schedule.
-    applied: ``'learning_rate'`` of :func:`purax.adamw` is the rate the last
+    tx: the state's optax transformation (``task.tx``); given, and saying its
+      rate (:func:`purax.adamw`, the optimizers of :mod:`purax.core.optimizers`),
+      ``'learning_rate'`` is the rate the schedule gives at the state's step
+      instead of the one stored (the schedule's peak, :func:`purax.core.optim.scheduled`).
+    applied: ``'learning_rate'`` with ``tx`` is the rate the last
       update applied (what a log point reports), not the next one. An
       ``inject_hyperparams`` schedule's value in ``opt_state`` is always the
       last update's (optax stores the value it applied).
@@ -82,8 +120,9 @@ def get(state, tx=None, *, applied: bool = False) -> dict[str, jax.Array]:
     ``name -> float32 array``: the optimizer's injected hyperparameters (of
     every ``inject_hyperparams`` in ``opt_state``; a name injected twice reads
     the outermost), the loss and model ones (``state.hparams``), and, with a
-    ``tx`` that has ``learning_rate(opt_state)``, ``'learning_rate'``: the rate
-    the next update applies (``applied``: the last update applied).
+    ``tx`` that has ``learning_rate(opt_state)``, ``'learning_rate'`` replaced
+    by the rate the next update applies (``applied``: the last update
+    applied); without ``tx``, the stored peak.
   """
   _check_state(state)
   found = {}
@@ -119,7 +158,7 @@ def check(name: str, value) -> None:
   """
   if isinstance(value, jax.core.Tracer):
     return
-  rule = BOUNDS.get(name, FINITE)
+  rule = BOUNDS.get(RENAMED.get(name, name), FINITE)
   try:
     value = np.asarray(value, np.float64)
   except (TypeError, ValueError):
@@ -174,13 +213,16 @@ def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: di
     >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
     ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
     >>> state = task.init(jax.random.key(0), batch)
-    >>> state = purax.set_hyperparams(state, peak_learning_rate=3e-4)
-    >>> float(purax.hyperparams(state, task.tx)['peak_learning_rate'])
+    >>> state = purax.set_hyperparams(state, learning_rate=3e-4)
+    >>> float(purax.hyperparams(state)['learning_rate'])
     0.0003000000142492354
 
   Each value goes to every ``inject_hyperparams`` state in ``opt_state`` that
   has the name (at any depth) and to ``state.hparams`` when it has it; a
   stacked state takes ``[members]`` values. Traceable (PBT sets them in jit).
+
+  A name of purax before 0.3 (``peak_learning_rate``, :data:`RENAMED`) sets
+  its new one, with a ``DeprecationWarning``, until 0.4.
 
   ``set(state.opt_state, name=value)`` (an optimizer state, the form before
   0.2) returns the optimizer state with the values set: deprecated, with a
@@ -200,12 +242,10 @@ def set(state, values: Mapping[str, Any] | None = None, **kwargs):  # pylint: di
   _check_state(state)
   expect(values is None or isinstance(values, Mapping), 'values', 'None or a mapping name -> '
          'value', type(values).__name__, ConfigError)
-  values = {**(values or {}), **kwargs}
+  values = {canonical(name): value for name, value in {**(values or {}), **kwargs}.items()}
   known = names(state)
   for name in values:
-    hint = (' (the current rate follows the schedule of peak_learning_rate: set that)'
-            if name == 'learning_rate' and 'peak_learning_rate' in known else '')
-    expect(name in known, 'hyperparameter name', f'one of {list(known)}{hint}', repr(name),
+    expect(name in known, 'hyperparameter name', f'one of {list(known)}', repr(name),
            ConfigError)
   current = get(state)
   for name, value in values.items():

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.abc
+import importlib.util
 import os
 import re
 import sys
@@ -201,14 +203,38 @@ def attach(package: str, names: Mapping[str, str], deprecated: Mapping[str, tupl
   return __getattr__, __dir__
 
 
-def moved(old: str, new: str, until: str) -> None:
-  """Makes module ``old`` (the caller's ``__name__``) an alias of module
-  ``new``, where it moved: ``import old`` gives ``new`` itself (the same
-  objects) with a ``DeprecationWarning`` naming it; the old path goes in
-  version ``until``. The one line of a moved module's old file::
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """The import finder of :func:`moved`: an old module path imports the module
+  that replaced it (the same module object), with a ``DeprecationWarning``."""
 
-    lazy.moved(__name__, 'purax.inspect.summary', until='0.4')
+  def __init__(self):
+    self.table: dict[str, tuple[str, str]] = {}
+
+  def find_spec(self, name, path=None, target=None):
+    del path, target
+    return importlib.util.spec_from_loader(name, self) if name in self.table else None
+
+  def create_module(self, spec):
+    new, until = self.table[spec.name]
+    warnings.warn(f'purax: module {spec.name} is deprecated: use {new} (it goes in {until}; '
+                  'CHANGELOG.md)', DeprecationWarning, stacklevel=2)
+    return importlib.import_module(new)   # its own __name__ and __spec__ are kept
+
+  def exec_module(self, module):
+    del module   # already executed under its new name
+
+
+_MOVED = _MovedModules()
+
+
+def moved(old: str, new: str, until: str = '0.4') -> None:
+  """Keeps the import path ``old`` of a module renamed to ``new`` working:
+  ``import old`` (and ``from package import old_name``) gives module ``new``
+  itself, with a ``DeprecationWarning`` naming ``new``, and no file of the
+  old name is left (``tests/test_layers.py`` holds that no two modules share
+  a file name). Called by the old module's package ``__init__``, which any
+  import of ``old`` runs first.
   """
-  warnings.warn(f'purax: module {old} is deprecated: use {new} (it goes in {until}; '
-                'CHANGELOG.md)', DeprecationWarning, stacklevel=3)
-  sys.modules[old] = importlib.import_module(new)
+  _MOVED.table[old] = (new, until)
+  if _MOVED not in sys.meta_path:
+    sys.meta_path.append(_MOVED)

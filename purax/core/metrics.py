@@ -108,8 +108,9 @@ _PACKED_DTYPES = ('float32', 'int32', 'bool')
 
 
 class Window(struct.PyTreeNode):
-  """A running metrics tree packed into one float32 array: what the train
-  steps of :mod:`purax.plan` carry from call to call.
+  """The metrics window (:mod:`purax.hooks.window`): the metrics tree the
+  train steps of :mod:`purax.plan` sum from call to call, packed into one
+  float32 array.
 
   The tree's leaves (float32 sums and counts, int32 streaks) are flattened
   and concatenated into ``values`` (float32 ``[n]``, ``n`` the leaves' total
@@ -183,7 +184,7 @@ _zeros_on_device = jax.jit(_zeros)
 
 def stepped(step, state, acc, *args, **kwargs) -> tuple[Any, Any]:
   """``step(state, *args, **kwargs) -> (state, metrics)`` with its metrics
-  merged into the running window ``acc``: the body of every accumulating train
+  merged into the metrics window ``acc``: the body of every accumulating train
   step (one device, a mesh, a population). Traceable."""
   state, metrics = step(state, *args, **kwargs)
   return state, merge(acc, metrics)

@@ -17,34 +17,35 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from purax.core import loops
+from purax.core import bounds, loops
 from purax.core.errors import ConfigError, expect, expect_kind
 
 
-def warmup_cosine(peak_learning_rate, *, warmup_steps: int, total_steps: int):
-  """``step -> learning rate``: linear warmup from 0, cosine decay to 0.
+def warmup_cosine(learning_rate, *, warmup_steps: int, total_steps: int):
+  """``step -> learning rate``: linear warmup from 0 to ``learning_rate`` (the
+  schedule's peak), cosine decay to 0.
 
-  Written as ``peak * unit_schedule(step)`` so ``peak_learning_rate`` may be a
+  Written as ``learning_rate * unit_schedule(step)`` so ``learning_rate`` may be a
   traced float32 array (optax's own builder branches on the peak in Python).
   Loshchilov & Hutter 2017, "SGDR" (cosine); Goyal et al. 2017 (warmup).
   """
   unit = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=1.0, warmup_steps=warmup_steps,
       decay_steps=max(total_steps, warmup_steps + 1), end_value=0.0)
-  return lambda count: peak_learning_rate * unit(count)
+  return lambda count: learning_rate * unit(count)
 
 
-def warmup_constant(peak_learning_rate, *, warmup_steps: int, total_steps: int = 0):
-  """``step -> learning rate``: linear warmup from 0, then constant (for
+def warmup_constant(learning_rate, *, warmup_steps: int, total_steps: int = 0):
+  """``step -> learning rate``: linear warmup from 0, then constant ``learning_rate`` (for
   schedule-free optimizers, which need no decay; ``total_steps`` unused)."""
   del total_steps
   unit = (optax.constant_schedule(1.0) if warmup_steps == 0 else
           optax.warmup_constant_schedule(init_value=0.0, peak_value=1.0,
                                          warmup_steps=warmup_steps))
-  return lambda count: peak_learning_rate * unit(count)
+  return lambda count: learning_rate * unit(count)
 
 
-#: The schedules of :func:`scheduled`, by name: ``(peak, *, warmup_steps,
+#: The schedules of :func:`scheduled`, by name: ``(learning_rate, *, warmup_steps,
 #: total_steps) -> (step -> learning rate)``.
 SCHEDULES: Mapping[str, Callable] = {'cosine': warmup_cosine, 'constant': warmup_constant}
 
@@ -199,11 +200,11 @@ def clip_by_global_norm(max_norm, *, use_given_norm: bool = False
   return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
 
-def _adamw_cosine(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
+def _adamw_cosine(learning_rate, weight_decay, b1, b2, eps, clip_norm, *,
                   schedule, eps_root, weight_decay_mask):
   return optax.chain(
       clip_by_global_norm(clip_norm, use_given_norm=True),
-      optax.adamw(schedule(peak_learning_rate), b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+      optax.adamw(schedule(learning_rate), b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                   weight_decay=weight_decay, mu_dtype=jnp.float32, mask=weight_decay_mask),
   )
 
@@ -231,21 +232,31 @@ def scheduled(inner: Callable, *, schedule: str = 'cosine', warmup_steps: int,
   """How purax's optimizers are built: ``inner`` with its hyperparameters
   injected (``optax.inject_hyperparams``, float32) and a learning-rate schedule.
 
+  The learning rate has one name from the command line to the log:
+  ``learning_rate`` is the ``--learning-rate`` flag, the config field, the
+  builders' argument, the hyperparameter in ``opt_state.hyperparams`` (read
+  and set by :func:`purax.core.hparams.get` / ``set``, swept and perturbed by
+  populations and PBT) and ``train/learning_rate`` in the log. What the state
+  stores is the schedule's *peak*; the rate an update applies is
+  ``learning_rate * schedule(count)`` (what the log reports and
+  ``learning_rate(opt_state)`` below gives). Checkpoints written before 0.3
+  call it ``peak_learning_rate``; they restore under the new name.
+
   Args:
-    inner: ``(peak_learning_rate, ..., *, schedule, **static) -> optax
+    inner: ``(learning_rate, ..., *, schedule, **static) -> optax
       transformation``, a function with a named argument per
       hyperparameter (``inject_hyperparams`` reads its signature);
-      ``schedule(peak)`` is the ``step -> learning rate`` function to use.
+      ``schedule(learning_rate)`` is the ``step -> learning rate`` function to use.
     schedule: a key of :data:`SCHEDULES` (``'cosine'``: warmup then cosine
       decay to 0 at ``total_steps``; ``'constant'``: warmup then constant).
     warmup_steps, total_steps: the schedule's lengths (static).
     hyperparams: ``name -> value`` of every injected hyperparameter, with
-      ``peak_learning_rate``: float32 ``[]`` leaves of ``opt_state.hyperparams``.
+      ``learning_rate``: float32 ``[]`` leaves of ``opt_state.hyperparams``.
     static: the other arguments of ``inner`` (a weight-decay mask, flags).
 
   Returns:
     A :class:`ScheduledTransformation`; ``learning_rate(opt_state)`` is
-    ``peak_learning_rate * schedule(count)`` (``applied=True``: at ``count - 1``). The same arguments (when
+    ``learning_rate * schedule(count)`` (``applied=True``: at ``count - 1``). The same arguments (when
     hashable) give the same object: a Task rebuilt with the same values is
     equal to the first and its jitted step is not compiled again.
   """
@@ -266,7 +277,7 @@ def scheduled(inner: Callable, *, schedule: str = 'cosine', warmup_steps: int,
 @functools.lru_cache(maxsize=256)
 def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
   unit = SCHEDULES[schedule](1.0, warmup_steps=warmup_steps, total_steps=total_steps)
-  curve = lambda peak: (lambda count: peak * unit(count))   # noqa: E731
+  curve = lambda rate: (lambda count: rate * unit(count))   # noqa: E731
   static = dict(static)
   factory = optax.inject_hyperparams(inner, static_args=('schedule', *static),
                                      hyperparam_dtype=jnp.float32)
@@ -275,7 +286,7 @@ def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
   def current(opt_state, *, applied: bool = False):
     # The schedule's count is the updates applied (a skipped update leaves it).
     count = jnp.maximum(opt_state.count - 1, 0) if applied else opt_state.count
-    rate = opt_state.hyperparams['peak_learning_rate'] * unit(count)
+    rate = opt_state.hyperparams['learning_rate'] * unit(count)
     if applied:
       rate = jnp.where(opt_state.count > 0, rate, 0.0)
     return rate.astype(jnp.float32)
@@ -290,7 +301,8 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   """AdamW (Loshchilov & Hutter 2019) with a warmup-cosine schedule and clipping.
 
   Args:
-    learning_rate: the peak learning rate, reached after ``warmup_steps``.
+    learning_rate: the schedule's peak, reached after ``warmup_steps``
+      (:func:`scheduled`), in :data:`purax.core.bounds.BOUNDS`' ``(0, 10]``.
     total_steps: optimizer updates over which the cosine decays to 0 (static).
     warmup_steps: linear warmup length (static).
     weight_decay: decoupled weight decay coefficient.
@@ -318,24 +330,21 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
     (``applied=True``: the last update's; :class:`ScheduledTransformation`).
 
   Raises:
-    ConfigError: a value out of range or not finite (NaN, ``inf``), naming
-      the field; a mask that is neither None, a function nor a pytree.
+    ConfigError: a value outside its interval of :data:`purax.core.bounds.BOUNDS`
+      or not finite (NaN, ``inf``), naming the field
+      (:func:`purax.core.bounds.check`); a mask that is neither None, a
+      function nor a pytree.
   """
-  check_finite(learning_rate=learning_rate, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps,
-               clip_norm=clip_norm, eps_root=eps_root)
+  bounds.check(learning_rate=learning_rate, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps,
+               clip_norm=clip_norm)
+  check_finite(eps_root=eps_root)
   check_steps(total_steps, warmup_steps)
   check_mask(weight_decay_mask)
-  expect(learning_rate >= 0, 'learning_rate', '>= 0', learning_rate, ConfigError)
-  expect(0 <= b1 < 1, 'b1', 'in [0, 1)', b1, ConfigError)
-  expect(0 <= b2 < 1, 'b2', 'in [0, 1)', b2, ConfigError)
-  expect(clip_norm > 0, 'clip_norm', '> 0 (gradients are rescaled to at most this norm: 0 '
-         'would zero them)', clip_norm, ConfigError)
-  expect(weight_decay >= 0, 'weight_decay', '>= 0', weight_decay, ConfigError)
   expect(eps_root >= 0, 'eps_root', '>= 0', eps_root, ConfigError)
   expect(eps > 0 or eps_root > 0, 'eps', '> 0 (or eps_root > 0: with both 0 a gradient entry '
          'that is 0 from the start divides 0 by 0)', eps, ConfigError)
   return scheduled(_adamw_cosine, warmup_steps=warmup_steps, total_steps=total_steps,
-                   hyperparams=dict(peak_learning_rate=learning_rate,
+                   hyperparams=dict(learning_rate=learning_rate,
                                     weight_decay=weight_decay, b1=b1, b2=b2, eps=eps,
                                     clip_norm=clip_norm),
                    static=dict(eps_root=float(eps_root), weight_decay_mask=weight_decay_mask))

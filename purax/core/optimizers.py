@@ -26,31 +26,28 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from purax.core import bounds
 from purax.core import muon as muon_lib
 from purax.core.errors import ConfigError, expect
 from purax.core.muon import MuonLeaf, format_muon_leaves, muon_leaves  # noqa: F401
-from purax.core.optim import (ScheduledTransformation, check_finite, check_mask, check_steps,
+from purax.core.optim import (ScheduledTransformation, check_mask, check_steps,
                               clip_by_global_norm, matrices, scheduled)
 
 
-def _check(learning_rate, clip_norm, weight_decay, total_steps, warmup_steps, mask, **unit):
-  """The checks every builder makes; ``unit``: values that must lie in [0, 1)."""
-  check_finite(learning_rate=learning_rate, clip_norm=clip_norm, weight_decay=weight_decay,
-               **unit)
+def _check(total_steps, warmup_steps, mask, **hyperparams):
+  """The checks every builder makes: each hyperparameter against its interval
+  of :data:`purax.core.bounds.BOUNDS` (the one table), the schedule's lengths
+  and the weight-decay mask."""
+  bounds.check(**hyperparams)
   check_steps(total_steps, warmup_steps)
   check_mask(mask)
-  expect(learning_rate >= 0, 'learning_rate', '>= 0', learning_rate, ConfigError)
-  expect(clip_norm > 0, 'clip_norm', '> 0', clip_norm, ConfigError)
-  expect(weight_decay >= 0, 'weight_decay', '>= 0', weight_decay, ConfigError)
-  for name, value in unit.items():
-    expect(0 <= value < 1, name, 'in [0, 1)', value, ConfigError)
 
 
-def _sgd(peak_learning_rate, momentum, weight_decay, clip_norm, *, schedule, nesterov,
+def _sgd(learning_rate, momentum, weight_decay, clip_norm, *, schedule, nesterov,
          weight_decay_mask):
   return optax.chain(clip_by_global_norm(clip_norm, use_given_norm=True),
                      optax.add_decayed_weights(weight_decay, weight_decay_mask),
-                     optax.sgd(schedule(peak_learning_rate), momentum=momentum,
+                     optax.sgd(schedule(learning_rate), momentum=momentum,
                                nesterov=nesterov))
 
 
@@ -69,17 +66,18 @@ def sgd(*, learning_rate: float = 0.1, total_steps: int, warmup_steps: int = 0,
 
   Returns:
     A :class:`purax.core.optim.ScheduledTransformation`; injected:
-    ``peak_learning_rate``, ``momentum``, ``weight_decay``, ``clip_norm``.
+    ``learning_rate``, ``momentum``, ``weight_decay``, ``clip_norm``.
 
   Raises:
-    ConfigError: a value out of range or not finite, naming it.
+    ConfigError: a value outside its interval of :data:`purax.core.bounds.BOUNDS`
+      or not finite, naming it.
 
   Example: ``purax.Task(model, tx=purax.core.optimizers.sgd(total_steps=1000))``.
   """
-  _check(learning_rate, clip_norm, weight_decay, total_steps, warmup_steps, weight_decay_mask,
-         momentum=momentum)
+  _check(total_steps, warmup_steps, weight_decay_mask, learning_rate=learning_rate,
+         clip_norm=clip_norm, weight_decay=weight_decay, momentum=momentum)
   return scheduled(_sgd, warmup_steps=warmup_steps, total_steps=total_steps,
-                   hyperparams=dict(peak_learning_rate=learning_rate, momentum=momentum,
+                   hyperparams=dict(learning_rate=learning_rate, momentum=momentum,
                                     weight_decay=weight_decay, clip_norm=clip_norm),
                    static=dict(nesterov=bool(nesterov), weight_decay_mask=weight_decay_mask))
 
@@ -110,7 +108,7 @@ def _is_dims_or_masked(x) -> bool:
   return x is None or isinstance(x, (optax.contrib.MuonDimensionNumbers, optax.MaskedNode))
 
 
-def _muon(peak_learning_rate, momentum, b1, b2, eps, weight_decay, clip_norm, *, schedule,
+def _muon(learning_rate, momentum, b1, b2, eps, weight_decay, clip_norm, *, schedule,
           weight_decay_mask, muon_leaves):
   # optax.contrib.muon's two parts (its Muon chain and its AdamW, Nesterov
   # as there), with the leaves chosen by purax.core.muon and the decoupled
@@ -123,7 +121,7 @@ def _muon(peak_learning_rate, momentum, b1, b2, eps, weight_decay, clip_norm, *,
                                         nesterov=True)},
           functools.partial(muon_lib.labels, muon_leaves=muon_leaves)),
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
-      optax.scale_by_learning_rate(schedule(peak_learning_rate)))
+      optax.scale_by_learning_rate(schedule(learning_rate)))
 
 
 def muon(*, learning_rate: float = 0.02, total_steps: int, warmup_steps: int = 0,
@@ -166,7 +164,7 @@ def muon(*, learning_rate: float = 0.02, total_steps: int, warmup_steps: int = 0
 
   Returns:
     A :class:`purax.core.optim.ScheduledTransformation`; injected:
-    ``peak_learning_rate``, ``momentum``, ``b1``, ``b2``, ``eps``,
+    ``learning_rate``, ``momentum``, ``b1``, ``b2``, ``eps``,
     ``weight_decay``, ``clip_norm``.
 
   Raises:
@@ -176,22 +174,21 @@ def muon(*, learning_rate: float = 0.02, total_steps: int, warmup_steps: int = 0
   Example: ``purax.Task(model, tx=muon(total_steps=1000, muon_leaves={r'.*/wo':
   None}))`` keeps the MLP output kernels on AdamW.
   """
-  _check(learning_rate, clip_norm, weight_decay, total_steps, warmup_steps, weight_decay_mask,
-         momentum=momentum, b1=b1, b2=b2)
-  check_finite(eps=eps)
-  expect(eps > 0, 'eps', '> 0', eps, ConfigError)
+  _check(total_steps, warmup_steps, weight_decay_mask, learning_rate=learning_rate,
+         clip_norm=clip_norm, weight_decay=weight_decay, momentum=momentum, b1=b1, b2=b2, eps=eps)
+  expect(eps > 0, 'eps', '> 0 (Muon divides by a norm plus eps)', eps, ConfigError)
   return scheduled(_muon, warmup_steps=warmup_steps, total_steps=total_steps,
-                   hyperparams=dict(peak_learning_rate=learning_rate, momentum=momentum, b1=b1,
+                   hyperparams=dict(learning_rate=learning_rate, momentum=momentum, b1=b1,
                                     b2=b2, eps=eps, weight_decay=weight_decay,
                                     clip_norm=clip_norm),
                    static=dict(weight_decay_mask=weight_decay_mask,
                                muon_leaves=muon_lib.check_overrides(muon_leaves) or None))
 
 
-def _schedule_free_adamw(peak_learning_rate, b1, b2, eps, weight_decay, clip_norm, *,
+def _schedule_free_adamw(learning_rate, b1, b2, eps, weight_decay, clip_norm, *,
                          schedule, weight_decay_mask):
   # optax.contrib.schedule_free_adamw, with a weight-decay mask.
-  learning_rate = schedule(peak_learning_rate)
+  learning_rate = schedule(learning_rate)
   base = optax.chain(
       optax.scale_by_rms(decay=b2, eps=eps, eps_in_sqrt=False, bias_correction=True),
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
@@ -219,19 +216,20 @@ def schedule_free_adamw(*, learning_rate: float = 2.5e-3, warmup_steps: int = 0,
 
   Returns:
     A :class:`purax.core.optim.ScheduledTransformation`; injected:
-    ``peak_learning_rate``, ``b1``, ``b2``, ``eps``, ``weight_decay``, ``clip_norm``.
+    ``learning_rate``, ``b1``, ``b2``, ``eps``, ``weight_decay``, ``clip_norm``.
 
   Raises:
-    ConfigError: a value out of range or not finite, naming it.
+    ConfigError: a value outside its interval of :data:`purax.core.bounds.BOUNDS`
+      or not finite, naming it.
   """
-  _check(learning_rate, clip_norm, weight_decay, max(total_steps, 1), warmup_steps,
-         weight_decay_mask, b1=b1, b2=b2)
-  check_finite(eps=eps)
+  _check(max(total_steps, 1), warmup_steps, weight_decay_mask, learning_rate=learning_rate,
+         clip_norm=clip_norm, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps)
   expect(b1 > 0, 'b1', '> 0 (schedule-free interpolates with it)', b1, ConfigError)
-  expect(eps > 0, 'eps', '> 0', eps, ConfigError)
+  expect(eps > 0, 'eps', '> 0 (the second moment divides by its root plus eps)', eps,
+         ConfigError)
   return scheduled(_schedule_free_adamw, schedule='constant', warmup_steps=warmup_steps,
                    total_steps=1,
-                   hyperparams=dict(peak_learning_rate=learning_rate, b1=b1, b2=b2, eps=eps,
+                   hyperparams=dict(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps,
                                     weight_decay=weight_decay, clip_norm=clip_norm),
                    static=dict(weight_decay_mask=weight_decay_mask))
 

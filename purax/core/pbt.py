@@ -74,7 +74,7 @@ def _exploit_explore(pop, scores, key, *, fraction, factors, names, bounds):
 
   # Explore: perturb the copied members' hyperparameters by a random factor.
   hparams = hparams_lib.get(new.state)
-  names = names if names is not None else ('peak_learning_rate',)
+  names = names if names is not None else ('learning_rate',)
   for name in names:
     expect(name in hparams, 'names', f'hyperparameters among {sorted(hparams)}',
            repr(name), ConfigError)
@@ -107,7 +107,8 @@ def exploit_explore(pop: Population, scores: jax.Array, *, key: jax.Array,
       member is replaced when there are two or more.
     factors: explore multipliers, one drawn uniformly per copied member and
       hyperparameter (Jaderberg et al. use 0.8 and 1.2).
-    names: hyperparameters to perturb (default: ``('peak_learning_rate',)``).
+    names: hyperparameters to perturb (default: ``('learning_rate',)``; a
+      name before 0.3, ``'peak_learning_rate'``, with a ``DeprecationWarning``).
     bounds: name -> (low, high) clip after perturbing (default:
       :data:`purax.core.hparams.BOUNDS`; others are clipped to ``[0, inf)``);
       an infinite end clips at float32's largest value, so a perturbed value
@@ -130,5 +131,5 @@ def exploit_explore(pop: Population, scores: jax.Array, *, key: jax.Array,
          f'[{pop.num_members}] (members)', list(jnp.shape(scores)), ConfigError)
   return _exploit_explore(pop, jnp.asarray(scores), key, fraction=float(fraction),
                           factors=tuple(float(f) for f in factors),
-                          names=None if names is None else tuple(names),
+                          names=None if names is None else tuple(map(hparams_lib.canonical, names)),
                           bounds=tuple(sorted((k, tuple(v)) for k, v in bounds.items())))

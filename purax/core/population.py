@@ -3,7 +3,7 @@
 A population is a :class:`TrainState` with a leading member axis on every leaf
 (``jax.vmap(task.init)`` over keys), plus four per-member status arrays. Each
 member's hyperparameters are float32 ``[]`` leaves of its own state: optimizer
-ones in ``opt_state.hyperparams`` (``peak_learning_rate``, ``weight_decay``,
+ones in ``opt_state.hyperparams`` (``learning_rate``, ``weight_decay``,
 ``b1``, ``b2``, ``eps``, ``clip_norm``), loss/model ones in ``state.hparams``
 (``label_smoothing``). So a sweep over any values is one compiled program, and
 a second sweep with other values of the same shapes reuses it.
@@ -39,7 +39,7 @@ Example:
   >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
   ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
   >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
-  >>> hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
+  >>> hparams = {'learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
   >>> pop = population.init(task, keys, hparams, batch)
   >>> pop, metrics = jax.jit(population.step, static_argnums=0)(task, pop, batch)
   >>> purax.metrics.compute(metrics)['loss'].shape     # one loss per member

@@ -36,7 +36,7 @@ class name); ``option`` (what an error about its ``every`` calls it);
 ``init_arrays(state)`` with an ``arrays`` attribute (array state too large for
 JSON, saved in the checkpoint's array tree, :class:`EMA`).
 
-The end of a run, in one place (``purax.hooks.loop._Loop.finish``): once
+The end of a run, in one place (``purax.hooks.runner._Loop.finish``): once
 the run has ended, every hook is called once more at the last step with
 ``info.end`` set and ``info.forced`` where its cadence did not call it there
 (levanter's ``run_hooks(info, force=True)``); a hook's final call does what
@@ -108,13 +108,13 @@ from purax.hooks.library import EarlyStopping as EarlyStopping
 from purax.hooks.library import Histograms as Histograms
 from purax.hooks.library import PopulationEarlyStopping as PopulationEarlyStopping
 from purax.hooks.library import scores as scores
-from purax.hooks.loop import due as due
-from purax.hooks.loop import next_due as next_due
 from purax.hooks.nonfinite import NonFiniteReplay as NonFiniteReplay
 from purax.hooks.record import STATUSES as STATUSES
 from purax.hooks.record import End as End
 from purax.hooks.record import Output as Output
 from purax.hooks.record import StepInfo as StepInfo
+from purax.hooks.runner import due as due
+from purax.hooks.runner import next_due as next_due
 from purax.hooks.standard import standard as standard
 
 
@@ -122,9 +122,11 @@ from purax.core import lazy as _lazy  # noqa: E402
 
 # Public until 0.3; what hooks saw of the loop, now private (they get a StepInfo).
 __getattr__, _ = _lazy.attach(__name__, {}, deprecated={
-    'Loop': ('purax.hooks.loop:_Loop', 'purax.hooks.StepInfo (hooks get the step record, '
+    'Loop': ('purax.hooks.runner:_Loop', 'purax.hooks.StepInfo (hooks get the step record, '
              'not the loop)', '0.4'),
 })
+# Renamed in 0.3 (no two modules of one file name): the old import path still works.
+_lazy.moved('purax.hooks.loop', 'purax.hooks.runner')
 
 __all__ = [
     'Checkpoint',

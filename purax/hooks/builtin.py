@@ -11,7 +11,7 @@ import numpy as np
 
 from purax.core import metrics as metrics_lib
 from purax.core.errors import ConfigError, NonFiniteError, expect
-from purax.hooks.loop import due
+from purax.hooks.runner import due
 from purax.hooks.record import End, Output
 from purax.io import profile as profile_lib
 from purax.io import progress as progress_lib
@@ -21,7 +21,7 @@ class Log:
   """Writes what each step wrote to ``writer``, and sets the log points.
 
   Every ``every`` steps (and at the end of a finished or early-stopped run)
-  the loop reads its training-metrics window (the loop's one host sync) into
+  the loop reads its metrics window (the loop's one host sync) into
   the step's record: ``train/*`` (the metrics of the steps since the last log
   point), ``train/learning_rate`` (the rate the last update applied, when the
   optimizer says it: :func:`purax.adamw`, or a ``learning_rate`` injected

@@ -119,7 +119,7 @@ class StepInfo:
       hook may then do nothing: :class:`purax.hooks.EMA` samples only on its
       cadence).
     plan: the run's plan (:mod:`purax.plan`): ``plan.evaluate(state, data)``.
-    window: at a log point, the training-metrics window it was computed from
+    window: at a log point, the metrics window it was computed from
       (host arrays: sums and counts of the steps since the previous log
       point, :mod:`purax.core.metrics`); None elsewhere.
     histograms: ``{tag: array}`` given by earlier hooks of this step

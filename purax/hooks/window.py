@@ -1,7 +1,19 @@
-"""The training-metrics window of :func:`purax.fit`: summed on the device by
-every step, read at the log points into the step's record (the loop's one
-host sync), and begun anew. The loop owns it; hooks read what it gave
-(``StepInfo.metrics`` and ``StepInfo.window``, :class:`purax.hooks.StepInfo`)."""
+"""The metrics window of :func:`purax.fit`: the training metrics summed on
+the device by every step since the last log point, read at the log points
+into the step's record (the loop's one host sync), and begun anew. The loop
+owns it; hooks read what it gave (``StepInfo.metrics`` and
+``StepInfo.window``, :class:`purax.hooks.StepInfo`).
+
+One name, *the window*: the loop's ``window`` (a
+:class:`purax.metrics.Window`, the metrics tree packed into one float32
+array), ``StepInfo.window`` (the host copy a log point read) and
+:class:`Reader` (which reads it). Two keys keep their spelling on disk so
+that runs written before resume: the checkpoint tree's ``'train_metrics'``
+(:func:`purax.io.checkpoint.run.checkpoint_tree`, ``Restored.train_metrics``)
+and the reader's state under the hook state's ``'log'``
+(:data:`purax.hooks.runner.READER_KEY`, where :class:`purax.hooks.Log` kept
+it before 0.3). A plan's ``train_step(state, acc, batch)`` takes and returns
+the window as ``acc``."""
 
 from __future__ import annotations
 
@@ -37,9 +49,9 @@ def _applied_packed(task, state):
 _applied = jax.jit(_applied_packed, static_argnums=0)
 
 
-class Window:
-  """The training-metrics window: summed on the device by every step, read and
-  started anew at each log point (the loop's one host sync).
+class Reader:
+  """Reads the loop's metrics window (``loop.window``) at each log point and
+  starts it anew (the loop's one host sync).
 
   A log point writes ``train/*`` (the window's metrics), ``train/learning_rate``
   (the rate the last update applied, :func:`purax.core.hparams.get` with
@@ -70,7 +82,7 @@ class Window:
     hook_time = lambda: loop.hook_seconds() - loop.hook_compile_seconds()  # noqa: E731
     before = hook_time()
     applied = None if self.initial is None else _applied(loop.task, _train_state(loop.state))
-    window, applied, initial = jax.device_get((loop.metrics, applied, self.initial))
+    window, applied, initial = jax.device_get((loop.window, applied, self.initial))
     waited = hook_time() - before        # the device finishing the queued steps: step time
     self.initial = metrics_lib.as_tree(initial)     # on the host, unpacked once
     numbers = {f'train/{k}': v for k, v in metrics_lib.compute(window).items()}
@@ -82,7 +94,7 @@ class Window:
     if compile_s > 0:
       numbers['compile_s'] = compile_s
     self.clock, self.logged = self._clock(step), step
-    loop.metrics = metrics_lib.zeros_like(loop.metrics)
+    loop.window = metrics_lib.zeros_like(loop.window)
     return numbers, window
 
   def _hyperparams(self, applied) -> dict:

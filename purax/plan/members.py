@@ -11,7 +11,7 @@ Example:
   >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
   ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
   >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
-  >>> hparams = {'peak_learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
+  >>> hparams = {'learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
   >>> pop = population.init(task, keys, hparams, batch)
   >>> zeros = members.zero_train_metrics(task, pop, batch)
   >>> pop, metrics = members.train_step(task, pop, zeros, batch)

@@ -1,6 +1,6 @@
 """Assertions and hypothesis strategies that prove a parallel step is the single-device step.
 
-:mod:`purax.testing.asserts` needs chex only; :mod:`purax.testing.strategies`
+:mod:`purax.testing.asserts` needs chex only; :mod:`purax.testing.hypotheses`
 needs hypothesis and is here when it is installed, so ``import purax.testing``
 works without it.
 
@@ -57,7 +57,7 @@ from purax.testing.asserts import assert_trees_close as assert_trees_close
 from purax.testing.asserts import grads_of as grads_of
 from purax.testing.asserts import learning_rate_of as learning_rate_of
 
-#: The hypothesis strategies (:mod:`purax.testing.strategies`): here when
+#: The hypothesis strategies (:mod:`purax.testing.hypotheses`): here when
 #: hypothesis (the ``testing`` extra) is installed.
 STRATEGIES = ('mesh_shapes', 'mesh_of', 'meshes', 'batch_sizes', 'classification_batches',
               'small_pytrees')
@@ -67,12 +67,17 @@ try:
 except ImportError:
   hypothesis = None
 else:
-  from purax.testing.strategies import batch_sizes as batch_sizes
-  from purax.testing.strategies import classification_batches as classification_batches
-  from purax.testing.strategies import mesh_of as mesh_of
-  from purax.testing.strategies import mesh_shapes as mesh_shapes
-  from purax.testing.strategies import meshes as meshes
-  from purax.testing.strategies import small_pytrees as small_pytrees
+  from purax.testing.hypotheses import batch_sizes as batch_sizes
+  from purax.testing.hypotheses import classification_batches as classification_batches
+  from purax.testing.hypotheses import mesh_of as mesh_of
+  from purax.testing.hypotheses import mesh_shapes as mesh_shapes
+  from purax.testing.hypotheses import meshes as meshes
+  from purax.testing.hypotheses import small_pytrees as small_pytrees
+
+from purax.core import lazy as _lazy  # noqa: E402
+
+# Renamed in 0.3 (no two modules of one file name): the old import path still works.
+_lazy.moved('purax.testing.strategies', 'purax.testing.hypotheses')
 
 __all__ = [
     'TOLERANCES', 'Tolerance', 'assert_trees_close', 'assert_finite', 'grads_of',

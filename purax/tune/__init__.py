@@ -12,7 +12,7 @@ from purax.core import lazy as _lazy
 
 _PUBLIC = {
     'LRRange': 'purax.tune.lr_range:LRRange',
-    'RULES': 'purax.tune.rules:RULES',
+    'RULES': 'purax.tune.lr_rules:RULES',
     'RangeTestError': 'purax.tune.lr_range:RangeTestError',
     'log_grid': 'purax.tune.lr_range:log_grid',
     'lr_range_test': 'purax.tune.lr_range:lr_range_test',
@@ -21,3 +21,5 @@ _PUBLIC = {
 __getattr__, __dir__ = _lazy.attach(__name__, _PUBLIC)
 #: The public names (each bound on first use).
 __all__ = sorted(_PUBLIC)
+# Renamed in 0.3 (no two modules of one file name): the old import path still works.
+_lazy.moved('purax.tune.rules', 'purax.tune.lr_rules')

@@ -116,9 +116,9 @@ from purax.core.errors import ConfigError, DataError, expect, expect_kind
 from purax.core.state import TrainState
 from purax.core.task import Task
 from purax.plan.feed import host_batch_transfer
-from purax.tune.rules import DEFAULT_RULE, DIVERGED_ABOVE, FLAT, MIN_STEPS, WITHIN
-from purax.tune.rules import RULES as RULES
-from purax.tune.rules import Rule as Rule
+from purax.tune.lr_rules import DEFAULT_RULE, DIVERGED_ABOVE, FLAT, MIN_STEPS, WITHIN
+from purax.tune.lr_rules import RULES as RULES
+from purax.tune.lr_rules import Rule as Rule
 
 
 class RangeTestError(ConfigError):
@@ -275,7 +275,7 @@ def population_of(state: TrainState, values: dict[str, np.ndarray]) -> pop_lib.P
 
 def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
                   steps: int = 100, rule: Rule = DEFAULT_RULE, window: int | None = None,
-                  hparam: str = 'peak_learning_rate',
+                  hparam: str = 'learning_rate',
                   strategy: pop_lib.Strategy = 'auto') -> LRRange:
   """Trains ``state`` at every learning rate of ``lrs`` at once for ``steps``
   updates, in one compiled program, and suggests a rate (module doc).
@@ -292,7 +292,8 @@ def lr_range_test(task: Task, state: TrainState, batches: Iterable, *, lrs=None,
     window: the last steps whose mean loss is a member's point; default
       ``max(1, steps // 4)``.
     hparam: the state's learning-rate hyperparameter
-      (:func:`purax.adamw`'s ``'peak_learning_rate'``).
+      (:func:`purax.adamw`'s ``'learning_rate'``, the schedule's peak;
+      ``'peak_learning_rate'``, its name before 0.3, with a ``DeprecationWarning``).
     strategy: how members share the machine
       (:func:`purax.core.population.chunk_size`); the values are the same.
 
@@ -329,7 +330,7 @@ class RangeTest:
 
   def __init__(self, task: Task, state: TrainState, *, lrs=None, steps: int = 100,
                rule: Rule = DEFAULT_RULE, window: int | None = None,
-               hparam: str = 'peak_learning_rate', strategy: pop_lib.Strategy = 'auto'):
+               hparam: str = 'learning_rate', strategy: pop_lib.Strategy = 'auto'):
     expect_kind(task, 'task', Task, 'a purax.Task')
     expect_kind(state, 'state', TrainState, 'a purax.TrainState (task.init(key, batch))')
     expect(rule in RULES, 'rule', f'one of {list(RULES)}', repr(rule), ConfigError)
@@ -340,6 +341,7 @@ class RangeTest:
            f'an integer in [1, steps={steps}]', window, ConfigError)
     lrs = np.sort(np.asarray(log_grid() if lrs is None else lrs, np.float32).ravel())
     expect(lrs.size >= 2, 'lrs', 'at least two learning rates', lrs.tolist(), ConfigError)
+    hparam = hparams_lib.canonical(hparam)
     expect(hparam in hparams_lib.names(state), 'hparam',
            f'one of {list(hparams_lib.names(state))}', repr(hparam), ConfigError)
     hparams_lib.check(hparam, lrs)

@@ -260,10 +260,10 @@ def test_welch_matches_its_definition():
 
 
 def test_members_are_grouped_by_configuration_against_a_baseline():
-  rows = [{'member': i, 'seed': i % 3, 'peak_learning_rate': lr, 'eval_loss': loss}
+  rows = [{'member': i, 'seed': i % 3, 'learning_rate': lr, 'eval_loss': loss}
           for i, (lr, loss) in enumerate([(0.1, 1.0), (0.1, 1.2), (0.1, 1.1),
                                           (0.01, 2.0), (0.01, 2.4), (0.01, 2.2)])]
-  groups = verdict_lib.by_configuration(rows, 'loss', ['peak_learning_rate'], baseline=4)
+  groups = verdict_lib.by_configuration(rows, 'loss', ['learning_rate'], baseline=4)
   assert [g['members'] for g in groups] == [[0, 1, 2], [3, 4, 5]]
   assert [g['baseline'] for g in groups] == [False, True]     # member 4's configuration
   assert groups[0]['mean_loss'] == pytest.approx(1.1)
@@ -292,7 +292,7 @@ def test_a_sweep_on_a_budget_reports_each_member_and_its_seeds(tmp_path):
   by_member = {r['member']: r for r in summary['members']}
   assert [m['metric']['eval/loss'] for m in members] == [
       by_member[i]['eval_loss'] for i in range(6)]
-  assert [m['hparams']['peak_learning_rate'] for m in members] == [1e-3] * 3 + [1e-2] * 3
+  assert [m['hparams']['learning_rate'] for m in members] == [1e-3] * 3 + [1e-2] * 3
   # The seeds are the population's axis: per configuration, mean, spread and
   # Welch's test against the configuration of member 3 (the baseline).
   groups = verdict['configurations']

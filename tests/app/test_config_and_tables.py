@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import purax
-from purax.app import cli, data, hparams, job, models, runs
+from purax.app import cli, data, job, models, runs
+from purax.app import hparam_table as hparams
 from purax.app.config import FORMAT, TrainConfig
-from purax.app.optimizers import OPTIMIZERS
+from purax.app.optimizer_table import OPTIMIZERS
 from purax.app.sweep import SweepConfig
 from purax.core.errors import ConfigError
 

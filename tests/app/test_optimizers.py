@@ -1,4 +1,4 @@
-"""The optimizer table of the CLI (purax.app.optimizers): --optimizer NAME from
+"""The optimizer table of the CLI (purax.app.optimizer_table): --optimizer NAME from
 its rows, each optimizer's hyperparameters sweepable where they are injected,
 the rows it does not take refused by name, a schedule-free run evaluated,
 averaged and exported at its evaluation params."""
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import purax
-from purax.app import cli, data, hparams, plot, runs, sweep
+from purax.app import cli, data, plot, runs, sweep
+from purax.app import hparam_table as hparams
 from purax.app import job as job_lib
 from purax.core import population as pop_lib
 from purax.app.config import TrainConfig
-from purax.app.optimizers import OPTIMIZERS
+from purax.app.optimizer_table import OPTIMIZERS
 from purax.app.sweep import SweepConfig
 from purax.core.errors import ConfigError
 from purax.io.checkpoint import Checkpointer
@@ -36,7 +37,7 @@ def test_the_choices_are_the_table_and_a_row_the_optimizer_does_not_take_is_refu
   with pytest.raises(ConfigError, match='momentum: expected unset for --optimizer adamw'):
     SweepConfig.of(momentum='0.8,0.9').validate()
   assert set(SweepConfig.of(optimizer='sgd', momentum='0.8,0.9').validate().specs()) == {
-      'peak_learning_rate', 'momentum', 'weight_decay', 'clip_norm', 'label_smoothing'}
+      'learning_rate', 'momentum', 'weight_decay', 'clip_norm', 'label_smoothing'}
 
 
 def test_the_plot_draws_each_optimizers_schedule():

@@ -30,7 +30,7 @@ def write_run(d, steps=40):
 
 def write_sweep(d, members=4):
   d.mkdir()
-  rows = [{'rank': i + 1, 'member': i, 'seed': i % 2, 'peak_learning_rate': [1e-3, 1e-2][i // 2],
+  rows = [{'rank': i + 1, 'member': i, 'seed': i % 2, 'learning_rate': [1e-3, 1e-2][i // 2],
            'weight_decay': 1e-4, 'status': 'ok'} for i in range(members)]
   history = [{'step': s, 'train/loss': [1.0 / (s * (i + 1)) for i in range(members)],
               'train/accuracy': [0.5] * members, 'train/grad_norm': [1.0, None, 2.0, 'nan'][:members]}
@@ -60,9 +60,9 @@ def test_sweep_plot_writes_a_png_through_the_cli(tmp_path, capsys):
 
 
 def test_sweep_legend_names_the_hyperparameters_that_differ():
-  rows = [{'member': 0, 'seed': 0, 'peak_learning_rate': 1e-3, 'weight_decay': 1e-4},
-          {'member': 1, 'seed': 1, 'peak_learning_rate': 1e-3, 'weight_decay': 1e-4},
-          {'member': 2, 'seed': 0, 'peak_learning_rate': 3e-2, 'weight_decay': 1e-4}]
+  rows = [{'member': 0, 'seed': 0, 'learning_rate': 1e-3, 'weight_decay': 1e-4},
+          {'member': 1, 'seed': 1, 'learning_rate': 1e-3, 'weight_decay': 1e-4},
+          {'member': 2, 'seed': 0, 'learning_rate': 3e-2, 'weight_decay': 1e-4}]
   assert plot.member_labels(rows) == {0: 'lr=0.001 seed=0', 1: 'lr=0.001 seed=1',
                                       2: 'lr=0.03 seed=0'}
   same = [dict(r, seed=0) for r in rows[:2]]
@@ -286,7 +286,7 @@ def test_sweep_plot_titles_legend_and_note_do_not_overlap(tmp_path, monkeypatch)
   sweep = write_sweep(tmp_path / 'sweep')
   summary = json.loads((sweep / 'sweep.json').read_text())
   summary['members'] = [{'rank': i + 1, 'member': i, 'seed': i % 2, 'status': 'ok',
-                         'peak_learning_rate': 10 ** -(1 + i % 3), 'weight_decay': 10 ** -(i % 4),
+                         'learning_rate': 10 ** -(1 + i % 3), 'weight_decay': 10 ** -(i % 4),
                          'label_smoothing': i / 100} for i in range(12)]
   history = [{'step': s, 'train/loss': [1.0 / (s * (i + 1)) for i in range(12)],
               'train/grad_norm': [float(s + i) for i in range(12)],

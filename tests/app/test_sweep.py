@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from purax import loop
-from purax.app import cli, hparams, search, sweep
+from purax.app import cli, search, sweep
+from purax.app import hparam_table as hparams
 from purax.app.sweep import SweepConfig
 from purax.core import population as P
 from purax.core.errors import ConfigError
@@ -79,7 +80,7 @@ def test_specs_parse_and_malformed_specs_are_named():
 
 def test_second_sweep_with_other_values_compiles_nothing():
   def one_sweep(seeds, lrs, smoothing):
-    pop = tp.pinit(tp.TASK, tp.keys(seeds), {'peak_learning_rate': np.float32(lrs),
+    pop = tp.pinit(tp.TASK, tp.keys(seeds), {'learning_rate': np.float32(lrs),
                                             'label_smoothing': np.float32(smoothing)}, tp.batch())
     hooks = purax.hooks.standard(eval_data=[tp.batch(9)], eval_every=2, log_every=2,
                                  progress=False, max_consecutive_skips=None)
@@ -100,14 +101,14 @@ def test_member_reads_its_own_seeds_batches_like_a_single_run():
   seeds = np.int32([3, 4, 3])
   datasets = [pipeline.train_dataset(x, y, batch_size=tp.BATCH, seed=s, num_steps=3)
               for s in (3, 4)]
-  pop = tp.pinit(tp.TASK, tp.keys(seeds), {'peak_learning_rate': np.float32([1e-2, 1e-2, 3e-3])},
+  pop = tp.pinit(tp.TASK, tp.keys(seeds), {'learning_rate': np.float32([1e-2, 1e-2, 3e-3])},
                  tp.batch())
   with jax.default_matmul_precision('highest'):
     pop, _ = loop.fit(tp.TASK, pop, sweep.SeedBatches(datasets),
                       plan=PopulationPlan(tp.TASK, np.int32([0, 1, 0])),
                       hooks=purax.hooks.standard(progress=False, max_consecutive_skips=None))
     for i, (seed, lr) in enumerate(zip(seeds, (1e-2, 1e-2, 3e-3))):
-      state = tp.sinit(jax.random.key(seed), {'peak_learning_rate': lr}, tp.batch())
+      state = tp.sinit(jax.random.key(seed), {'learning_rate': lr}, tp.batch())
       data = datasets[0 if seed == 3 else 1]
       acc = zero_metrics(lambda st, b: tp.TASK.step(st, b)[1], state, data[0])
       for s in range(3):   # purax.fit's own compiled step
@@ -128,12 +129,12 @@ def test_cli_grid_sweep_end_to_end_and_eval_of_the_best(tmp_path, capsys):
   summary = json.load(open(os.path.join(workdir, 'sweep.json')))
   losses = [m['eval_loss'] for m in summary['members']]
   assert len(losses) == 9 and losses == sorted(losses)
-  assert {(m['seed'], m['peak_learning_rate']) for m in summary['members']} == {
+  assert {(m['seed'], m['learning_rate']) for m in summary['members']} == {
       (s, lr) for s in (0, 1, 2) for lr in (1e-4, 3e-4, 1e-3)}
   assert os.path.getsize(os.path.join(workdir, 'curves.png')) > 1000
   best = os.path.join(workdir, 'best')
   config = json.load(open(os.path.join(best, 'config.json')))
-  assert config['optimizer']['learning_rate'] == summary['members'][0]['peak_learning_rate']
+  assert config['optimizer']['learning_rate'] == summary['members'][0]['learning_rate']
   assert cli.main(['eval', '--workdir', best]) == 0
   evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])['eval']
   np.testing.assert_allclose(evaluated['loss'], summary['members'][0]['eval_loss'], rtol=1e-5)
@@ -147,7 +148,7 @@ def test_cli_random_sweep_end_to_end(tmp_path, capsys):
                  '--patience', '1', '--workdir', workdir, '--no-progress'])
   assert rc == 0
   summary = json.load(open(os.path.join(workdir, 'sweep.json')))
-  lrs = [m['peak_learning_rate'] for m in summary['members']]
+  lrs = [m['learning_rate'] for m in summary['members']]
   assert len(lrs) == 16 and len(set(lrs)) == 16 and all(1e-5 <= v <= 1e-2 for v in lrs)
   assert os.path.isdir(os.path.join(workdir, 'best', 'checkpoints'))
 

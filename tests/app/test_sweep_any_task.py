@@ -31,7 +31,7 @@ def _sweep(tmp_path, capsys, args):
 def _standalone(tmp_path, capsys, args, member, name):
   """`purax train` with member's seed and hyperparameters; its final metrics and params."""
   workdir = str(tmp_path / name)
-  hp = {'--learning-rate': member['peak_learning_rate'], '--weight-decay': member['weight_decay'],
+  hp = {'--learning-rate': member['learning_rate'], '--weight-decay': member['weight_decay'],
         '--label-smoothing': member['label_smoothing'], '--seed': member['seed']}
   flags = [str(x) for kv in hp.items() for x in kv]
   assert cli.main(['train', *args, *flags, '--workdir', workdir, '--no-progress']) == 0, \
@@ -60,8 +60,8 @@ def _check_members(tmp_path, capsys, train_args, summary, workdir, rtol, others=
 @pytest.mark.slow
 def test_language_model_sweep_member_equals_its_standalone_run(tmp_path, capsys):
   workdir, summary = _sweep(tmp_path, capsys, [*LM, '--lr', '1e-3,3e-3', '--seeds', '0,1'])
-  assert len(summary['members']) == 4 and summary['swept'] == ['peak_learning_rate']
-  assert {(m['seed'], m['peak_learning_rate']) for m in summary['members']} == {
+  assert len(summary['members']) == 4 and summary['swept'] == ['learning_rate']
+  assert {(m['seed'], m['learning_rate']) for m in summary['members']} == {
       (s, lr) for s in (0, 1) for lr in (1e-3, 3e-3)}
   assert 'eval_bits_per_byte' in summary['members'][0]
   _check_members(tmp_path, capsys, LM, summary, workdir, rtol=1e-5)
@@ -85,7 +85,7 @@ def test_sweep_in_bf16_and_over_label_smoothing_names_it(tmp_path, capsys):
   assert 'ls' in head and 'lr' in head           # the table names every swept hyperparameter
   with open(os.path.join(workdir, 'sweep.json')) as f:
     summary = json.load(f)
-  assert summary['swept'] == ['peak_learning_rate', 'label_smoothing']
+  assert summary['swept'] == ['learning_rate', 'label_smoothing']
   with open(os.path.join(workdir, 'best', 'config.json')) as f:
     best = json.load(f)
   assert best['model']['precision'] == 'bf16'
@@ -105,7 +105,7 @@ def test_sweep_has_no_options_it_would_ignore(tmp_path, capsys, flag):
 def test_members_share_the_base_sections():
   config = SweepConfig.of(learning_rate='1e-3,3e-3', weight_decay='uniform:0:0.1',
                           model='transformer', dataset='mnist1d', d_model=32)
-  base = config.base({'peak_learning_rate': 3e-3, 'weight_decay': 0.05}, seed=4, workdir='w')
+  base = config.base({'learning_rate': 3e-3, 'weight_decay': 0.05}, seed=4, workdir='w')
   assert (base.model.name, base.model.d_model, base.data.name) == ('transformer', 32, 'mnist1d')
   assert (base.optimizer.learning_rate, base.optimizer.weight_decay, base.run.seed) == (
       3e-3, 0.05, 4)

@@ -81,7 +81,7 @@ def test_a_population_one_member_at_a_time_keeps_no_loop_around_a_convolution(
     model, expected_loops):
   t = task(model)
   keys = jax.vmap(jax.random.key)(jnp.arange(3))
-  pop = jax.jit(P.init, static_argnums=0)(t, keys, {'peak_learning_rate': np.float32(
+  pop = jax.jit(P.init, static_argnums=0)(t, keys, {'learning_rate': np.float32(
       [1e-3, 1e-2, 3e-2])}, batch())
   step = jax.jit(P.step, static_argnums=0, static_argnames='strategy')
   compiled = step.lower(t, pop, batch(), strategy='sequential').compile()
@@ -127,7 +127,7 @@ def test_a_population_whose_members_loop_is_unrolled_compiles_with_the_cpu_optio
     model, unrolled):
   t = task(model)
   pop = jax.jit(P.init, static_argnums=0)(t, jax.vmap(jax.random.key)(jnp.arange(3)), {
-      'peak_learning_rate': np.full(3, 1e-3, np.float32)}, batch())
+      'learning_rate': np.full(3, 1e-3, np.float32)}, batch())
   acc = P.zero_train_metrics(t, pop, batch())
   before = P.train_step._unrolled._cache_size(), P.train_step._plain._cache_size()
   P.train_step(t, pop, acc, batch(), None, strategy='sequential')

@@ -25,7 +25,7 @@ def loss_after(lr, *, eps_root, guard):
   task = purax.Task(model=purax.nn.MLP(num_classes=10, features=(8,)), skip_nonfinite=guard,
                     tx=purax.adamw(learning_rate=1e-2, total_steps=K, eps_root=eps_root))
   state = task.init(jax.random.key(0), BATCHES[0])
-  state = purax.set_hyperparams(state, peak_learning_rate=lr)
+  state = purax.set_hyperparams(state, learning_rate=lr)
   for batch in BATCHES[:K]:
     state, _ = task.step(state, batch)
   return task.compute_loss(state.params, state.model_state, BATCHES[K], None,

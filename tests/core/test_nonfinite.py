@@ -150,9 +150,9 @@ def test_the_code_around_a_call_the_batch_a_hyperparameter_and_a_finite_replay()
   data = nonfinite.find(task, state, batch(nan_input=True))
   assert (data.where, data.path) == ('batch', "batch['x']") and '1 NaN' in data.detail
   adamw = purax.Task(model=LinenNet(), tx=purax.adamw(learning_rate=1e-2, total_steps=10))
-  hp = with_hyperparam(adamw.init(jax.random.key(0), batch()), 'peak_learning_rate', np.nan)
+  hp = with_hyperparam(adamw.init(jax.random.key(0), batch()), 'learning_rate', np.nan)
   report = nonfinite.find(adamw, hp, batch())
-  assert (report.where, report.path) == ('hyperparameter', 'peak_learning_rate'), str(report)
+  assert (report.where, report.path) == ('hyperparameter', 'learning_rate'), str(report)
   assert nonfinite.find(task, state, batch()).where == 'none'
   with pytest.raises(purax.ConfigError, match='state: expected a purax.TrainState'):
     nonfinite.find(task, {'params': state.params}, batch())

@@ -68,7 +68,7 @@ def test_a_population_over_the_loss_hyperparameter_equals_standalone_runs():
   temps, lrs = [0.1, 0.5, 1.0], [1e-2, 3e-3, 1e-2]
   keys = jax.vmap(jax.random.key)(jnp.arange(3))
   t = task()
-  hp = {'temperature': jnp.array(temps), 'peak_learning_rate': jnp.array(lrs)}
+  hp = {'temperature': jnp.array(temps), 'learning_rate': jnp.array(lrs)}
   with jax.default_matmul_precision('highest'):
     pop = population.init(t, keys, hp, batch())
     pstep = jax.jit(lambda p, b: population.step(t, p, b))
@@ -77,7 +77,7 @@ def test_a_population_over_the_loss_hyperparameter_equals_standalone_runs():
     for i in range(3):
       single_task = task(hparams={'temperature': temps[i]})
       state = single_task.init(jax.random.key(i), batch())
-      state = purax.set_hyperparams(state, peak_learning_rate=lrs[i])
+      state = purax.set_hyperparams(state, learning_rate=lrs[i])
       step = jax.jit(single_task.step)
       for s in range(3):
         state, _ = step(state, batch(s))

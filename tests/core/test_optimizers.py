@@ -46,9 +46,9 @@ def test_weight_decay_reaches_the_matrices_by_default_and_every_leaf_without_a_m
 def test_adamw_without_a_mask_is_bitwise_the_adamw_purax_trained_with_before():
   """weight_decay_mask=None is the purax.adamw of before the option (its code
   as it was, at commit 51aee0f): the same updates, bit for bit."""
-  def before(peak_learning_rate, weight_decay, b1, b2, eps, clip_norm, *, warmup_steps,
+  def before(learning_rate, weight_decay, b1, b2, eps, clip_norm, *, warmup_steps,
              total_steps, eps_root):
-    schedule = optim.warmup_cosine(peak_learning_rate, warmup_steps=warmup_steps,
+    schedule = optim.warmup_cosine(learning_rate, warmup_steps=warmup_steps,
                                    total_steps=total_steps)
     return optax.chain(optim.clip_by_global_norm(clip_norm, use_given_norm=True),
                        optax.adamw(schedule, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
@@ -56,7 +56,7 @@ def test_adamw_without_a_mask_is_bitwise_the_adamw_purax_trained_with_before():
   theirs = optax.inject_hyperparams(before, static_args=('warmup_steps', 'total_steps',
                                                          'eps_root'),
                                     hyperparam_dtype=jnp.float32)(
-      peak_learning_rate=1e-2, weight_decay=0.1, b1=0.9, b2=0.999, eps=1e-8, clip_norm=0.5,
+      learning_rate=1e-2, weight_decay=0.1, b1=0.9, b2=0.999, eps=1e-8, clip_norm=0.5,
       warmup_steps=2, total_steps=10, eps_root=0.0)
   ours = purax.adamw(learning_rate=1e-2, total_steps=10, warmup_steps=2, weight_decay=0.1,
                      clip_norm=0.5, weight_decay_mask=None)
@@ -84,8 +84,8 @@ def test_muon_is_optax_muon_with_its_hyperparameters_injected():
                                                           total_steps=10**6)(0),
                               beta=0.9, weight_decay=0.01, mu_dtype=jnp.float32)
   s1, s2 = ours.init(params), theirs.init(params)
-  assert sorted(s1.hyperparams) == ['b1', 'b2', 'clip_norm', 'eps', 'momentum',
-                                    'peak_learning_rate', 'weight_decay']
+  assert sorted(s1.hyperparams) == ['b1', 'b2', 'clip_norm', 'eps', 'learning_rate',
+                                    'momentum', 'weight_decay']
   u1, _ = jax.jit(ours.update)(grads, s1, params)
   u2, _ = jax.jit(theirs.update)(grads, s2, params)
   for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):

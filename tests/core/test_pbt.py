@@ -21,7 +21,7 @@ FACTORS = (0.8, 1.25)
 
 def trained(lrs, steps=2):
   pop = tp.pinit(tp.TASK, tp.keys(list(range(len(lrs)))),
-                 {'peak_learning_rate': np.float32(lrs)}, tp.batch())
+                 {'learning_rate': np.float32(lrs)}, tp.batch())
   for s in range(steps):
     pop, _ = tp.pstep(tp.TASK, pop, tp.batch(s))
   return pop
@@ -67,7 +67,7 @@ def test_exploit_copies_source_state_exactly_and_explore_perturbs(scores, seed, 
     for name, value in new_hp.items():
       assert value.dtype == jnp.float32, name
       want = old_hp[name][source[i]]
-      if name == 'peak_learning_rate' and copied[i]:
+      if name == 'learning_rate' and copied[i]:
         assert value[i] in [np.float32(want * np.float32(f)) for f in FACTORS]
       else:
         assert value[i] == want, name
@@ -93,17 +93,17 @@ def test_pbt_off_population_equals_independent_runs():
       eval_data=[tp.batch(9)], eval_every=2, log_every=2, progress=False,
       max_consecutive_skips=None)
   lrs, k = np.float32([1e-3, 3e-3, 1e-2]), 4
-  pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {'peak_learning_rate': lrs}, tp.batch())
+  pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {'learning_rate': lrs}, tp.batch())
   data = [tp.batch(s) for s in range(k)]
   with jax.default_matmul_precision('highest'):
     pop, history = sweep.fit(tp.TASK, pop, data, plan=PopulationPlan(tp.TASK), hooks=HOOKS())
     assert not any('pbt/source' in r for r in history)
     for i in range(3):
-      state, _ = tp.standalone(i, {'peak_learning_rate': lrs[i]}, data, k)
+      state, _ = tp.standalone(i, {'learning_rate': lrs[i]}, data, k)
       chex.assert_trees_all_close(P.member(pop, i).params, state.params,
                                   rtol=tp.RTOL, atol=tp.ATOL)
   # With PBT on, the same loop records who copied whom at the evaluation.
-  pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {'peak_learning_rate': lrs}, tp.batch())
+  pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2]), {'learning_rate': lrs}, tp.batch())
   _, history = sweep.fit(tp.TASK, pop, data, plan=PopulationPlan(tp.TASK), hooks=HOOKS() + [
       purax.hooks.PBT(every=2, fraction=0.34)])
   sources = [r['pbt/source'] for r in history if 'pbt/source' in r]
@@ -113,9 +113,9 @@ def test_pbt_off_population_equals_independent_runs():
 def test_bfloat16_population_hyperparameters_stay_float32_through_pbt():
   task = tp.make_task(jnp.bfloat16)
   pop = jax.jit(P.init, static_argnums=0)(
-      task, tp.keys([0, 1]), {'peak_learning_rate': np.float32([1e-3, 2e-3])}, tp.batch())
+      task, tp.keys([0, 1]), {'learning_rate': np.float32([1e-3, 2e-3])}, tp.batch())
   new, _ = pbt.exploit_explore(pop, jnp.float32([0.0, 1.0]), key=jax.random.key(1),
-                               fraction=0.5, names=('peak_learning_rate', 'b2'))
+                               fraction=0.5, names=('learning_rate', 'b2'))
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(new.state.params))
   for name, value in purax.hyperparams(new.state).items():
     assert value.dtype == jnp.float32, name

@@ -37,7 +37,7 @@ from tests.helpers_population import (ATOL, FEATURES, RTOL, TASK, batch,
 
 
 member_hparams = st.fixed_dictionaries({
-    'peak_learning_rate': st.sampled_from([1e-4, 3e-4, 1e-3, 3e-3, 1e-2]),
+    'learning_rate': st.sampled_from([1e-4, 3e-4, 1e-3, 3e-3, 1e-2]),
     'weight_decay': st.sampled_from([0.0, 1e-4, 1e-2]),
     'b2': st.sampled_from([0.99, 0.999]),
     'clip_norm': st.sampled_from([0.5, 1.0]),
@@ -91,11 +91,11 @@ def test_hparams_are_float32_leaves_and_one_trace_serves_any_values():
   step = jax.jit(counted)
   for seeds, lrs, smoothing in (([0, 1, 2], [1e-3, 3e-3, 1e-2], [0.0, 0.1, 0.2]),
                                 ([7, 8, 9], [5e-4, 2e-2, 1e-4], [0.3, 0.0, 0.05])):
-    pop = pinit(TASK, keys(seeds), {'peak_learning_rate': np.asarray(lrs),
+    pop = pinit(TASK, keys(seeds), {'learning_rate': np.asarray(lrs),
                                     'label_smoothing': np.asarray(smoothing)}, batch())
     for name, value in purax.hyperparams(pop.state).items():
       assert value.dtype == jnp.float32 and value.shape == (3,), name
-    np.testing.assert_array_equal(purax.hyperparams(pop.state)['peak_learning_rate'],
+    np.testing.assert_array_equal(purax.hyperparams(pop.state)['learning_rate'],
                                   np.float32(lrs))
     for _ in range(2):
       pop, _ = step(pop, batch())
@@ -108,7 +108,7 @@ def test_diverged_member_is_frozen_flagged_and_others_unaffected():
   sane[1] = 1e-3
   pops, flagged_at = {}, None
   for name, values in (('bad', lrs), ('sane', sane)):
-    pop = pinit(TASK, keys(seeds), {'peak_learning_rate': values}, batch())
+    pop = pinit(TASK, keys(seeds), {'learning_rate': values}, batch())
     for s in range(4):
       pop, m = pstep(TASK, pop, batch(s))
       m = metrics_lib.compute(m)
@@ -124,7 +124,7 @@ def test_diverged_member_is_frozen_flagged_and_others_unaffected():
   for i in (0, 2):   # the healthy members are bitwise those of a run without the NaN
     chex.assert_trees_all_equal(P.member(bad, i), P.member(ok, i))
   # ... and, to float32 tolerance, those of a population that lacks member 1.
-  two = pinit(TASK, keys([0, 2]), {'peak_learning_rate': lrs[[0, 2]]}, batch())
+  two = pinit(TASK, keys([0, 2]), {'learning_rate': lrs[[0, 2]]}, batch())
   for s in range(4):
     two, _ = pstep(TASK, two, batch(s))
   for j, i in enumerate((0, 2)):
@@ -185,7 +185,7 @@ def test_score_ranks_and_treats_missing_as_worst():
 
 def test_bfloat16_params_keep_float32_hyperparameters():
   task = make_task(jnp.bfloat16)
-  pop = jax.jit(P.init, static_argnums=0)(task, keys([0, 1]), {'peak_learning_rate': np.float32([1e-3, 2e-3]),
+  pop = jax.jit(P.init, static_argnums=0)(task, keys([0, 1]), {'learning_rate': np.float32([1e-3, 2e-3]),
                                     'b2': np.float32([0.999, 0.99])}, batch())
   pop, _ = jax.jit(P.step, static_argnums=0)(task, pop, batch())
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(pop.state.params))
@@ -209,9 +209,9 @@ def test_a_non_finite_member_value_is_refused_by_init_and_the_setter_naming_the_
   """Issue 28.5: init checks concrete values per member (under jit they are
   traced: the step's guard covers them, next test), as the setter does on a
   stacked state."""
-  with pytest.raises(ConfigError, match=r'^hyperparameter peak_learning_rate\[1\]: expected a '
+  with pytest.raises(ConfigError, match=r'^hyperparameter learning_rate\[1\]: expected a '
                                         r'finite value in \(0, 10\], got nan$'):
-    P.init(TASK, keys([0, 1, 2]), {'peak_learning_rate': np.float32([1e-3, np.nan, 1e-3])},
+    P.init(TASK, keys([0, 1, 2]), {'learning_rate': np.float32([1e-3, np.nan, 1e-3])},
            batch())
   pop = pinit(TASK, keys([0, 1, 2]), {}, batch())
   with pytest.raises(ConfigError, match=r'^hyperparameter eps\[2\]: expected a finite value '
@@ -231,7 +231,7 @@ def test_a_member_with_a_non_finite_hyperparameter_in_its_state_is_skipped_the_o
   updated exactly as without it. One member at a time (the guard's cond) and
   vmapped (the cond becomes a select)."""
   pop0 = pinit(TASK, keys([0, 1, 2]), {}, batch())
-  bad = pop0.replace(state=with_hyperparam(pop0.state, 'peak_learning_rate', np.nan, member=1))
+  bad = pop0.replace(state=with_hyperparam(pop0.state, 'learning_rate', np.nan, member=1))
   pop, m = _STRATEGY_STEP(TASK, bad, batch(), strategy=strategy)
   clean, _ = _STRATEGY_STEP(TASK, pop0, batch(), strategy=strategy)
   assert metrics_lib.compute(m)['skipped'].tolist() == [0, 1, 0]

@@ -35,7 +35,7 @@ pinit = jax.jit(P.init, static_argnums=0)
 
 def run(strategy, per_member, steps=3):
   """Steps and an evaluation of a population with a diverged and a stopped member."""
-  pop = pinit(TASK, keys(range(MEMBERS)), {'peak_learning_rate': LRS}, batch())
+  pop = pinit(TASK, keys(range(MEMBERS)), {'learning_rate': LRS}, batch())
   pop = P.early_stopping(pop, jnp.float32([1, 1, 1, 1, 1]), patience=1)
   pop = P.early_stopping(pop, jnp.float32([0, 2, 0, 0, 0]), patience=1)   # member 1 stops
   index = jnp.arange(MEMBERS) if per_member else None
@@ -82,10 +82,10 @@ def test_every_strategy_makes_the_same_decisions_and_values(per_member):
 
 def test_sequential_members_and_a_one_member_population_are_the_standalone_run_bitwise():
   step = jax.jit(TASK.step)
-  init = jax.jit(lambda k, lr, b: purax.set_hyperparams(TASK.init(k, b), {'peak_learning_rate': lr}))
+  init = jax.jit(lambda k, lr, b: purax.set_hyperparams(TASK.init(k, b), {'learning_rate': lr}))
   lrs = LRS[[0, 1, 3]]
-  seq = pinit(TASK, keys([0, 1, 2]), {'peak_learning_rate': lrs}, batch())
-  one = pinit(TASK, keys([1]), {'peak_learning_rate': lrs[1:2]}, batch())
+  seq = pinit(TASK, keys([0, 1, 2]), {'learning_rate': lrs}, batch())
+  one = pinit(TASK, keys([1]), {'learning_rate': lrs[1:2]}, batch())
   for s in range(3):
     seq, _ = jax.jit(P.step, static_argnums=0, static_argnames='strategy')(
         TASK, seq, batch(s), strategy='sequential')
@@ -118,7 +118,7 @@ def test_fit_takes_the_strategy_through_the_population_plan():
   data = [batch(s) for s in range(4)]
   finals = {}
   for strategy in ('vmap', 'sequential'):
-    pop = pinit(TASK, keys([0, 1, 2]), {'peak_learning_rate': LRS[[0, 1, 3]]}, batch())
+    pop = pinit(TASK, keys([0, 1, 2]), {'learning_rate': LRS[[0, 1, 3]]}, batch())
     finals[strategy], _ = purax.fit(TASK, pop, data, plan=plan_lib.PopulationPlan(TASK, strategy=strategy), hooks=purax.hooks.standard(log_every=2, progress=False))
   chex.assert_trees_all_close(values(finals['sequential']), values(finals['vmap']),
                               rtol=RTOL, atol=ATOL)
@@ -141,7 +141,7 @@ def test_a_population_evaluates_the_batches_a_refilling_loader_yielded():
 
   task = tiny_task('mlp')
   evals = [tiny_batch(n=8, seed=100 + i, weight=True) for i in range(4)]
-  pop = pinit(task, keys(range(2)), {'peak_learning_rate': np.float32([1e-3, 1e-2])}, evals[0])
+  pop = pinit(task, keys(range(2)), {'learning_rate': np.float32([1e-3, 1e-2])}, evals[0])
   plan = plan_lib.PopulationPlan(task)
   fresh = purax.evaluate(task, pop, evals, plan=plan)
   got = purax.evaluate(task, pop, Refilling(evals), plan=plan)

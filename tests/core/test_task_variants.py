@@ -98,5 +98,5 @@ def test_step_traces_once_for_a_run_and_a_new_learning_rate():
   step = jax.jit(chex.assert_max_traces(task.step, n=1))
   for _ in range(3):
     state, _ = step(state, batch)
-  hp = dict(state.opt_state.hyperparams, peak_learning_rate=np.float32(3e-3))
+  hp = dict(state.opt_state.hyperparams, learning_rate=np.float32(3e-3))
   step(state.replace(opt_state=state.opt_state._replace(hyperparams=hp)), batch)

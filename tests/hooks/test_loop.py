@@ -176,7 +176,7 @@ def test_a_call_with_no_hook_due_asks_no_hook(monkeypatch):
   """Between log points the loop runs the step and nothing else: the cadence
   rule is consulted once per hook at each log point (and the end), not once
   per hook per call."""
-  from purax.hooks import loop as loop_lib
+  from purax.hooks import runner as loop_lib
   asked = []
   real = loop_lib.due
   monkeypatch.setattr(loop_lib, 'due', lambda *a, **kw: asked.append(a[2]) or real(*a, **kw))

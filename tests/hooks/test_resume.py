@@ -42,7 +42,7 @@ def test_a_population_with_pbt_and_loss_scales_resumes_bitwise_in_a_fresh_proces
   assert sorted(a.files) == sorted(b.files)
   for name in a.files:
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-  hp = [n for n in a.files if 'peak_learning_rate' in n]
+  hp = [n for n in a.files if 'learning_rate' in n]
   assert hp and not np.allclose(a[hp[0]], [1e-3, 3e-3, 1e-2, 3e-2])   # PBT changed them
 
 

@@ -15,7 +15,7 @@ from tests import helpers_population as tp
 
 def _train(plan):
   pop = tp.pinit(tp.TASK, tp.keys([0, 1, 2, 3]),
-                 {'peak_learning_rate': np.float32([1e-3, 3e-3, 1e-2, 3e-2])}, tp.batch())
+                 {'learning_rate': np.float32([1e-3, 3e-3, 1e-2, 3e-2])}, tp.batch())
   pop, history = loop.fit(tp.TASK, pop, [tp.batch(s) for s in range(4)], plan=plan,
                           hooks=purax.hooks.standard(eval_data=[tp.batch(9)], log_every=2,
                                                      progress=False, max_consecutive_skips=None))

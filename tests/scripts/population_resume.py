@@ -23,7 +23,7 @@ def main(directory, stop_at, out):
   task = purax.Task(model=MLP(num_classes=3, features=(8,)), loss_scale=2.0 ** 15,
                     tx=purax.adamw(learning_rate=1e-2, total_steps=8))
   keys = jax.vmap(jax.random.key)(jnp.arange(4))
-  fresh = population.init(task, keys, {'peak_learning_rate': jnp.array([1e-3, 3e-3, 1e-2, 3e-2])},
+  fresh = population.init(task, keys, {'learning_rate': jnp.array([1e-3, 3e-3, 1e-2, 3e-2])},
                           batch(0))
   ckpt = purax.Checkpointer(directory)
   window = jax.eval_shape(lambda p, b: population.step(task, p, b)[1], fresh, batch(0))

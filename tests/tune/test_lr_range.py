@@ -174,7 +174,7 @@ def test_bad_input_is_named():
     tune.suggest([1e-3, 1e-2], [1.0, 0.5], 'valley')
   with pytest.raises(purax.DataError, match='batches: expected at least steps=8 batches, got 2'):
     tune.lr_range_test(task, state, [batch, batch], steps=8)
-  with pytest.raises(purax.ConfigError, match=r'hyperparameter peak_learning_rate\[1\]'):
+  with pytest.raises(purax.ConfigError, match=r'hyperparameter learning_rate\[1\]'):
     tune.lr_range_test(task, state, [batch], steps=1, lrs=[1e-3, 20.0])
   with pytest.raises(purax.ConfigError, match="hparam: expected one of"):
     tune.lr_range_test(task, state, [batch], steps=1, hparam='lr')

@@ -4,8 +4,7 @@ The package: :mod:`~purax.io.checkpoint.manager` (:class:`Checkpointer`),
 :mod:`~purax.io.checkpoint.layout` (what is stored, signatures, restore
 shardings), :mod:`~purax.io.checkpoint.integrity` (fingerprints, the JSON's
 SHA-256), :mod:`~purax.io.checkpoint.policies` (keep-best, the wall-clock
-cadence), :mod:`~purax.io.checkpoint.errors` and
-:mod:`~purax.io.checkpoint.run` (a training run's checkpoint layout,
+cadence) and :mod:`~purax.io.checkpoint.run` (a training run's checkpoint layout,
 :class:`~purax.io.checkpoint.run.Restored` and :func:`~purax.io.checkpoint.run.restore_or_init`).
 
 A checkpoint at step ``s`` holds, under one step directory committed
@@ -24,7 +23,8 @@ files are written in the background. Failures surface as
 :class:`CheckpointError` at the next ``save`` or at ``wait``, and never touch
 earlier checkpoints. Restore is strict — a different structure, shape or dtype
 is a :class:`CheckpointMismatchError` naming the first differing path, never
-a cast.
+a cast (both classes live with purax's other named errors in
+:mod:`purax.core.errors`).
 
 Integrity: every save records a 64-bit fingerprint of each stored array
 (independent of sharding: computed on the device, or by numpy for small
@@ -42,14 +42,19 @@ Keep-best decisions survive restarts: the metrics a save competes with are
 stored in its JSON and read back by every new ``Checkpointer``.
 """
 
-from purax.io.checkpoint.errors import CheckpointError as CheckpointError
-from purax.io.checkpoint.errors import CheckpointMismatchError as CheckpointMismatchError
+from purax.core.errors import CheckpointError as CheckpointError
+from purax.core.errors import CheckpointMismatchError as CheckpointMismatchError
 from purax.io.checkpoint.integrity import fingerprints as fingerprints
 from purax.io.checkpoint.layout import HOST_LEAF_BYTES as HOST_LEAF_BYTES
 from purax.io.checkpoint.layout import check_signature as check_signature
 from purax.io.checkpoint.layout import signature as signature
 from purax.io.checkpoint.manager import Checkpointer as Checkpointer
 from purax.io.checkpoint.policies import DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S
+
+from purax.core import lazy as _lazy  # noqa: E402
+
+# Moved in 0.3 (no two modules of one file name): the old import path still works.
+_lazy.moved('purax.io.checkpoint.errors', 'purax.core.errors')
 
 __all__ = [
     'CheckpointError',

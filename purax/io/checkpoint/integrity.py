@@ -11,8 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purax.io.checkpoint.errors import Unreadable
 from purax.io.checkpoint.layout import HOST_LEAF_BYTES, PyTree, small_whole, storable
+
+
+class Unreadable(Exception):
+  """A checkpoint's files cannot be read or fail their checksums (internal:
+  restore falls back to an older checkpoint)."""
 
 
 # -- checksums ------------------------------------------------------------------

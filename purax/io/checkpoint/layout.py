@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from purax.core import hparams as hparams_lib
+from purax.core.errors import CheckpointError, CheckpointMismatchError
 from purax.core.state import LEGACY_GUARD_FIELDS, TrainState
-from purax.io.checkpoint.errors import CheckpointError, CheckpointMismatchError
 
 PyTree = Any
 
@@ -235,6 +236,28 @@ def from_saved_layout(restored: PyTree, target: PyTree) -> PyTree:
   if isinstance(target, Mapping) and isinstance(restored, Mapping):
     return type(target)((k, from_saved_layout(restored[k], v)) for k, v in target.items())
   return restored
+
+
+# -- hyperparameters renamed since a checkpoint was written -----------------------
+
+
+def as_saved(abstract: PyTree, saved_signature) -> tuple[PyTree, Any]:
+  """``abstract`` with today's hyperparameter names spelled as a checkpoint
+  written before they were renamed spells them
+  (:data:`purax.core.hparams.RENAMED`: ``opt_state.hyperparams['peak_learning_rate']``
+  of purax before 0.3 is ``['learning_rate']`` today), and the function that
+  renames the restored tree back. Only the names the checkpoint's signature
+  (:func:`signature`, a list of ``[path, shape, dtype]``) holds and today's
+  target lacks are renamed: an up-to-date checkpoint restores as it is."""
+  saved = {row[0] for row in saved_signature or ()}
+  target = {row[0] for row in signature(abstract)}
+  old = {new: name for name, new in hparams_lib.RENAMED.items()
+         if any(p.endswith(f"hyperparams['{name}']") for p in saved - target)
+         and any(p.endswith(f"hyperparams['{new}']") for p in target - saved)}
+  if not old:
+    return abstract, lambda tree: tree
+  back = {name: new for new, name in old.items()}
+  return hparams_lib.renamed(abstract, old), lambda tree: hparams_lib.renamed(tree, back)
 
 
 # -- signatures -----------------------------------------------------------------

@@ -15,10 +15,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as orbax_policies
 
-from purax.core.errors import ConfigError, expect_kind
+from purax.core.errors import CheckpointError, ConfigError, expect_kind
 from purax.core.metrics import MODES, Best, to_minimise
 from purax.io.checkpoint import integrity, layout, quiet
-from purax.io.checkpoint.errors import CheckpointError, Unreadable
+from purax.io.checkpoint.integrity import Unreadable
 from purax.io.checkpoint.policies import DEFAULT_INTERVAL_S, BestOfRecorded, IntervalSinceStart
 
 PyTree = Any
@@ -391,8 +391,10 @@ class Checkpointer:
     where = f'checkpoint {step} in {self.directory}'
     extra = self._read_extra(step)
     saved = self._saved_tree(step)
-    # A checkpoint written before 0.3 keeps guard state in fields of its own.
-    abstract = layout.in_saved_layout(wanted, saved)
+    # A checkpoint written before 0.3 keeps guard state in fields of its own,
+    # and stores a hyperparameter under its old name.
+    guarded = layout.in_saved_layout(wanted, saved)
+    abstract, today = layout.as_saved(guarded, extra.get('signature'))
     target_signature = layout.signature(abstract)
     if self.verify:
       layout.check_signature(extra['signature'], target_signature, where)
@@ -419,7 +421,7 @@ class Checkpointer:
     placed = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(stored)
     if self.verify:
       integrity.check_fingerprints(extra['fingerprints'], placed, target_signature)
-    restored = layout.unstorable(placed, abstract)
-    if jax.tree.structure(abstract) != jax.tree.structure(wanted):
+    restored = today(layout.unstorable(placed, abstract))
+    if jax.tree.structure(guarded) != jax.tree.structure(wanted):
       restored = layout.from_saved_layout(restored, wanted)
     return restored, extra, step

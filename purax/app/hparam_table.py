@@ -12,7 +12,7 @@ The config sections :class:`OptimizerConfig` (values, ``purax train``) and
 :class:`OptimizerSearch` (search specs, ``purax sweep``) are generated from
 :data:`HPARAMS`, as are the sweep report's columns and the plot legends; both
 also name the optimizer (``--optimizer``, a row of
-:data:`purax.app.optimizers.OPTIMIZERS`, which says which rows it takes) and
+:data:`purax.app.optimizer_table.OPTIMIZERS`, which says which rows it takes) and
 its weight-decay mask. So a new sweepable optimizer hyperparameter is one row
 here plus its argument in the builders that take it.
 """
@@ -26,7 +26,7 @@ from typing import Annotated, Literal
 import tyro
 
 from purax.app.fields import field
-from purax.app.optimizers import OPTIMIZERS, WEIGHT_DECAY_MASKS
+from purax.app.optimizer_table import OPTIMIZERS, WEIGHT_DECAY_MASKS
 from purax.core import bounds as bounds_lib
 from purax.core import lazy
 from purax.core.bounds import Bounds
@@ -45,7 +45,7 @@ class HParam:
     field: config field and ``--flag`` (``learning_rate`` -> ``--learning-rate``).
     state: its name in the state (``opt_state.hyperparams`` or ``state.hparams``).
     where: ``'optimizer'`` (an argument of the optimizers of
-      :data:`purax.app.optimizers.OPTIMIZERS` that list it) or ``'loss'`` (a
+      :data:`purax.app.optimizer_table.OPTIMIZERS` that list it) or ``'loss'`` (a
       key of ``Task.hparams``).
     default: the value when not given.
     short: a shorter flag and the column / legend name (``lr``).
@@ -86,7 +86,7 @@ class HParam:
 #: The one hyperparameter table: one :class:`HParam` row per tunable
 #: hyperparameter (its flag, state name, default, bounds and short flag).
 HPARAMS: tuple[HParam, ...] = (
-    HParam('learning_rate', 'peak_learning_rate', 'optimizer', 2e-3,
+    HParam('learning_rate', 'learning_rate', 'optimizer', 2e-3,
            short='lr', help='peak learning rate (after warmup; then the optimizer\'s schedule)'),
     HParam('weight_decay', 'weight_decay', 'optimizer', 1e-4, short='wd',
            help='decoupled weight decay'),
@@ -122,7 +122,7 @@ def label(state_name: str) -> str:
 #: Fields of the optimizer section that are not tunable hyperparameters.
 _CHOICES = (
     ('name', Annotated[Literal[tuple(OPTIMIZERS)], tyro.conf.arg(
-        name='optimizer', help='the optimizer (a row of purax.app.optimizers.OPTIMIZERS): '
+        name='optimizer', help='the optimizer (a row of purax.app.optimizer_table.OPTIMIZERS): '
         + '; '.join(f'{k}: {v.help}' for k, v in OPTIMIZERS.items()))], 'adamw'),
     ('weight_decay_mask', Annotated[Literal[tuple(WEIGHT_DECAY_MASKS)], tyro.conf.arg(
         help='which leaves weight decay applies to: matrices (ndim >= 2: no bias or norm '

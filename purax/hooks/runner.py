@@ -1,5 +1,6 @@
 """The loop's side of the hooks: when a hook is due (:func:`due`, the one
-cadence rule), the metrics window of the log points, and the one end-of-run
+cadence rule), the metrics window (:mod:`purax.hooks.window`) read at the
+log points, and the one end-of-run
 rule (``_Loop.finish``). Private: hooks see a
 :class:`purax.hooks.record.StepInfo`, never this."""
 
@@ -13,7 +14,7 @@ import warnings
 
 from purax.core.errors import ConfigError, expect
 from purax.hooks.record import End, Output, StepInfo
-from purax.hooks.window import Window
+from purax.hooks.window import Reader
 from purax.io import compile_time
 from purax.io.checkpoint.run import checkpoint_extra, checkpoint_tree
 
@@ -90,8 +91,10 @@ class History(list):
   end: End | None = None
 
 
-#: The window's key in a checkpoint's hook state (where :class:`purax.hooks.Log` kept it).
-WINDOW_NAME = 'log'
+#: The key of the window reader's state (:class:`purax.hooks.window.Reader`) in
+#: a checkpoint's hook state: ``'log'``, where :class:`purax.hooks.Log` kept it
+#: before 0.3, so that runs written before resume.
+READER_KEY = 'log'
 
 
 class _Loop:
@@ -102,7 +105,9 @@ class _Loop:
   Attributes:
     task, plan: what ``fit`` runs.
     state: the current state.
-    metrics: the running training-metrics window (summed on the device).
+    window: the metrics window (:mod:`purax.hooks.window`; summed on the
+      device, read and begun anew by ``reader`` at each log point).
+    reader: its :class:`purax.hooks.window.Reader` (from :meth:`begin`).
     step, first, start: ``state.step`` after the last call, before it, and
       when ``fit`` began.
     num_steps: the step the run trains to (None: until the data ends).
@@ -111,9 +116,9 @@ class _Loop:
     end: how the run ended, once decided (:meth:`finish`).
   """
 
-  def __init__(self, task, plan, state, metrics, step, num_steps, steps_per_call, hooks,
+  def __init__(self, task, plan, state, window, step, num_steps, steps_per_call, hooks,
                source, fresh_batches):
-    self.task, self.plan, self.state, self.metrics = task, plan, state, metrics
+    self.task, self.plan, self.state, self.window = task, plan, state, window
     self.step = self.first = self.start = step
     self.num_steps, self.steps_per_call, self.hooks = num_steps, steps_per_call, hooks
     self.source, self.fresh_batches = source, fresh_batches
@@ -134,7 +139,7 @@ class _Loop:
     self._ran: set[int] = set()        # ids of the hooks that ran at this step
     self.hook_s, self.began = 0.0, None
     self.hook_compile_s, self.began_compile = 0.0, None
-    self.window = None
+    self.reader: Reader | None = None
     # For hooks of the protocol before 0.3 (their start(loop) and end(loop) read these).
     self.stop = self.at_end = self.failed = False
 
@@ -179,7 +184,7 @@ class _Loop:
   def begin(self) -> None:
     """Before the first call: the window's clock starts, and each hook that runs
     after every call (``every=None``) is called once (``first == step``)."""
-    self.window = Window(self)
+    self.reader = Reader(self)
     for hook in self.hooks:
       if hasattr(hook, 'start_legacy'):
         hook.start_legacy(self)
@@ -232,7 +237,7 @@ class _Loop:
 
     def final():
       if (end.done and self._window_host is None and self.step > self.start
-          and (self.window.logged is None or self.window.logged < self.step)
+          and (self.reader.logged is None or self.reader.logged < self.step)
           and self._log_every):
         self._read_window()
       for hook in self.hooks:
@@ -258,7 +263,7 @@ class _Loop:
     return any(self.step // n > self.first // n for n in self._log_every)
 
   def _read_window(self) -> None:
-    numbers, self._window_host = self.window.read(self.step)
+    numbers, self._window_host = self.reader.read(self.step)
     self.write(numbers)
 
   def info(self, forced: bool) -> StepInfo:
@@ -297,15 +302,15 @@ class _Loop:
 
   def checkpoint(self, info: StepInfo) -> tuple[dict, dict]:
     """``(tree, extra)`` of this step (:meth:`StepInfo.checkpoint`)."""
-    tree = checkpoint_tree(self.state, self.metrics, self.hook_arrays())
+    tree = checkpoint_tree(self.state, self.window, self.hook_arrays())
     extra = checkpoint_extra(self.position, self.hook_states())
     if self.end is not None and self.end.status != 'failed':
       extra['end'] = self.end.as_dict()
     return tree, extra
 
   def hook_states(self) -> dict:
-    """``{name: state_dict()}`` of the hooks that have one, and the window's (JSON)."""
-    states = {WINDOW_NAME: self.window.state_dict()} if self.window is not None else {}
+    """``{name: state_dict()}`` of the hooks that have one, and the window reader's (JSON)."""
+    states = {READER_KEY: self.reader.state_dict()} if self.reader is not None else {}
     states.update({name_of(h): h.state_dict() for h in self.hooks
                    if callable(getattr(h, 'state_dict', None))})
     return states
@@ -324,11 +329,18 @@ class _Loop:
       if callable(getattr(hook, 'init_arrays', None)):
         saved = (arrays or {}).get(name_of(hook))
         hook.arrays = hook.init_arrays(self.state) if saved is None else saved
-    self._saved_window = states.get(WINDOW_NAME)
+    self._saved_reader = states.get(READER_KEY)
 
   def restore_window(self) -> None:
-    if getattr(self, '_saved_window', None) is not None and self.window is not None:
-      self.window.load_state_dict(self._saved_window)
+    """Loads the window reader's saved state (which hyperparameters varied)."""
+    if getattr(self, '_saved_reader', None) is not None and self.reader is not None:
+      self.reader.load_state_dict(self._saved_reader)
+
+  @property
+  def metrics(self):
+    """The metrics window under its name before 0.3 (for hooks of the protocol
+    before 0.3, which were handed this loop): :attr:`window`."""
+    return self.window
 
 
 class Legacy:

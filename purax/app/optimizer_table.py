@@ -4,7 +4,7 @@
 :mod:`purax.core.optim` / :mod:`purax.core.optimizers`, every hyperparameter
 injected; named by import path, imported on use, so ``--help`` needs no
 optax), the hyperparameters it takes (state names of the rows of
-:data:`purax.app.hparams.HPARAMS`: the ``--FLAG`` s that apply, and what
+:data:`purax.app.hparam_table.HPARAMS`: the ``--FLAG`` s that apply, and what
 ``purax sweep`` / PBT may vary), its schedule (for ``purax plot``) and its
 evaluation params (``purax.Task(eval_params=...)``). A hyperparameter row an
 optimizer does not take is refused by name when set.
@@ -36,7 +36,7 @@ class OptimizerSpec:
       builder's; ``learning_rate`` is the peak), or its import path
       (``'purax.core.optim:adamw'``, imported on use).
     hparams: the state names of the hyperparameters it takes (each a row of
-      ``HPARAMS``; ``peak_learning_rate`` is passed as ``learning_rate``).
+      ``HPARAMS``, the builder's keyword names).
     help: one line for ``--help``.
     schedule: its learning-rate schedule, a key of :data:`purax.core.optim.SCHEDULES`.
     evaluated: ``state -> params`` to evaluate (``purax.Task(eval_params=)``),
@@ -66,8 +66,7 @@ class OptimizerSpec:
                      warmup_steps: int, weight_decay_mask) -> optax.GradientTransformation:
     """The transformation of hyperparameter ``values`` (state names; those it
     does not take are ignored)."""
-    kwargs = {('learning_rate' if name == 'peak_learning_rate' else name): float(values[name])
-              for name in self.hparams}
+    kwargs = {name: float(values[name]) for name in self.hparams}
     return self.build(total_steps=total_steps, warmup_steps=warmup_steps,
                       weight_decay_mask=weight_decay_mask, **kwargs)
 
@@ -76,21 +75,20 @@ class OptimizerSpec:
 #: hyperparameters it injects, help).
 OPTIMIZERS: dict[str, OptimizerSpec] = {
     'adamw': OptimizerSpec(
-        'purax.core.optim:adamw', ('peak_learning_rate', 'weight_decay', 'b1', 'b2',
-                                   'clip_norm'),
+        'purax.core.optim:adamw', ('learning_rate', 'weight_decay', 'b1', 'b2', 'clip_norm'),
         'AdamW, warmup then cosine decay to 0 (purax.adamw)'),
     'sgd': OptimizerSpec(
-        'purax.core.optimizers:sgd', ('peak_learning_rate', 'momentum', 'weight_decay',
+        'purax.core.optimizers:sgd', ('learning_rate', 'momentum', 'weight_decay',
                                       'clip_norm'),
         'SGD with momentum and L2 weight decay, warmup then cosine'),
     'muon': OptimizerSpec(
-        'purax.core.optimizers:muon', ('peak_learning_rate', 'momentum', 'weight_decay', 'b1',
+        'purax.core.optimizers:muon', ('learning_rate', 'momentum', 'weight_decay', 'b1',
                                        'b2', 'clip_norm'),
         'Muon on the hidden matrices (attention, MLP, convolution kernels), AdamW on '
         'embeddings, head, norms, biases (--dry-run prints which), warmup then cosine',
         leaf_table='purax.core.muon:leaf_table'),
     'schedule_free_adamw': OptimizerSpec(
-        'purax.core.optimizers:schedule_free_adamw', ('peak_learning_rate', 'weight_decay',
+        'purax.core.optimizers:schedule_free_adamw', ('learning_rate', 'weight_decay',
                                                       'b1', 'b2', 'clip_norm'),
         'schedule-free AdamW, warmup then constant; evaluated at its average x',
         schedule='constant', evaluated='purax.core.optimizers:schedule_free_eval_params'),

@@ -1,5 +1,0 @@
-"""Moved to :mod:`purax.inspect.nan` in 0.3; this import path goes in 0.4."""
-
-from purax.core import lazy
-
-lazy.moved(__name__, 'purax.inspect.nan', until='0.4')

@@ -1,0 +1,96 @@
+"""One bounds table (:data:`purax.core.bounds.BOUNDS`) that every builder
+reads: a value outside a row's interval is refused by each optimizer builder,
+by ``purax.set_hyperparams``, by a population and by ``purax train``'s config
+with the same named error (``ConfigError``, ``NAME: expected a finite value in
+INTERVAL, got VALUE``); and the learning rate has one name from the flag to
+the state (issue #45)."""
+
+import inspect
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import purax
+from purax.app import hparam_table
+from purax.app.config import TrainConfig
+from purax.app.optimizer_table import OPTIMIZERS
+from purax.core import bounds as bounds_lib
+from purax.core import optimizers
+from purax.core import population as pop_lib
+from purax.core.errors import ConfigError
+
+BUILDERS = {'adamw': purax.adamw, 'sgd': optimizers.sgd, 'muon': optimizers.muon,
+            'schedule_free_adamw': optimizers.schedule_free_adamw}
+
+
+def outside(b: bounds_lib.Bounds) -> list[float]:
+  """Values just outside ``b`` (each end that is finite)."""
+  values = [b.low if b.low_open else b.low - 1.0]
+  if np.isfinite(b.high):
+    values.append(b.high * 2 + 1 if not b.high_open else b.high)
+  return values
+
+
+def refused(name: str, value: float, prefix: str = '', member: str = '') -> str:
+  """The one message: ``[prefix]NAME[member]: expected a finite value in INTERVAL, got VALUE``."""
+  b = bounds_lib.bounds(name)
+  expected = b.interval() + (f' ({b.why})' if b.why else '')
+  return (f'^{re.escape(prefix)}{name}{re.escape(member)}: expected a finite value in '
+          f'{re.escape(expected)}, got {re.escape(str(value))}$')
+
+
+CASES = [(opt, name, v) for opt, build in BUILDERS.items()
+         for name in inspect.signature(build).parameters if name in bounds_lib.BOUNDS
+         for v in outside(bounds_lib.BOUNDS[name])]
+
+
+def test_every_builder_takes_the_table_rows_it_has_arguments_for():
+  assert {n for _, n, _ in CASES} == {'learning_rate', 'weight_decay', 'b1', 'b2', 'eps',
+                                      'clip_norm', 'momentum'}
+  assert bounds_lib.BOUNDS['learning_rate'].interval() == '(0, 10]'
+
+
+@pytest.mark.parametrize('optimizer, name, value', CASES)
+def test_a_builder_refuses_a_value_outside_the_table(optimizer, name, value):
+  with pytest.raises(ConfigError, match=refused(name, value)):
+    BUILDERS[optimizer](total_steps=10, **{name: value})
+
+
+@pytest.mark.parametrize('name', ['learning_rate', 'weight_decay', 'b1', 'b2', 'eps',
+                                  'clip_norm'])
+def test_set_hyperparams_a_population_and_the_cli_refuse_it_the_same_way(name):
+  task = purax.Task(model=purax.nn.MLP(num_classes=3, features=(4,)),
+                    tx=purax.adamw(learning_rate=1e-3, total_steps=10))
+  batch = {'x': np.zeros((2, 5), np.float32), 'y': np.zeros((2,), np.int32)}
+  state = task.init(jax.random.key(0), batch)
+  for value in outside(bounds_lib.BOUNDS[name]):
+    with pytest.raises(ConfigError, match=refused(name, value, 'hyperparameter ')):
+      purax.set_hyperparams(state, **{name: value})
+    good = float(purax.hyperparams(state)[name])
+    with pytest.raises(ConfigError, match=refused(name, value, 'hyperparameter ', '[1]')):
+      pop_lib.init(task, jax.vmap(jax.random.key)(np.arange(2)),
+                   {name: np.float32([good, value])}, batch)
+    if name in hparam_table.BY_FIELD:
+      with pytest.raises(ConfigError, match=refused(name, value)):
+        TrainConfig.of(**{name: value}).validate()
+
+
+def test_the_learning_rate_has_one_name_from_the_flag_to_the_state():
+  """``--learning-rate`` -> the config field -> the table row's state name ->
+  each builder's keyword -> ``opt_state.hyperparams``: ``learning_rate`` at
+  every hop (before 0.3 the state said ``peak_learning_rate``)."""
+  row = hparam_table.BY_FIELD['learning_rate']
+  assert (row.field, row.state) == ('learning_rate', 'learning_rate')
+  assert all(r.field == r.state for r in hparam_table.HPARAMS)
+  batch = {'x': np.zeros((2, 5), np.float32), 'y': np.zeros((2,), np.int32)}
+  for name, spec in OPTIMIZERS.items():
+    assert 'learning_rate' in spec.hparams, name
+    assert 'learning_rate' in inspect.signature(BUILDERS[name]).parameters
+    tx = spec.transformation({n: r.default for n, r in hparam_table.BY_STATE.items()},
+                             total_steps=10, warmup_steps=0, weight_decay_mask=None)
+    state = purax.Task(model=purax.nn.MLP(num_classes=3, features=(4,)),
+                       tx=tx).init(jax.random.key(0), batch)
+    assert 'learning_rate' in purax.core.hparams.names(state), name
+    assert 'peak_learning_rate' not in purax.core.hparams.names(state), name
