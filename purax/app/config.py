@@ -52,7 +52,7 @@ writers = lazy.module('purax.io.writers')
 mesh_lib = lazy.module('purax.parallel.mesh')
 budget = lazy.module('purax.plan.budget')
 spikes = lazy.module('purax.core.spikes')
-budget_hook = lazy.module('purax.hooks.budget')
+budget_hook = lazy.module('purax.hooks.time_budget')
 
 #: The file of a run directory that holds its config (:func:`read_config`).
 CONFIG = 'config.json'

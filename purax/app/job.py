@@ -23,7 +23,7 @@ import numpy as np
 
 import purax
 from purax import hooks as hooks_lib
-from purax.hooks import budget as budget_lib
+from purax.hooks import time_budget as budget_lib
 from purax import loop
 from purax import parallel
 from purax.plan import SingleDevicePlan

@@ -42,7 +42,7 @@ from purax.io.checkpoint.run import Restored, abstract_checkpoint
 from purax.resume import restore_or_init
 from purax.io import signals
 from purax.io.signals import StopOnSignal
-from purax.hooks import budget as budget_lib
+from purax.hooks import time_budget as budget_lib
 from purax.hooks.record import DONE, End
 from purax.inspect import nan as nonfinite
 from purax.loop import evaluate, fit

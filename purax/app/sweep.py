@@ -42,7 +42,7 @@ from purax.core import metrics as metrics_lib
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError, expect
 from purax import hooks as hooks_lib
-from purax.hooks import budget as budget_lib
+from purax.hooks import time_budget as budget_lib
 from purax.io import compile_time, signals, writers
 from purax.io.checkpoint import Checkpointer
 from purax.io.checkpoint.run import Restored

@@ -94,7 +94,7 @@ Example:
   True
 """
 
-from purax.hooks.budget import TimeBudget as TimeBudget
+from purax.hooks.time_budget import TimeBudget as TimeBudget
 from purax.hooks.builtin import Checkpoint as Checkpoint
 from purax.hooks.builtin import Evaluate as Evaluate
 from purax.hooks.builtin import Log as Log

@@ -19,7 +19,7 @@ from purax.app import runs
 from purax.app import verdict as verdict_lib
 from purax.app.config import TrainConfig
 from purax.core.errors import ConfigError
-from purax.hooks.budget import REASON, TimeBudget, ended_by_budget, parse_duration
+from purax.hooks.time_budget import REASON, TimeBudget, ended_by_budget, parse_duration
 from purax.io.checkpoint.run import Restored
 
 
