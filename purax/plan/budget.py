@@ -17,8 +17,11 @@ import re
 import jax
 import numpy as np
 
+from purax.core import lazy
 from purax.core.errors import ConfigError, expect
-from purax.inspect import summary as summary_lib
+
+# Inspection is off the step's path (tests/inspect/test_moved.py): imported on use.
+summary_lib = lazy.module('purax.inspect.summary')
 
 #: Needs of at most this many bytes pass :func:`expect_fits` without asking
 #: the device: every device has that much, and a config check of ordinary

@@ -77,16 +77,19 @@ import jax
 from jax.sharding import Mesh
 
 from purax import parallel
+from purax.core import lazy
 from purax.core import loops
 from purax.core.errors import ConfigError, OutOfMemoryError, expect, expect_kind
 from purax.core.task import Task
-from purax.inspect import summary as summary_lib
 from purax.io.checkpoint.run import abstract_checkpoint
 from purax.io.profile import is_out_of_memory
 from purax.plan.budget import MARGIN, default_budget
 from purax.plan.candidates import Candidate, axes, dominates, grid
 from purax.plan.sharded import sharded
 from purax.plan.single import SingleDevicePlan
+
+# Inspection is off the step's path (tests/inspect/test_moved.py): imported on use.
+summary_lib = lazy.module('purax.inspect.summary')
 
 #: Candidates whose estimated FLOPs are within this share of the fewest are
 #: ranked by bytes accessed.
