@@ -135,11 +135,11 @@ def run(config: SweepConfig) -> dict:
     FileExistsError: the directory holds something else. A new sweep that
       fails before its first checkpoint removes its directory.
   """
-  config = config.validate().resolved()
   parent = None
   if config.population.parent is not None:     # purax sweep --from RUN[:STEP]
     parent = fork_lib.open_parent(config.population.parent)
-    config = fork_lib.inherit(config, parent).validate()
+    config = fork_lib.inherit(config, parent)   # the options left out: the parent's
+  config = config.validate().resolved()
   with StopOnSignal() as stop, jobdir_lib.JobDir(config.run.workdir, 'sweep',
                                                  config.flat()) as jobdir:
     starting = start_phases(stop)
