@@ -20,11 +20,17 @@ import dataclasses
 import os
 from typing import Any
 
+import jax
+
 from purax.app import config as config_lib
 from purax.app import fields as fields_lib
 from purax.app import hparams as hparams_lib
+from purax.app import job as job_lib
 from purax.app.search import parse_seeds
+from purax.app.sweep_config import SweepConfig
+from purax.core.branching import fork
 from purax.core.errors import ConfigError, expect
+from purax.io.checkpoint import Checkpointer, CheckpointError
 
 #: The file of a forked sweep's lineage (:func:`lineage`), beside its config.
 LINEAGE = 'lineage.json'
@@ -71,7 +77,6 @@ def open_parent(text: str) -> Parent:
       ``config.json``), or has no checkpoint; STEP is not among the
       checkpoints it keeps (naming them); the checkpoint's JSON is unreadable.
   """
-  from purax.io.checkpoint import Checkpointer, CheckpointError   # jax: imported on use
   workdir, step = parse_from(text)
   expect(os.path.isfile(os.path.join(workdir, config_lib.CONFIG)), '--from',
          'a purax train run directory (with config.json)', repr(workdir), ConfigError)
@@ -121,7 +126,6 @@ def inherit(config, parent: Parent):
       another value than the parent's; ``--steps`` not beyond the branch
       point; each naming the option, the parent's value and the given one.
   """
-  from purax.app.sweep_config import SweepConfig
   default, theirs = SweepConfig(), parent.config
   model = _merge('model', config.model, default.model, theirs.model)
   expect(model.with_sizes() == theirs.model.with_sizes(), 'model',
@@ -163,10 +167,6 @@ def population(parent: Parent, job, hparams: dict):
       (its model or optimizer), naming both.
     CheckpointError: the checkpoint cannot be restored.
   """
-  import jax    # imported on use: this module is read by the config's checks
-  from purax.app import job as job_lib
-  from purax.core.branching import fork
-  from purax.io.checkpoint import Checkpointer
   parent_job = job_lib.build(parent.config, mesh=False)
   with Checkpointer(os.path.join(parent.workdir, 'checkpoints'), read_only=True) as ckpt:
     tree, _, _ = ckpt.restore(parent_job.abstract, parent.step)
