@@ -17,6 +17,7 @@ schedule spans ``--steps``, as a run resumed with a larger ``--steps``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -31,6 +32,7 @@ from purax.app.sweep_config import SweepConfig
 from purax.core.branching import fork
 from purax.core.errors import ConfigError, expect
 from purax.io.checkpoint import Checkpointer, CheckpointError
+from purax.io.safe_files import open_file
 
 #: The file of a forked sweep's lineage (:func:`lineage`), beside its config.
 LINEAGE = 'lineage.json'
@@ -69,15 +71,33 @@ def parse_from(text: str) -> tuple[str, int | None]:
   return workdir, step
 
 
-def open_parent(text: str) -> Parent:
+def recorded(workdir: str | None) -> dict | None:
+  """The lineage a sweep directory recorded (:func:`lineage`), or None (a new sweep)."""
+  path = os.path.join(workdir, LINEAGE) if workdir else None
+  if path is None or not os.path.isfile(path):
+    return None
+  with open_file(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def open_parent(text: str, lineage: dict | None = None) -> Parent:
   """The run and checkpoint of ``--from RUN[:STEP]`` (read-only: the run may be training).
+
+  Args:
+    text: ``RUN`` (its newest checkpoint) or ``RUN:STEP``.
+    lineage: what the sweep recorded when it started (:func:`recorded`): a
+      resumed sweep branches from that step, whatever RUN's newest is now,
+      and that checkpoint must be the one it recorded (its SHA-256).
 
   Raises:
     ConfigError: RUN is not a ``purax train`` run directory (no
       ``config.json``), or has no checkpoint; STEP is not among the
-      checkpoints it keeps (naming them); the checkpoint's JSON is unreadable.
+      checkpoints it keeps (naming them); the checkpoint's JSON is unreadable;
+      a resumed sweep's parent checkpoint is gone or another one.
   """
   workdir, step = parse_from(text)
+  if lineage is not None:
+    step = int(lineage['step'])
   expect(os.path.isfile(os.path.join(workdir, config_lib.CONFIG)), '--from',
          'a purax train run directory (with config.json)', repr(workdir), ConfigError)
   parent_config = config_lib.read_config(workdir).validate()
@@ -94,6 +114,10 @@ def open_parent(text: str) -> Parent:
     except (CheckpointError, KeyError) as e:
       raise ConfigError(f'--from: expected a readable checkpoint, got step {step} of '
                         f'{workdir!r}: {e}') from e
+  expect(lineage is None or lineage.get('checkpoint_sha256') == sha, '--from',
+         f"checkpoint {step} of {workdir!r} as this sweep recorded it when it started "
+         f"(SHA-256 {(lineage or {}).get('checkpoint_sha256')})", f'another one (SHA-256 {sha})',
+         ConfigError)
   return Parent(os.path.abspath(workdir), int(step), parent_config, sha)
 
 

@@ -137,7 +137,8 @@ def run(config: SweepConfig) -> dict:
   """
   parent = None
   if config.population.parent is not None:     # purax sweep --from RUN[:STEP]
-    parent = fork_lib.open_parent(config.population.parent)
+    parent = fork_lib.open_parent(config.population.parent,
+                                  fork_lib.recorded(config.run.workdir))   # resumed: its step
     config = fork_lib.inherit(config, parent)   # the options left out: the parent's
   config = config.validate().resolved()
   with StopOnSignal() as stop, jobdir_lib.JobDir(config.run.workdir, 'sweep',

@@ -111,3 +111,23 @@ def test_bad_input_is_named_before_anything_trains(runs, capsys, args, message):
   assert rc == 2
   assert message.format(d=runs) in capsys.readouterr().err
   assert not workdir.exists()
+
+
+def test_a_fork_resumed_after_its_parent_trained_on_branches_from_the_recorded_step(runs):
+  """Killed before its first checkpoint, while the parent goes on (a newer
+  newest checkpoint): the same ``--from RUN`` resumes from the step it recorded,
+  and ends bitwise as the straight fork; a checkpoint replaced is refused."""
+  from tests.faults.test_signals_every_command import signal_at
+  parent, fork = runs / 'moving', runs / 'moving-fork'
+  shutil.copytree(runs / 'parent', parent)
+  args = ['sweep', '--from', parent, *FORK, '--workdir', fork]
+  done = signal_at('step:2', 'SIGKILL', *args)
+  assert done.returncode == -9, done.stderr[-3000:]
+  assert (fork / 'lineage.json').exists() and not (fork / 'checkpoints' / '15').exists()
+  done = purax('train', '--workdir', parent, '--steps', '15', '--no-progress')
+  assert done.returncode == 0, done.stderr[-3000:]      # it keeps 10 and 15 (its newest)
+  done = purax(*args)
+  assert done.returncode == 0, done.stderr[-3000:]
+  (a, _, _), (b, _, _) = (final_tree(str(d / 'best')) for d in (runs / 'straight', fork))
+  assert_bitwise(b['state'], a['state'], 'best member')
+  assert json.loads((fork / 'lineage.json').read_text())['step'] == 10
