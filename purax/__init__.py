@@ -43,6 +43,7 @@ _PUBLIC = {
     'StopOnSignal': 'purax.io.signals:StopOnSignal',
     'evaluate': 'purax.loop:evaluate',
     'fit': 'purax.loop:fit',
+    'fork': 'purax.core.branching:fork',
     'open_run': 'purax.app.saved_run:open_run',
 }
 __getattr__, __dir__ = _lazy.attach(__name__, _PUBLIC)

@@ -28,6 +28,7 @@ import numpy as np
 
 from purax import parallel
 from purax import plan as plan_lib
+from purax.app import fork as fork_lib
 from purax.app import job as job_lib
 from purax.app import jobdir as jobdir_lib
 from purax.app import report
@@ -46,7 +47,7 @@ from purax.hooks import time_budget as budget_lib
 from purax.io import compile_time, signals, writers
 from purax.io.checkpoint import Checkpointer
 from purax.io.checkpoint.run import Restored
-from purax.io.safe_files import open_file
+from purax.io.safe_files import open_file, write_atomic
 from purax.io.signals import StopOnSignal
 from purax.loop import fit
 
@@ -142,6 +143,11 @@ def run(config: SweepConfig) -> dict:
     FileExistsError: the directory holds something else. A new sweep that
       fails before its first checkpoint removes its directory.
   """
+  parent = None
+  if config.population.parent is not None:     # purax sweep --from RUN[:STEP]
+    parent = fork_lib.open_parent(config.population.parent,
+                                  fork_lib.recorded(config.run.workdir))   # resumed: its step
+    config = fork_lib.inherit(config, parent)   # the options left out: the parent's
   config = config.validate().resolved()
   with StopOnSignal() as stop, jobdir_lib.JobDir(config.run.workdir, 'sweep',
                                                  config.flat()) as jobdir:
@@ -166,10 +172,16 @@ def run(config: SweepConfig) -> dict:
              batch_size, ConfigError)
     index = None if len(unique) == 1 else jnp.asarray(batch_index, jnp.int32)
     plan = plan_lib.PopulationPlan(job.task, index, mesh=mesh)
-    pop = jax.jit(pop_lib.init, static_argnums=0)(job.task, _keys(jnp.asarray(seeds)), hparams,
-                                                  job.sample)
+    if parent is None:
+      pop = jax.jit(pop_lib.init, static_argnums=0)(job.task, _keys(jnp.asarray(seeds)),
+                                                    hparams, job.sample)
+    else:
+      pop = fork_lib.population(parent, job, hparams)
     starting('initialising the population')
     jobdir.create()
+    if parent is not None and not jobdir.resuming:   # a fork records its parent
+      write_atomic(jobdir.file(fork_lib.LINEAGE),
+                   json.dumps(fork_lib.lineage(parent), indent=1, sort_keys=True))
     history_path = jobdir.file(HISTORY)
     with Checkpointer(jobdir.file('checkpoints'), keep_last=2, interval_s=None) as ckpt:
       restored = _restore(ckpt, plan, pop, train_data[0])

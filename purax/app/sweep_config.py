@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
+
+import tyro
 
 from purax.app import hparam_table as hparams_lib
 from purax.app.config import RunConfig, Sections, TrainConfig
@@ -42,6 +44,9 @@ class PopulationConfig:
     pbt_fraction: share of members replaced by PBT, in (0, 0.5].
     baseline: with --time-budget, the member whose configuration the others are
       tested against in verdict.json (over their seeds: Welch's t-test).
+    parent: RUN or RUN:STEP (--from): every member starts from this purax train
+      run's checkpoint (its newest, or STEP) and continues it with its own
+      hyperparameters; options left out take the parent's (purax.app.fork).
   """
 
   seeds: str = '0'
@@ -52,6 +57,7 @@ class PopulationConfig:
   pbt_every: int = 0
   pbt_fraction: float = 0.25
   baseline: int = 0
+  parent: Annotated[str | None, tyro.conf.arg(name='from')] = None
 
   def best(self) -> metrics_lib.Best:
     """The ranking rule of ``--metric``: eval loss minimised, accuracy maximised

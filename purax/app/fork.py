@@ -1,0 +1,212 @@
+"""``purax sweep --from RUN[:STEP]``: a sweep whose members branch from one
+``purax train`` run's checkpoint instead of starting from scratch.
+
+:func:`open_parent` finds the run and the checkpoint (its newest, or
+``STEP`` when it is kept) and reads nothing but its config and the
+checkpoint's JSON; :func:`inherit` gives the sweep the parent's model, data,
+optimizer settings, seed and hyperparameters wherever the sweep's options
+are left at their defaults, and refuses one that is set to another value
+than the parent's (naming it); :func:`population` restores the parent's
+state and forks it (:func:`purax.fork`) into the members; :func:`lineage`
+is what the sweep records of its parent (``WORKDIR/lineage.json``). Member
+``i`` computes what the parent, resumed alone with member ``i``'s
+hyperparameters and trained to the sweep's ``--steps``, computes (the
+schedule spans ``--steps``, as a run resumed with a larger ``--steps``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+
+from purax.app import config as config_lib
+from purax.app import fields as fields_lib
+from purax.app import hparams as hparams_lib
+from purax.app import job as job_lib
+from purax.app.search import parse_seeds
+from purax.app.sweep_config import SweepConfig
+from purax.core.branching import fork
+from purax.core.errors import ConfigError, expect
+from purax.io.checkpoint import Checkpointer, CheckpointError
+from purax.io.safe_files import open_file
+
+#: The file of a forked sweep's lineage (:func:`lineage`), beside its config.
+LINEAGE = 'lineage.json'
+
+
+@dataclasses.dataclass(frozen=True)
+class Parent:
+  """The run a sweep branches from.
+
+  Attributes:
+    workdir: its run directory (absolute).
+    step: the checkpoint's step (the branch point).
+    config: its :class:`purax.app.config.TrainConfig`.
+    sha256: the SHA-256 of the checkpoint's JSON, which records a fingerprint
+      of every array (:mod:`purax.io.checkpoint.integrity`): its identity.
+  """
+
+  workdir: str
+  step: int
+  config: Any
+  sha256: str
+
+
+def parse_from(text: str) -> tuple[str, int | None]:
+  """``RUN[:STEP]`` -> ``(RUN, STEP or None)`` (a tail of digits after the last ``:``).
+
+  Raises:
+    ConfigError: an empty RUN, naming ``--from``.
+  """
+  workdir, step = text, None
+  head, sep, tail = text.rpartition(':')
+  if sep and tail.isdigit():
+    workdir, step = head, int(tail)
+  expect(bool(workdir), '--from', 'RUN or RUN:STEP (a purax train run directory and one of '
+         'its kept checkpoints)', repr(text), ConfigError)
+  return workdir, step
+
+
+def recorded(workdir: str | None) -> dict | None:
+  """The lineage a sweep directory recorded (:func:`lineage`), or None (a new sweep)."""
+  path = os.path.join(workdir, LINEAGE) if workdir else None
+  if path is None or not os.path.isfile(path):
+    return None
+  with open_file(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def open_parent(text: str, lineage: dict | None = None) -> Parent:
+  """The run and checkpoint of ``--from RUN[:STEP]`` (read-only: the run may be training).
+
+  Args:
+    text: ``RUN`` (its newest checkpoint) or ``RUN:STEP``.
+    lineage: what the sweep recorded when it started (:func:`recorded`): a
+      resumed sweep branches from that step, whatever RUN's newest is now,
+      and that checkpoint must be the one it recorded (its SHA-256).
+
+  Raises:
+    ConfigError: RUN is not a ``purax train`` run directory (no
+      ``config.json``), or has no checkpoint; STEP is not among the
+      checkpoints it keeps (naming them); the checkpoint's JSON is unreadable;
+      a resumed sweep's parent checkpoint is gone or another one.
+  """
+  workdir, step = parse_from(text)
+  if lineage is not None:
+    step = int(lineage['step'])
+  expect(os.path.isfile(os.path.join(workdir, config_lib.CONFIG)), '--from',
+         'a purax train run directory (with config.json)', repr(workdir), ConfigError)
+  parent_config = config_lib.read_config(workdir).validate()
+  directory = os.path.join(workdir, 'checkpoints')
+  with Checkpointer(directory, read_only=True) as ckpt:
+    kept = ckpt.steps() if os.path.isdir(directory) else []
+    expect(bool(kept), '--from', 'a run with a committed checkpoint', f'{workdir!r} with none',
+           ConfigError)
+    expect(step is None or step in kept, '--from', f'a step the run keeps, one of {kept}',
+           f'{text!r} (step {step})', ConfigError)
+    step = kept[-1] if step is None else step
+    try:
+      sha = ckpt.read_extra(step)['sha256']
+    except (CheckpointError, KeyError) as e:
+      raise ConfigError(f'--from: expected a readable checkpoint, got step {step} of '
+                        f'{workdir!r}: {e}') from e
+  expect(lineage is None or lineage.get('checkpoint_sha256') == sha, '--from',
+         f"checkpoint {step} of {workdir!r} as this sweep recorded it when it started "
+         f"(SHA-256 {(lineage or {}).get('checkpoint_sha256')})", f'another one (SHA-256 {sha})',
+         ConfigError)
+  return Parent(os.path.abspath(workdir), int(step), parent_config, sha)
+
+
+def _merge(section: str, mine, default, parents):
+  """``mine`` with each field left at ``default``'s value taken from
+  ``parents``; a field set to another value than the parent's (and that
+  changes the computation) is refused."""
+  changes = {}
+  for item in dataclasses.fields(mine):
+    if not hasattr(parents, item.name):
+      continue
+    value, theirs = getattr(mine, item.name), getattr(parents, item.name)
+    if value == getattr(default, item.name):
+      changes[item.name] = theirs
+    else:
+      expect(value == theirs or not fields_lib.changes_computation(item),
+             config_lib._flag(section, item.name),
+             f'{theirs!r}, the parent run\'s value (a fork continues its model, data and '
+             'optimizer; leave the option out to take it)', repr(value), ConfigError)
+  return dataclasses.replace(mine, **changes)
+
+
+def inherit(config, parent: Parent):
+  """The sweep ``config`` with the parent's model, data, optimizer settings,
+  seed and hyperparameters wherever ``config`` leaves them at their defaults
+  (a hyperparameter spec set, e.g. ``--lr 1e-3,3e-4``, is the sweep's).
+
+  Raises:
+    ConfigError: a model, data or optimizer option, or ``--seeds``, set to
+      another value than the parent's; ``--steps`` not beyond the branch
+      point; each naming the option, the parent's value and the given one.
+  """
+  default, theirs = SweepConfig(), parent.config
+  model = _merge('model', config.model, default.model, theirs.model)
+  expect(model.with_sizes() == theirs.model.with_sizes(), 'model',
+         f'{theirs.model.with_sizes()}, the parent run\'s model', model.with_sizes(),
+         ConfigError)
+  data = _merge('data', config.data, default.data, theirs.data)
+  changes = {}
+  for name in hparams_lib.SETTINGS:
+    value, parents = getattr(config.optimizer, name), getattr(theirs.optimizer, name)
+    if value == getattr(default.optimizer, name):
+      changes[name] = parents
+    else:
+      expect(value == parents, config_lib._flag('optimizer', name), f'{parents!r}, the parent '
+             'run\'s value (a fork continues its optimizer; leave the option out to take it)',
+             repr(value), ConfigError)
+  for row in hparams_lib.HPARAMS:
+    if (getattr(config.optimizer, row.field) == getattr(default.optimizer, row.field)
+        and hasattr(theirs.optimizer, row.field)):
+      changes[row.field] = repr(float(getattr(theirs.optimizer, row.field)))
+  optimizer = dataclasses.replace(config.optimizer, **changes)
+  seed = theirs.run.seed
+  seeds = parse_seeds(config.population.seeds)
+  expect(config.population.seeds == default.population.seeds or seeds == (seed,), 'seeds',
+         f"'{seed}', the parent run's seed (a fork reads the parent's batches on)",
+         repr(config.population.seeds), ConfigError)
+  expect(config.run.steps > parent.step, 'steps', f'> {parent.step}, the branch point '
+         f'(the step of {parent.workdir}\'s checkpoint)', config.run.steps, ConfigError)
+  population = dataclasses.replace(config.population, seeds=str(seed))
+  return dataclasses.replace(config, model=model, data=data, optimizer=optimizer,
+                             population=population)
+
+
+def population(parent: Parent, job, hparams: dict):
+  """The parent's state at its step, restored and forked into the members
+  (:func:`purax.fork`), on the default device.
+
+  Raises:
+    ConfigError: the restored state's structure differs from the sweep's
+      (its model or optimizer), naming both.
+    CheckpointError: the checkpoint cannot be restored.
+  """
+  parent_job = job_lib.build(parent.config, mesh=False)
+  with Checkpointer(os.path.join(parent.workdir, 'checkpoints'), read_only=True) as ckpt:
+    tree, _, _ = ckpt.restore(parent_job.abstract, parent.step)
+  state = tree['state']
+  want = jax.eval_shape(job.task.init, jax.random.key(0), job.sample)
+  shapes = lambda t: jax.tree.map(lambda x: (x.shape, str(x.dtype)), t)   # noqa: E731
+  expect(jax.tree.structure(state) == jax.tree.structure(want)
+         and shapes(state) == shapes(want), '--from',
+         "a run whose state has the sweep's structure (its model and optimizer)",
+         f'{parent.workdir} step {parent.step}, whose state differs', ConfigError)
+  return fork(state, hparams)
+
+
+def lineage(parent: Parent) -> dict:
+  """What a forked sweep records of its parent: ``{'parent': workdir, 'step':
+  the branch point, 'checkpoint_sha256': the checkpoint's identity,
+  'parent_config': the parent's config (flat names)}``."""
+  return {'parent': parent.workdir, 'step': parent.step, 'checkpoint_sha256': parent.sha256,
+          'parent_config': parent.config.flat()}

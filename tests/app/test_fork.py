@@ -1,0 +1,133 @@
+"""``purax sweep --from RUN[:STEP]``: a population branched from one run's checkpoint.
+
+Member ``i`` equals the parent resumed alone (``purax train`` on a copy of its
+directory, trained on to the sweep's ``--steps``) bitwise on the CPU; a fork
+killed by SIGKILL resumes with the same command bitwise; bad input is named
+before anything trains."""
+
+import json
+import os
+import re
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from purax.app import cli
+from purax.io.checkpoint import Checkpointer
+from tests.helpers import assert_bitwise
+from tests.helpers_runs import final_tree, purax
+
+pytestmark = pytest.mark.slow
+
+PARENT = ['--model', 'mlp', '--steps', '10', '--batch-size', '32', '--log-every', '5',
+          '--eval-every', '0', '--checkpoint-every', '5', '--learning-rate', '0.002',
+          '--no-progress']
+# Member 0 continues the parent's rate; member 1 barely moves (so member 0 is the best).
+FORK = ['--lr', '0.002,1e-6', '--wd', '1e-4,1e-2', '--steps', '30', '--log-every', '5',
+        '--eval-every', '10', '--no-progress']
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """The parent (10 steps, checkpoints 5 and 10) and a fork of it trained straight."""
+  d = tmp_path_factory.mktemp('fork')
+  done = purax('train', *PARENT, '--workdir', d / 'parent')
+  assert done.returncode == 0, done.stderr[-3000:]
+  done = purax('sweep', '--from', d / 'parent', *FORK, '--workdir', d / 'straight')
+  assert done.returncode == 0, done.stderr[-3000:]
+  return d
+
+
+def test_member_equals_the_parent_resumed_alone_bitwise_and_the_lineage_is_recorded(runs):
+  alone = runs / 'alone'
+  shutil.copytree(runs / 'parent', alone)
+  done = purax('train', '--workdir', alone, '--steps', '30', '--no-progress')
+  assert done.returncode == 0, done.stderr[-3000:]
+  summary = json.loads((runs / 'straight' / 'sweep.json').read_text())
+  assert summary['members'][0]['member'] == 0          # the best: saved in best/
+  (want, _, want_step), (got, _, got_step) = (final_tree(str(d))
+                                              for d in (alone, runs / 'straight' / 'best'))
+  assert want_step == got_step == 30
+  assert_bitwise(got['state'], want['state'], 'member 0')
+  lineage = json.loads((runs / 'straight' / 'lineage.json').read_text())
+  with Checkpointer(str(runs / 'parent' / 'checkpoints'), read_only=True) as ckpt:
+    sha = ckpt.read_extra(10)['sha256']
+  assert (lineage['parent'], lineage['step'], lineage['checkpoint_sha256']) == (
+      str(runs / 'parent'), 10, sha)
+  assert lineage['parent_config']['learning_rate'] == 0.002
+  config = json.loads((runs / 'straight' / 'sweep_config.json').read_text())
+  assert config['parent'] == str(runs / 'parent')
+  assert config['warmup_steps'] == 50      # the parent's (the sweep's default is 20)
+
+
+def test_a_fork_from_an_older_kept_step_branches_there(runs):
+  done = purax('sweep', '--from', f'{runs / "parent"}:5', *FORK, '--steps', '12',
+               '--workdir', runs / 'at5')
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert json.loads((runs / 'at5' / 'lineage.json').read_text())['step'] == 5
+  history = [json.loads(line) for line in open(runs / 'at5' / 'history.jsonl')]
+  assert [r['step'] for r in history if 'train/loss' in r][0] == 10   # 5 steps after 5
+
+
+def test_a_fork_killed_by_sigkill_resumes_with_the_same_command_bitwise(runs):
+  from tests.faults.test_signals_every_command import signal_at
+  killed = runs / 'killed'
+  args = ['sweep', '--from', runs / 'parent', *FORK, '--workdir', killed]
+  # Before the 17th call (step 27): checkpoints every 5 steps, 20 committed by then
+  # (a save waits for the one before), 25 perhaps.
+  done = signal_at('step:17', 'SIGKILL', *args)
+  assert done.returncode == -9, done.stderr[-3000:]
+  assert not (killed / 'sweep.json').exists()
+  done = purax(*args)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert re.search(f'resuming sweep {killed} from step (20|25)', done.stderr), done.stderr
+  want, got = (json.loads((d / 'sweep.json').read_text()) for d in (runs / 'straight', killed))
+  assert got['members'] == want['members']
+  (a, _, _), (b, _, _) = (final_tree(str(d / 'best')) for d in (runs / 'straight', killed))
+  assert_bitwise(b['state'], a['state'], 'best member')
+  assert json.loads((killed / 'lineage.json').read_text()) == json.loads(
+      (runs / 'straight' / 'lineage.json').read_text())
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--from', '{d}/nowhere'], "--from: expected a purax train run directory (with "
+     "config.json), got '{d}/nowhere'"),
+    (['--from', '{d}/parent:7'], '--from: expected a step the run keeps, one of [5, 10], '
+     "got '{d}/parent:7' (step 7)"),
+    (['--from', '{d}/parent', '--model', 'cnn'], "model: expected 'mlp', the parent run's value"),
+    (['--from', '{d}/parent', '--batch-size', '16'], "batch_size: expected 32, the parent run's"),
+    (['--from', '{d}/parent', '--optimizer', 'sgd'], "optimizer: expected 'adamw', the parent"),
+    (['--from', '{d}/parent', '--seeds', '1'], "seeds: expected '0', the parent run's seed"),
+    (['--from', '{d}/parent', '--momentum', '0.9,0.8'], 'momentum: expected unset for '
+     '--optimizer adamw'),
+    (['--from', '{d}/parent', '--steps', '10'], 'steps: expected > 10, the branch point'),
+])
+def test_bad_input_is_named_before_anything_trains(runs, capsys, args, message):
+  workdir = runs / 'bad'
+  rc = cli.main(['sweep', *[a.format(d=runs) for a in args], '--workdir', str(workdir),
+                 '--no-progress'])
+  assert rc == 2
+  assert message.format(d=runs) in capsys.readouterr().err
+  assert not workdir.exists()
+
+
+def test_a_fork_resumed_after_its_parent_trained_on_branches_from_the_recorded_step(runs):
+  """Killed before its first checkpoint, while the parent goes on (a newer
+  newest checkpoint): the same ``--from RUN`` resumes from the step it recorded,
+  and ends bitwise as the straight fork; a checkpoint replaced is refused."""
+  from tests.faults.test_signals_every_command import signal_at
+  parent, fork = runs / 'moving', runs / 'moving-fork'
+  shutil.copytree(runs / 'parent', parent)
+  args = ['sweep', '--from', parent, *FORK, '--workdir', fork]
+  done = signal_at('step:2', 'SIGKILL', *args)
+  assert done.returncode == -9, done.stderr[-3000:]
+  assert (fork / 'lineage.json').exists() and not (fork / 'checkpoints' / '15').exists()
+  done = purax('train', '--workdir', parent, '--steps', '15', '--no-progress')
+  assert done.returncode == 0, done.stderr[-3000:]      # it keeps 10 and 15 (its newest)
+  done = purax(*args)
+  assert done.returncode == 0, done.stderr[-3000:]
+  (a, _, _), (b, _, _) = (final_tree(str(d / 'best')) for d in (runs / 'straight', fork))
+  assert_bitwise(b['state'], a['state'], 'best member')
+  assert json.loads((fork / 'lineage.json').read_text())['step'] == 10
