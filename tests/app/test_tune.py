@@ -240,8 +240,10 @@ def test_a_budget_too_short_for_a_range_test_is_a_named_error_leaving_no_directo
   assert fake.calls == calls and not workdir.exists()
 
 
-def test_a_budget_spent_by_start_up_trains_nothing(tmp_path, monkeypatch):
+def test_a_bad_or_spent_budget_trains_nothing(tmp_path, monkeypatch, capsys):
   from purax.app import tune as app_tune
+  assert cli.main(['tune', 'lr', '--time-budget', '60', '--workdir', str(tmp_path / 'a')]) == 2
+  assert "time_budget: expected a duration such as '60s'" in capsys.readouterr().err
   fake = FakeClock(monkeypatch, started=76.0)      # 20 s of start-up, of 16
   workdir = tmp_path / 'lr'
   with pytest.raises(ConfigError, match=r'time_budget: expected more than the 20\.0 s the '
