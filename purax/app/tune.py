@@ -205,14 +205,14 @@ class Budgeted:
       jax.block_until_ready(test.pop)
       if budget.probed(test.done):
         planned = budget.first_plan(test.done)
-        expect_steps = min(planned, test.steps)
-        if expect_steps < MIN_STEPS:
+        held = min(planned, test.steps)
+        if held < MIN_STEPS:
           raise RangeTestError(
               f'time_budget: expected a budget that holds at least {MIN_STEPS} steps of '
               f'{budget.step_s * 1e3:.3g} ms (measured; compilation {budget.compile_s:.1f} s '
               f'left out) and {budget.reserve_s:.1f} s kept for the end, got '
               f'{budget.seconds:g} s, which holds {planned} steps')
-        self._every = max(1, (expect_steps - test.done) // 10)
+        self._every = max(1, (held - test.done) // 10)
         self._end_at(planned)
     elif (test.done - self.budget.plans[0][0]) % self._every == 0:   # a re-plan
       jax.block_until_ready(test.pop)

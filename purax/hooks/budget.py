@@ -25,6 +25,11 @@ The plan, in one place:
 
 The budget is each invocation's: a resumed run plans its steps in its own
 budget from its own clock (nothing of the plan is checkpointed).
+
+The rule of step 3 is :func:`plan_steps`; the steps 1-4 are also methods
+(:meth:`TimeBudget.start`, ``compiled_call``, ``probed``, ``first_plan``,
+``replan``), which ``purax tune lr --time-budget`` (a loop that is not
+:func:`purax.fit`, :mod:`purax.app.tune`) drives the same way.
 """
 
 from __future__ import annotations
@@ -172,7 +177,6 @@ class TimeBudget:
       return self._plan(info.step, now)
     if 'steps_per_sec' in info.metrics:       # a log point: the loop synced
       self.replan(info.step)
-      return self._stop(info.step) if info.step >= self.planned else None
     return self._stop(info.step) if info.step >= self.planned else None
 
   @staticmethod
