@@ -25,7 +25,7 @@ import jax
 
 from purax.app import config as config_lib
 from purax.app import fields as fields_lib
-from purax.app import hparams as hparams_lib
+from purax.app import hparam_table as hparams_lib
 from purax.app import job as job_lib
 from purax.app.search import parse_seeds
 from purax.app.sweep_config import SweepConfig

@@ -23,6 +23,7 @@ from purax.tune.lr_rules import DEFAULT_RULE, MIN_STEPS, RULES
 lr_range = lazy.module('purax.tune.lr_range')
 pop_lib = lazy.module('purax.core.population')
 config_lib = lazy.module('purax.app.config')
+budget_hook = lazy.module('purax.hooks.time_budget')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,12 @@ class RangeRunConfig:
       SIGTERM/SIGINT stops the test); the same command resumes it.
     progress: show a progress bar on a terminal; otherwise (or with --no-progress)
       a line with the least loss so far at every tenth of the steps.
+    time_budget: end the test within this wall time of the command, e.g. '60s', '5m':
+      the steps of every rate are planned from the measured step time (compilation
+      left out), at most --steps and at least 8 (a budget that cannot hold the
+      compilation and 8 steps is an error before a directory is kept), the suggestion,
+      lr_range.png and lr_range.json are written inside it, and so is verdict.json.
+      Warmup and decay still span --steps (the schedule is not shortened to the plan).
   """
 
   steps: int = 100
@@ -62,6 +69,7 @@ class RangeRunConfig:
   strategy: Literal[STRATEGIES] = 'auto'
   checkpoint_every: int = 0
   progress: bool = True
+  time_budget: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +95,8 @@ class RangeConfig(Sections):
            'tell the rates apart (raise --steps)', run.steps, lr_range.RangeTestError)
     expect(run.checkpoint_every >= 0, 'checkpoint_every', '>= 0 (0: only at a stop)',
            run.checkpoint_every, ConfigError)
+    if run.time_budget is not None:
+      budget_hook.parse_duration(run.time_budget, 'time_budget')
     expect(run.max_lr <= 10, 'max_lr', '<= 10 (the bound of a learning rate)', run.max_lr,
            ConfigError)
     return self

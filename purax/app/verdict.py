@@ -15,6 +15,12 @@ members differ only in their seed, per configuration the mean and spread
 (sample standard deviation) of the metric and Welch's t-test against the
 baseline configuration (:func:`welch`, ``scipy.stats.ttest_ind``).
 
+A range test's verdict (:func:`of_range`, ``purax tune lr --time-budget``)
+holds its status and end, the suggestion and its rule, the grid with every
+rate's losses and smoothed point (what ``lr_range.json`` holds), the
+examples (or tokens) each rate trained on, the configuration, the budget, the
+wall and the compilation time.
+
 Only the writer writes it, atomically (:func:`write`).
 """
 
@@ -131,6 +137,30 @@ def of_sweep(config, end, summary: dict | None, budget, *, compile_s: float) -> 
       'configurations': by_configuration(rows, metric, swept, baseline) if seeded and rows
       else [],
       'memory_fits': [], 'nan_diagnoses': [],   # a sweep neither fits nor replays
+  }
+
+
+def of_range(config, end, result, budget, *, compile_s: float) -> dict[str, Any]:
+  """The verdict of a ``purax tune lr`` range test on a budget (the module docstring).
+
+  Args:
+    config: its :class:`purax.app.tune_config.RangeConfig`.
+    end: how it ended (:class:`purax.hooks.End`; ``end.step`` the steps
+      every rate trained).
+    result: its :class:`purax.tune.LRRange`, or None for a test that was
+      stopped (no suggestion).
+    budget: its :class:`purax.hooks.TimeBudget` (planned by the range test's
+      loop, :mod:`purax.app.tune`).
+    compile_s: the seconds this invocation spent compiling.
+  """
+  curve = result.as_dict() if result is not None else {}
+  return {
+      'format': FORMAT, 'status': end.status, 'end': end.as_dict(), 'step': end.step,
+      'suggestion': curve.pop('suggestion', None), 'rule': curve.pop('rule', None),
+      'curve': curve, 'seen_per_rate': seen(config, end.step), 'config': config.flat(),
+      'budget_s': budget.seconds, 'wall_s': round(budget.used(), 3),
+      'compile_s': round(compile_s, 3), 'time_budget': budget.report(),
+      'memory_fits': [], 'nan_diagnoses': [],   # a range test neither fits nor replays
   }
 
 

@@ -30,7 +30,7 @@ def fork(state, hparams: Mapping[str, Any], *, members: int | None = None
 
   Example:
     >>> run = purax.open_run('runs/digits')                  # step 400 of a run
-    >>> pop = purax.fork(run, {'peak_learning_rate': [1e-3, 3e-4, 1e-4]})
+    >>> pop = purax.fork(run, {'learning_rate': [1e-3, 3e-4, 1e-4]})
     >>> pop, _ = purax.fit(run.task, pop, data, plan=purax.plan.PopulationPlan(run.task))
 
   Args:

@@ -25,6 +25,11 @@ The plan, in one place:
 
 The budget is each invocation's: a resumed run plans its steps in its own
 budget from its own clock (nothing of the plan is checkpointed).
+
+The rule of step 3 is :func:`plan_steps`; the steps 1-4 are also methods
+(:meth:`TimeBudget.start`, ``compiled_call``, ``probed``, ``first_plan``,
+``replan``), which ``purax tune lr --time-budget`` (a loop that is not
+:func:`purax.fit`, :mod:`purax.app.tune`) drives the same way.
 """
 
 from __future__ import annotations
@@ -61,6 +66,16 @@ def parse_duration(text: str, field: str = 'time_budget') -> float:
   seconds = float(match.group(1)) * UNITS[match.group(2)]
   expect(0 < seconds < math.inf, field, 'a duration > 0', repr(text), ConfigError)
   return seconds
+
+
+def plan_steps(step: int, now: float, deadline: float, step_s: float, reserve_s: float) -> int:
+  """The step a run at ``step`` at time ``now`` (s, the budget's clock) is
+  planned to end at: ``step + floor((deadline - now - reserve_s) / step_s)``,
+  never below ``step``: the steps of ``step_s`` seconds that fit before
+  ``deadline`` once ``reserve_s`` (the end: evaluation, report, save) is kept.
+  The one planning rule of :class:`TimeBudget` and of ``purax tune lr
+  --time-budget`` (:mod:`purax.app.tune`)."""
+  return step + max(math.floor((deadline - now - reserve_s) / step_s), 0)
 
 
 def ended_by_budget(end: End | None) -> bool:
@@ -138,30 +153,19 @@ class TimeBudget:
     if info.end is not None:
       return None
     if info.first == info.step:               # before the first call
-      now = self.clock()
-      expect(now + self.reserve_s < self.deadline, 'time_budget',
-             f'more than the {now - self.started:.1f} s the start-up took and the '
-             f'{self.tail_s:.1f} s kept for the end', f'{self.seconds:g} s', ConfigError)
-      self._mark = (now, info.step, self.compiled())
+      self.start(info.step)
       return None
     if self.compile_s is None:                # the first call: it compiled
       jax.block_until_ready(info.state)
-      now, compiled = self.clock(), self.compiled()
-      self.compile_s = compiled - self._mark[2]
-      self._probe_from = (now, info.step)
-      first_s = max(now - self._mark[0] - self.compile_s, 0.0) / max(info.step - info.first, 1)
-      expect(now + first_s + self.reserve_s < self.deadline, 'time_budget',
-             f'at least {now - self.started + first_s + self.reserve_s:.1f} s (start-up and '
-             f'the compilation {self.compile_s:.1f} s, one step, and {self.reserve_s:.1f} s '
-             'kept for the final evaluation and save)', f'{self.seconds:g} s', ConfigError)
+      now, first_s = self.compiled_call(info.step)
+      self.expect_room(now, 1, first_s)
       return None
     if self.planned is None:                  # probing
       jax.block_until_ready(info.state)
-      t0, s0 = self._probe_from
-      if info.step - s0 < self.probe_steps:
+      if not self.probed(info.step):
         return None
       now = self.clock()
-      self.step_s = (now - t0) / (info.step - s0)
+      self.step_s = (now - self._probe_from[0]) / (info.step - self._probe_from[1])
       if self.eval_data is not None:          # timed once; its program is kept for the end
         before = self.compiled()
         jax.block_until_ready(info.plan.evaluate(info.state, self.eval_data))
@@ -172,14 +176,7 @@ class TimeBudget:
       self._mark = self._last = (now, info.step, self.compiled())
       return self._plan(info.step, now)
     if 'steps_per_sec' in info.metrics:       # a log point: the loop synced
-      now, compiled = self.clock(), self.compiled()
-      # The slower of the steps since the first plan and those since the last
-      # log point (a step that slowed down counts at once).
-      self.step_s = max([self._rate(mark, now, info.step, compiled)
-                         for mark in (self._mark, self._last) if info.step > mark[1]]
-                        or [self.step_s])
-      self._last = (now, info.step, compiled)
-      return self._plan(info.step, now)
+      self.replan(info.step)
     return self._stop(info.step) if info.step >= self.planned else None
 
   @staticmethod
@@ -189,10 +186,77 @@ class TimeBudget:
     return max(now - t - (compiled - c), 1e-9) / (step - s)
 
   def _plan(self, step: int, now: float) -> Output | None:
-    left = self.deadline - now - self.reserve_s
-    self.planned = step + max(math.floor(left / self.step_s), 0)
-    self.plans.append((step, self.step_s, self.planned))
+    self.plan(step, now)
     return self._stop(step) if step >= self.planned else None
+
+  # -- the parts a loop other than purax.fit uses (purax tune lr --time-budget) --
+
+  def expect_started(self, now: float) -> None:
+    """Raises :class:`purax.ConfigError` naming ``time_budget`` when at
+    ``now`` the start-up has left no room for :attr:`reserve_s`."""
+    expect(now + self.reserve_s < self.deadline, 'time_budget',
+           f'more than the {now - self.started:.1f} s the start-up took and the '
+           f'{self.tail_s:.1f} s kept for the end', f'{self.seconds:g} s', ConfigError)
+
+  def expect_room(self, now: float, steps: int, step_s: float, *, what: str = 'one step',
+                  kept: str = 'the final evaluation and save',
+                  error: type[ConfigError] = ConfigError) -> None:
+    """Raises ``error`` naming ``time_budget`` when at ``now`` (after the
+    compilation, :attr:`compile_s`) ``steps`` more steps of ``step_s`` seconds
+    and :attr:`reserve_s` do not fit in the budget; ``what`` names the steps
+    and ``kept`` the reserve in the message."""
+    need = now - self.started + steps * step_s + self.reserve_s
+    expect(now + steps * step_s + self.reserve_s < self.deadline, 'time_budget',
+           f'at least {need:.1f} s (start-up and the compilation {self.compile_s:.1f} s, '
+           f'{what}, and {self.reserve_s:.1f} s kept for {kept})', f'{self.seconds:g} s', error)
+
+  def start(self, step: int) -> None:
+    """Before the first call, at ``step``: checks the start-up
+    (:meth:`expect_started`) and marks the clock."""
+    now = self.clock()
+    self.expect_started(now)
+    self._mark = (now, step, self.compiled())
+
+  def compiled_call(self, step: int) -> tuple[float, float]:
+    """After the first call (synced), at ``step``: keeps its compilation
+    (:attr:`compile_s`) and starts the probe; returns ``(now, seconds a step
+    of that call, its compilation left out)``."""
+    now, compiled = self.clock(), self.compiled()
+    self.compile_s = compiled - self._mark[2]
+    self._probe_from = (now, step)
+    return now, max(now - self._mark[0] - self.compile_s, 0.0) / max(step - self._mark[1], 1)
+
+  def probed(self, step: int) -> bool:
+    """Whether the probe (:attr:`probe_steps` synced steps after the first
+    call) is done at ``step``."""
+    return step - self._probe_from[1] >= self.probe_steps
+
+  def first_plan(self, step: int) -> int:
+    """After the probe (synced, nothing else timed), at ``step``: measures
+    :attr:`step_s` and plans (:meth:`plan`); returns the planned step."""
+    now = self.clock()
+    self.step_s = (now - self._probe_from[0]) / (step - self._probe_from[1])
+    self._mark = self._last = (now, step, self.compiled())
+    return self.plan(step, now)
+
+  def replan(self, step: int) -> int:
+    """At a synced ``step`` after the first plan: the step time measured anew
+    (the slower of the steps since the first plan and of those since the last
+    re-plan: a step that slowed down counts at once; compilation left out)
+    and the plan redone from the clock; returns the planned step."""
+    now, compiled = self.clock(), self.compiled()
+    self.step_s = max([self._rate(mark, now, step, compiled)
+                       for mark in (self._mark, self._last) if step > mark[1]]
+                      or [self.step_s])
+    self._last = (now, step, compiled)
+    return self.plan(step, now)
+
+  def plan(self, step: int, now: float) -> int:
+    """Plans the step to end at from ``step`` at ``now`` with :attr:`step_s`
+    (:func:`plan_steps`), records it in :attr:`plans` and returns it."""
+    self.planned = plan_steps(step, now, self.deadline, self.step_s, self.reserve_s)
+    self.plans.append((step, self.step_s, self.planned))
+    return self.planned
 
   def _stop(self, step: int) -> Output:
     return Output(stop=End('finished', step, f'{REASON} of {self.seconds:g} s: {step} steps at '

@@ -325,7 +325,8 @@ class RangeTest:
   (and checked alike).
 
   Attributes:
-    lrs: the sorted grid; steps: the budget; done: the steps taken so far.
+    lrs: the sorted grid; steps: the budget; done: the steps taken so far;
+    end: the step the test ends at (``steps``, or earlier: :meth:`end_at`).
   """
 
   def __init__(self, task: Task, state: TrainState, *, lrs=None, steps: int = 100,
@@ -336,7 +337,7 @@ class RangeTest:
     expect(rule in RULES, 'rule', f'one of {list(RULES)}', repr(rule), ConfigError)
     expect(isinstance(steps, (int, np.integer)) and steps >= 1, 'steps', 'an integer >= 1',
            steps, ConfigError)
-    window = max(1, steps // 4) if window is None else window
+    window_given, window = window, max(1, steps // 4) if window is None else window
     expect(isinstance(window, (int, np.integer)) and 1 <= window <= steps, 'window',
            f'an integer in [1, steps={steps}]', window, ConfigError)
     lrs = np.sort(np.asarray(log_grid() if lrs is None else lrs, np.float32).ravel())
@@ -348,7 +349,8 @@ class RangeTest:
     expect(steps >= MIN_STEPS, 'steps', f'at least {MIN_STEPS} steps for a range test to tell '
            'the rates apart (raise --steps)', steps, RangeTestError)
     self.task, self.lrs, self.steps, self.rule, self.window = task, lrs, int(steps), rule, window
-    self.strategy, self.done = strategy, 0
+    self.strategy, self.done, self.end = strategy, 0, int(steps)
+    self._default_window = window_given is None
     self._initial, self._pop = (state, hparam), None   # the population: made at first use
     self._abstract = None
     # Each step's summed loss and count: the steps before a restore on the
@@ -369,13 +371,34 @@ class RangeTest:
   def pop(self, value) -> None:
     self._pop, self._initial = value, None
 
+  def end_at(self, step: int) -> None:
+    """Ends the test at ``step`` instead of ``steps`` (``purax tune lr
+    --time-budget``: the steps its budget holds): :meth:`result` reads the
+    curve there, over the last quarter of the steps unless a ``window`` was
+    given; :meth:`tree` keeps ``steps`` rows (a checkpoint restores alike).
+
+    Raises:
+      RangeTestError: ``step`` below :data:`MIN_STEPS`.
+      ConfigError: ``step`` below :attr:`done`, above ``steps``, or below
+        the ``window`` given.
+    """
+    expect(isinstance(step, (int, np.integer)) and self.done <= step <= self.steps, 'step',
+           f'an integer in [done={self.done}, steps={self.steps}]', step, ConfigError)
+    expect(step >= MIN_STEPS, 'steps', f'at least {MIN_STEPS} steps for a range test to tell '
+           'the rates apart (raise --steps)', step, RangeTestError)
+    if self._default_window:
+      self.window = max(1, int(step) // 4)
+    expect(self.window <= step, 'window', f'an integer in [1, steps={step}]', self.window,
+           ConfigError)
+    self.end = int(step)
+
   def step(self, batch) -> None:
     """Trains every member one step on ``batch`` (asynchronous: no host sync).
 
     Raises:
-      DataError: all ``steps`` are done.
+      DataError: all ``end`` steps are done.
     """
-    expect(self.done < self.steps, 'batches', f'at most steps={self.steps} batches',
+    expect(self.done < self.end, 'batches', f'at most steps={self.end} batches',
            self.done + 1, DataError)
     if self._abstract is None:
       self._abstract = jax.eval_shape(
@@ -432,14 +455,14 @@ class RangeTest:
     self._host = {'total': list(total), 'count': list(count)}
 
   def result(self) -> LRRange:
-    """The curve and the suggestion (every step done).
+    """The curve and the suggestion (every step up to :attr:`end` done).
 
     Raises:
-      DataError: fewer than ``steps`` steps were taken;
+      DataError: fewer than ``end`` steps were taken;
       RangeTestError: fewer than two rates trained without diverging, or a
         flat curve.
     """
-    expect(self.done == self.steps, 'batches', f'at least steps={self.steps} batches',
+    expect(self.done == self.end, 'batches', f'at least steps={self.end} batches',
            self.done, DataError)
     # A member frozen by a non-finite update counts nothing from that step on
     # (its metrics are zero): its loss is NaN there, and it counts as diverged.

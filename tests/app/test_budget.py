@@ -373,3 +373,41 @@ def test_a_language_model_counts_tokens_seen():
   config = TrainConfig.of(model='lm', dataset='pystdlib', batch_size=4, seq_len=16)
   assert verdict_lib.seen(config, 10) == {'tokens': 10 * 4 * 16}
   assert verdict_lib.seen(TrainConfig.of(model='cnn', batch_size=4), 10) == {'examples': 40}
+
+
+# -- the rule, shared with `purax tune lr --time-budget` ----------------------------------
+
+
+def test_the_planning_rule_is_one_function_the_hook_uses():
+  from purax.hooks.time_budget import plan_steps
+  # (112 - 98.0625 - 1) / (1/64) = 828 steps after step 4; never below the step.
+  assert plan_steps(4, 98.0625, 112.0, 2 ** -6, 1.0) == 832 == planned(4, 98.0625, 2 ** -6)
+  assert plan_steps(10, 111.5, 112.0, 1.0, 1.0) == 10
+  budget = TimeBudget(16.0, started=96.0, tail_s=1.0, clock=lambda: 0.0)
+  budget.step_s = 2 ** -6
+  assert budget.plan(4, 98.0625) == 832 and budget.plans == [(4, 2 ** -6, 832)]
+
+
+def test_a_range_test_ended_early_reads_as_a_test_of_that_many_steps():
+  """What --time-budget does to a range test (RangeTest.end_at): ended at 12
+  of 100 steps, its losses, curve (window: a quarter of 12) and suggestion are
+  those of a test of 12 steps of the same task, bitwise."""
+  from purax.tune import lr_range
+  task = purax.Task(model=purax.nn.MLP(features=(8,), num_classes=3),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=100, warmup_steps=0))
+  state = task.init(jax.random.key(0), BATCHES[0])
+  lrs = lr_range.log_grid(1e-3, 1.0, 3)
+  results = []
+  for steps, end in ((100, 12), (12, None)):
+    test = lr_range.RangeTest(task, state, lrs=lrs, steps=steps, strategy='vmap')
+    if end is not None:
+      test.end_at(end)
+    while test.done < test.end:
+      test.step(BATCHES[test.done % 8])
+    results.append(test.result())
+  early, straight = results
+  assert early.window == straight.window == 3
+  np.testing.assert_array_equal(early.losses, straight.losses)
+  assert early.suggestion == straight.suggestion
+  with pytest.raises(lr_range.RangeTestError, match='steps: expected at least 8'):
+    lr_range.RangeTest(task, state, lrs=lrs, steps=100).end_at(7)

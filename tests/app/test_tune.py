@@ -147,3 +147,106 @@ def test_tune_lr_draws_a_bar_on_a_terminal_and_not_with_no_progress(tmp_path, ca
   printed = capsys.readouterr()
   assert '8/8' not in printed.err
   assert [m for m in caplog.messages if m.startswith('[range test 8/8] least loss')]
+
+
+# -- --time-budget: the steps planned on a fake clock (counts, never wall times) ------------
+
+BUDGETED = ['tune', 'lr', '--model', 'mlp', '--dataset', 'digits', '--batch-size', '16',
+            '--num-lrs', '3', '--min-lr', '1e-3', '--max-lr', '0.1', '--strategy', 'vmap',
+            '--no-progress', '--time-budget', '16s']
+
+
+class FakeClock:
+  """A clock set by the range test's step calls: ``start`` before the first,
+  then ``start + compile_s`` plus the step times of the calls made (binary
+  fractions: every sum is exact); ``compiled()``: ``compile_s`` once the first
+  call has run."""
+
+  def __init__(self, monkeypatch, *, start=96.0, started=96.0, compile_s=2.0,
+               step_s=lambda call: 2 ** -4):
+    from purax.app import job as job_lib
+    from purax.app import tune as app_tune
+    from purax.hooks import TimeBudget
+    from purax.tune import lr_range
+    self.start, self.compile_s, self.step_s, self.calls = start, compile_s, step_s, 0
+    step = lr_range.RangeTest.step
+
+    def counted(test, batch):
+      step(test, batch)
+      self.calls += 1
+    monkeypatch.setattr(lr_range.RangeTest, 'step', counted)
+    monkeypatch.setattr(app_tune.job_lib, 'time_budget', lambda duration, eval_data, **k:
+                        TimeBudget(16.0, started=started, tail_s=1.0, clock=self.clock,
+                                   compiled=self.compiled))
+    assert app_tune.job_lib is job_lib
+
+  def clock(self):
+    if not self.calls:
+      return self.start
+    return self.start + self.compile_s + sum(self.step_s(c) for c in range(self.calls))
+
+  def compiled(self):
+    return self.compile_s if self.calls else 0.0
+
+
+def test_tune_lr_plans_its_steps_to_the_budget_and_writes_a_verdict(tmp_path, monkeypatch):
+  """Compilation 2 s (left out), 1/16 s a step, 1 s kept for the end: planned
+  after the first call and 3 timed steps at 4 + floor((112 - 98.25 - 1) * 16) =
+  208 steps, far below --steps; the verdict holds the suggestion and the curve."""
+  from purax.app import verdict as verdict_lib
+  FakeClock(monkeypatch)
+  workdir = tmp_path / 'lr'
+  assert cli.main([*BUDGETED, '--steps', '100000', '--workdir', str(workdir)]) == 0
+  saved = json.loads((workdir / 'lr_range.json').read_text())
+  assert np.asarray(saved['losses'], dtype=float).shape == (208, 3)
+  assert saved['window'] == 208 // 4            # the last quarter of the steps trained
+  verdict = verdict_lib.read(str(workdir))
+  assert verdict['status'] == 'finished' and verdict['step'] == 208
+  assert verdict['end']['reason'] == ('time budget of 16 s: 208 steps at 62.5 ms a step '
+                                      '(compilation 2.0 s left out)')
+  assert verdict['suggestion'] == saved['suggestion'] and verdict['rule'] == 'lowest'
+  assert verdict['curve']['losses'] == saved['losses']
+  assert verdict['seen_per_rate'] == {'examples': 208 * 16}
+  assert verdict['config']['time_budget'] == '16s' and verdict['config']['steps'] == 100000
+  budget = verdict['time_budget']
+  assert (budget['compile_s'], budget['step_s'], budget['planned_step']) == (2.0, 2 ** -4, 208)
+  assert budget['plans'][0] == {'step': 4, 'step_s': 2 ** -4, 'planned_step': 208}
+  assert budget['replans'] == 10                 # every tenth of the plan: steps 24, 44, .. 204
+  assert verdict['budget_s'] == 16.0 and verdict['memory_fits'] == []
+  # --steps first: the budget plans 208, the test ends at 12 steps.
+  FakeClock(monkeypatch)
+  assert cli.main([*BUDGETED, '--steps', '12', '--workdir', str(tmp_path / 'short')]) == 0
+  verdict = verdict_lib.read(str(tmp_path / 'short'))
+  assert verdict['step'] == 12 and verdict['end']['reason'] == 'reached step 12'
+  assert verdict['time_budget']['planned_step'] == 208
+
+
+@pytest.mark.parametrize('compile_s, step_s, message, calls', [
+    # 15 s of 16 compiling: 1/16 s a step, 7 more steps and 1 s do not fit.
+    (15.0, lambda c: 2 ** -4, r'time_budget: expected at least 16\.5 s \(start-up and the '
+     r'compilation 15\.0 s, 7 more steps \(a range test reads at least 8\), and 1\.0 s kept '
+     r'for the suggestion, its plot and files\), got 16 s', 1),
+    # The first call's step fits 8 steps; the probe's (1/4 s) leaves room for 4 only.
+    (14.0, lambda c: 2 ** -4 if c == 0 else 2 ** -2, r'time_budget: expected a budget that '
+     r'holds at least 8 steps of 250 ms .*, got 16 s, which holds 4 steps', 4),
+])
+def test_a_budget_too_short_for_a_range_test_is_a_named_error_leaving_no_directory(
+    tmp_path, monkeypatch, compile_s, step_s, message, calls):
+  from purax.app import tune as app_tune
+  fake = FakeClock(monkeypatch, compile_s=compile_s, step_s=step_s)
+  workdir = tmp_path / 'lr'
+  with pytest.raises(tune.RangeTestError, match=message):
+    app_tune.run(cli.parse([*BUDGETED, '--steps', '100', '--workdir', str(workdir)]).what)
+  assert fake.calls == calls and not workdir.exists()
+
+
+def test_a_bad_or_spent_budget_trains_nothing(tmp_path, monkeypatch, capsys):
+  from purax.app import tune as app_tune
+  assert cli.main(['tune', 'lr', '--time-budget', '60', '--workdir', str(tmp_path / 'a')]) == 2
+  assert "time_budget: expected a duration such as '60s'" in capsys.readouterr().err
+  fake = FakeClock(monkeypatch, started=76.0)      # 20 s of start-up, of 16
+  workdir = tmp_path / 'lr'
+  with pytest.raises(ConfigError, match=r'time_budget: expected more than the 20\.0 s the '
+                                        r'start-up took'):
+    app_tune.run(cli.parse([*BUDGETED, '--workdir', str(workdir)]).what)
+  assert fake.calls == 0 and not workdir.exists()

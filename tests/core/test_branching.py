@@ -23,13 +23,13 @@ def parent(steps=3):
 
 def test_member_i_equals_the_parent_resumed_alone_with_hyperparameters_i_bitwise():
   start = parent()
-  pop = purax.fork(start, {'peak_learning_rate': np.float32(LRS),
+  pop = purax.fork(start, {'learning_rate': np.float32(LRS),
                            'weight_decay': np.float32(WDS)})
   assert int(pop.state.step[0]) == 3 and pop.num_members == 3
   for s in range(3, 6):
     pop, _ = tp.pstep(tp.TASK, pop, tp.batch(s))
   for i, (lr, wd) in enumerate(zip(LRS, WDS)):
-    alone = purax.set_hyperparams(start, peak_learning_rate=lr, weight_decay=wd)
+    alone = purax.set_hyperparams(start, learning_rate=lr, weight_decay=wd)
     for s in range(3, 6):
       alone, _ = tp.sstep(alone, tp.batch(s))
     assert_bitwise(P.member(pop, i), alone, f'member {i}')
@@ -40,23 +40,23 @@ def test_member_i_equals_the_parent_resumed_alone_with_hyperparameters_i_bitwise
 
 def test_a_name_left_out_keeps_the_parents_value_in_every_member():
   start = parent(1)
-  pop = purax.fork(start, {'peak_learning_rate': np.float32([1e-3, 2e-3])})
+  pop = purax.fork(start, {'learning_rate': np.float32([1e-3, 2e-3])})
   got = purax.hyperparams(pop.state)
   np.testing.assert_array_equal(got['weight_decay'],
                                 np.full(2, purax.hyperparams(start)['weight_decay']))
-  np.testing.assert_array_equal(got['peak_learning_rate'], np.float32([1e-3, 2e-3]))
+  np.testing.assert_array_equal(got['learning_rate'], np.float32([1e-3, 2e-3]))
   assert purax.fork(start, {}, members=4).num_members == 4
 
 
 @pytest.mark.parametrize('state, hparams, kw, match', [
-    ('stacked', {'peak_learning_rate': [1e-3]}, {}, r'state: expected one run\'s state'),
+    ('stacked', {'learning_rate': [1e-3]}, {}, r'state: expected one run\'s state'),
     ('single', {'momentum': [0.9, 0.8]}, {}, r"hyperparameter name: expected one the state "
      r"carries.*cannot vary another.*got 'momentum'"),
-    ('single', {'peak_learning_rate': [1e-3, 2e-3], 'weight_decay': [0.0]}, {},
+    ('single', {'learning_rate': [1e-3, 2e-3], 'weight_decay': [0.0]}, {},
      r'members: expected .*one length of every value'),
-    ('single', {'peak_learning_rate': 1e-3}, {}, r'hparams: expected one value per member'),
+    ('single', {'learning_rate': 1e-3}, {}, r'hparams: expected one value per member'),
     ('single', {}, {}, r'members: expected given'),
-    ('single', {'peak_learning_rate': [1e-3, -1.0]}, {}, r'peak_learning_rate\[1\]'),
+    ('single', {'learning_rate': [1e-3, -1.0]}, {}, r'learning_rate\[1\]'),
 ])
 def test_bad_input_is_named(state, hparams, kw, match):
   start = parent(1)
