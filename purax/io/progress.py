@@ -53,8 +53,8 @@ class _Fallback(logging.Handler):
       ours = record.name == LOGGER.name
       if not LOGGER.propagate and (not ours or root.level <= record.levelno):
         for handler in root.handlers:      # what propagation to the root would do
-          if record.levelno >= handler.level:
-            handler.handle(record)
+          if record.levelno >= handler.level and handler not in LOGGER.handlers:
+            handler.handle(record)         # (a handler on both is called once)
       if not ours or any(h is not self for h in LOGGER.handlers) or (
           root.handlers and (LOGGER.propagate or root.level <= record.levelno)):
         return                                       # routed: shown where it went
