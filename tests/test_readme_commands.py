@@ -43,6 +43,7 @@ def test_load_predict_snippet_runs_as_written(tmp_path, monkeypatch):
   assert np.asarray(scope['logits']).shape == (5, 10)
 
 
+@pytest.mark.dtype_promotion('standard')   # the block as a reader runs it: jax's default
 def test_python_api_block_runs_as_written(capsys):
   """The README's own model and loss, trained as the block says: it learns."""
   (snippet,) = [b for b in python_blocks() if 'loss_function' in b]

@@ -39,7 +39,8 @@ def test_with_the_options_off_the_step_is_the_program_it_was_before_them(kind):
                 '(regenerate them with tests/scripts/step_program.py at the commit they name)')
   with open(os.path.join(FIXTURES, f'step_program_{kind}.txt')) as f:
     recorded = f.read()
-  assert step_program.program(kind) == recorded
+  with jax.numpy_dtype_promotion('standard'):   # as the script printed them (not the suite's strict)
+    assert step_program.program(kind) == recorded
 
 
 def _batch(seed, scale=1.0):

@@ -154,6 +154,7 @@ def test_assert_trees_close_handles_keys_bf16_ints_bools_and_none():
     testing.assert_trees_close(other_impl, _mixed_tree(), tol)
 
 
+@pytest.mark.dtype_promotion('standard')   # flax's TrainState and optax, called here directly
 def test_assert_same_training_takes_a_flax_train_state_step():
   from flax.training import train_state
   import optax
