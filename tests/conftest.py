@@ -3,7 +3,9 @@
 - 8 host CPU devices, for the parallel tests; XLA:CPU's backend at -O0 (below);
 - one persistent compilation cache for the session (below), shared by the
   xdist workers and the child processes, removed at the end;
-- rank promotion raises (catches silent broadcasting bugs);
+- rank promotion raises (catches silent broadcasting bugs); dtype promotion is
+  strict (catches implicit up- and down-casts; as equinox's conftest does), in
+  this process only: the child processes run jax's default;
 - a deterministic hypothesis profile for CI (derandomized, no deadline,
   bounded examples); PURAX_HYPOTHESIS_PROFILE=dev explores more.
 """
@@ -47,6 +49,7 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 jax.config.update('jax_numpy_rank_promotion', 'raise')
+jax.config.update('jax_numpy_dtype_promotion', 'strict')
 
 settings.register_profile(
     'ci', derandomize=True, deadline=None, max_examples=10, print_blob=True,
@@ -57,6 +60,20 @@ settings.register_profile('dev', deadline=None, max_examples=50,
 settings.register_profile('mutation', parent=settings.get_profile('ci'),
                           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.load_profile(os.environ.get('PURAX_HYPOTHESIS_PROFILE', 'ci'))
+
+
+@pytest.fixture(autouse=True)
+def dtype_promotion(request):
+  """A test marked ``@pytest.mark.dtype_promotion('standard')`` runs under jax's
+  standard promotion: one whose mixed precision reaches code that assumes it
+  and that purax does not call (jax's ``dot_product_attention`` gradient,
+  flax's ``TrainState`` and optax called directly by the test)."""
+  marker = request.node.get_closest_marker('dtype_promotion')
+  if marker is None:
+    yield
+    return
+  with jax.numpy_dtype_promotion(*marker.args):
+    yield
 
 
 @pytest.fixture(scope='session')

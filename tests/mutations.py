@@ -92,15 +92,15 @@ MUTATIONS = [
      'dict(bounds).get(name, (0.0, np.inf))', 'tests/core/test_pbt.py'),
     # Issue 28.1/2/3/6: links, required integrity records, signals, restore_or_init.
     ('purax/io/checkpoint/manager.py', '      integrity.require_records(extra)\n', '',
-     'tests/io/test_checkpoint.py'),
+     'tests/io/checkpoint/test_manager.py'),
     ('purax/io/export.py', "  expect(isinstance(want, str), f'{signature_path} sha256'",
      "  if want is None:\n    return path, payload\n  expect(isinstance(want, str), "
      "f'{signature_path} sha256'", 'tests/io/test_export.py'),
     ('purax/io/checkpoint/manager.py', '    integrity.check_step(extra, step)\n', '',
-     'tests/io/test_checkpoint.py'),
+     'tests/io/checkpoint/test_manager.py'),
     ('purax/io/safe_files.py', 'os.O_NOFOLLOW | ', '', 'tests/io/test_safe_files.py'),
     ('purax/io/checkpoint/run.py', '  expect(not strangers,', '  expect(True,',
-     'tests/io/test_checkpoint_run.py'),
+     'tests/io/checkpoint/test_run.py'),
     ('purax/io/signals.py', '  _pending.append(int(signum))\n', '',
      'tests/faults/test_faults.py -k each_phase'),
     ('purax/app/runs.py', '    if not polled and stop():', '    if False:',
@@ -122,7 +122,7 @@ MUTATIONS = [
     ('purax/inspect/summary.py', '                      _shard_bytes(leaf)))',
      '                      _nbytes(leaf)))', 'tests/core/test_summary.py'),
     ('purax/io/checkpoint/policies.py', 'to_minimise(self.scores[c.step], self.rule.mode)',
-     "to_minimise(self.scores[c.step], 'max')", 'tests/io/test_checkpoint.py -k last_n'),
+     "to_minimise(self.scores[c.step], 'max')", 'tests/io/checkpoint/test_manager.py -k last_n'),
 ]
 
 

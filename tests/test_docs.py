@@ -343,7 +343,7 @@ def _export_digits_predict(directory):
 
 
 def test_every_purax_command_of_the_pages_parses_and_validates():
-  from tests.test_readme_commands import validate_commands
+  from tests.helpers_cli import validate_commands
   from purax.app import cli
   commands = []
   for page in PAGES:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from purax.app import cli
+from tests.helpers_cli import validate_commands
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
@@ -43,6 +44,7 @@ def test_load_predict_snippet_runs_as_written(tmp_path, monkeypatch):
   assert np.asarray(scope['logits']).shape == (5, 10)
 
 
+@pytest.mark.dtype_promotion('standard')   # the block as a reader runs it: jax's default
 def test_python_api_block_runs_as_written(capsys):
   """The README's own model and loss, trained as the block says: it learns."""
   (snippet,) = [b for b in python_blocks() if 'loss_function' in b]
@@ -100,27 +102,6 @@ def readme_commands(program: str) -> list[list[str]]:
       if words[:1] == [program]:
         commands.append(words[1:])
   return commands
-
-
-def validate_commands(commands: list[list[str]], where: str) -> set[str]:
-  """Each ``purax ...`` argv is accepted by the parser, and a train or sweep
-  config passes validation (flags, bounds, specs, cadences); returns the
-  subcommands seen."""
-  from purax.app.config import TrainConfig
-  from purax.app.sweep import SweepConfig
-  seen = set()
-  for argv in commands:
-    if '--help' in argv:
-      continue
-    argv = [a for a in argv if a != '--dry-run'] + (['--dry-run'] if '--dry-run' in argv else [])
-    command = cli.parse(argv)
-    seen.add(argv[0])
-    if isinstance(command, (TrainConfig, SweepConfig)):
-      try:
-        command.validate()
-      except Exception as e:    # the data file of an example (data.npz) is not here
-        raise AssertionError(f'{where}: purax {" ".join(argv)}: {e}') from e
-  return seen
 
 
 def test_every_purax_command_of_the_readme_parses_and_validates():

@@ -12,9 +12,18 @@ import optax
 from flax import struct
 
 
+def float32_or_wider(dtype) -> jnp.dtype:
+  """float32, or ``dtype`` if it is a wider float (float64 under x64, for
+  gradient checks): the dtype losses and statistics are computed in. Written
+  out, not ``jnp.promote_types``, which has no path from bfloat16 or float8 to
+  float32 under ``jax_numpy_dtype_promotion='strict'``."""
+  wider = jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits > 32
+  return jnp.dtype(dtype) if wider else jnp.dtype(jnp.float32)
+
+
 def at_least_float32(x: jax.Array) -> jax.Array:
-  """``x`` cast to float32, or kept if wider (float64 under x64, for gradient checks)."""
-  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  """``x`` cast to float32, or kept if wider (:func:`float32_or_wider`)."""
+  return x.astype(float32_or_wider(x.dtype))
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array,

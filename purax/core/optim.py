@@ -19,6 +19,7 @@ import optax
 
 from purax.core import bounds, loops
 from purax.core.errors import ConfigError, expect, expect_kind
+from purax.core.precision import standard_promotion
 
 
 def warmup_cosine(learning_rate, *, warmup_steps: int, total_steps: int):
@@ -29,9 +30,9 @@ def warmup_cosine(learning_rate, *, warmup_steps: int, total_steps: int):
   traced float32 array (optax's own builder branches on the peak in Python).
   Loshchilov & Hutter 2017, "SGDR" (cosine); Goyal et al. 2017 (warmup).
   """
-  unit = optax.warmup_cosine_decay_schedule(
+  unit = standard_promotion(optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=1.0, warmup_steps=warmup_steps,
-      decay_steps=max(total_steps, warmup_steps + 1), end_value=0.0)
+      decay_steps=max(total_steps, warmup_steps + 1), end_value=0.0))
   return lambda count: learning_rate * unit(count)
 
 
@@ -39,9 +40,9 @@ def warmup_constant(learning_rate, *, warmup_steps: int, total_steps: int = 0):
   """``step -> learning rate``: linear warmup from 0, then constant ``learning_rate`` (for
   schedule-free optimizers, which need no decay; ``total_steps`` unused)."""
   del total_steps
-  unit = (optax.constant_schedule(1.0) if warmup_steps == 0 else
-          optax.warmup_constant_schedule(init_value=0.0, peak_value=1.0,
-                                         warmup_steps=warmup_steps))
+  unit = standard_promotion(optax.constant_schedule(1.0) if warmup_steps == 0 else
+                            optax.warmup_constant_schedule(init_value=0.0, peak_value=1.0,
+                                                           warmup_steps=warmup_steps))
   return lambda count: learning_rate * unit(count)
 
 
@@ -291,7 +292,7 @@ def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
       rate = jnp.where(opt_state.count > 0, rate, 0.0)
     return rate.astype(jnp.float32)
 
-  return ScheduledTransformation(tx.init, tx.update, current)
+  return ScheduledTransformation(tx.init, standard_promotion(tx.update), current)
 
 
 def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 0,

@@ -28,7 +28,9 @@ properties are stated in float32); a run records the policy it resolved to
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -234,3 +236,19 @@ def get_policy(spec: str | Policy, platform_name: str | None = None) -> Policy:
          'float8 products are accumulated and returned in)',
          f'matmul=float8 with compute={jnp.dtype(policy.compute_dtype).name}', ConfigError)
   return policy
+
+
+def standard_promotion(fn: Callable) -> Callable:
+  """``fn`` run under jax's standard dtype promotion, which optax and jax's
+  own kernels assume: optax promotes its int32 ``count`` against floats
+  (``b1 ** count`` in adam's bias correction) and bfloat16 parameters against
+  float32 updates, ``jax.nn.dot_product_attention`` bfloat16 against its
+  float32 logits. purax's optimizers, schedules, the step's update and the
+  XLA attention run through it, so they also trace under
+  ``jax_numpy_dtype_promotion='strict'`` (the test suite's setting).
+  """
+  @functools.wraps(fn)
+  def promoted(*args, **kwargs):
+    with jax.numpy_dtype_promotion('standard'):
+      return fn(*args, **kwargs)
+  return promoted

@@ -59,7 +59,7 @@ import optax
 
 from purax.core import guards as guards_lib
 from purax.core import hparams as hparams_lib
-from purax.core import loops
+from purax.core import loops, losses, precision
 from purax.core import metrics as metrics_lib
 from purax.core import optim
 from purax.core.errors import ConfigError, DataError, expect
@@ -190,8 +190,7 @@ def gradients(loss_fn: LossFn, state: TrainState, batch, *, settings: Settings =
     zero_state = jax.tree.map(
         lambda x: jnp.zeros(x.shape, jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating)
                             else x.dtype), aux_shape['model_state'])
-    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype,
-                                                                               jnp.float32)),
+    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, losses.float32_or_wider(p.dtype)),
                               state.params)
     (grads, state_sum, metrics, weight), _ = loops.scan(
         body, (zero_grads, zero_state, zero_metrics, jnp.zeros((), jnp.float32)),
@@ -287,6 +286,7 @@ def step(loss_fn: LossFn, tx: optax.GradientTransformation, state: TrainState, b
       loss_fn, state, batch, settings=settings, axis_name=axis_name))
   fields = ('params', 'opt_state', 'model_state')
 
+  @precision.standard_promotion    # optax's promotions (an int32 count, bfloat16 params)
   def updated(state):
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     return optax.apply_updates(state.params, updates), opt_state, model_state

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from purax.core.precision import standard_promotion
 from purax.nn import fp8
 
 Implementation = Literal['xla', 'cudnn']
@@ -93,6 +94,7 @@ def attend(q, k, v, *, causal: bool, implementation: Implementation,
   return _xla_attention(q, k, v, is_causal=causal)
 
 
+@standard_promotion    # jax's kernel promotes bfloat16 against float32 logits
 def _xla_attention(q, k, v, **kwargs) -> jax.Array:
   """XLA's kernel; float16 is computed in float32 off the GPU (XLA's CPU dot has
   no float16 x float16 -> float32 form), output cast back to float16."""

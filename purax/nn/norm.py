@@ -30,6 +30,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from purax.core.losses import at_least_float32, float32_or_wider
+
 
 def masked_moments(x: jax.Array, mask: jax.Array | None = None,
                    axis_name: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -48,7 +50,7 @@ def masked_moments(x: jax.Array, mask: jax.Array | None = None,
     float32 ``count`` ``[]`` of values per feature they were computed from
     (0 when no row is real: then mean and var are 0, not NaN).
   """
-  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  x = at_least_float32(x)
   axes = tuple(range(x.ndim - 1))
   if mask is None:
     m = jnp.ones((1,) * x.ndim, x.dtype)
@@ -131,9 +133,12 @@ class BatchNorm(nn.Module):
                        self.param_dtype)
     bias = self.param('bias', self.bias_init or nn.initializers.zeros, (features,),
                       self.param_dtype)
-    ct = jnp.promote_types(x.dtype, jnp.float32)    # statistics' dtype
+    ct = float32_or_wider(x.dtype)    # statistics' dtype
     mul = jax.lax.rsqrt(var.astype(ct) + self.epsilon) * scale.astype(ct)
     shape = (1,) * (x.ndim - 1) + (features,)
     y = ((x.astype(ct) - jnp.reshape(mean.astype(ct), shape)) * jnp.reshape(mul, shape)
          + jnp.reshape(bias.astype(ct), shape))
-    return y.astype(self.dtype or jnp.promote_types(x.dtype, self.param_dtype))
+    if self.dtype is None:   # flax's rule for the output, asked for also under strict promotion
+      with jax.numpy_dtype_promotion('standard'):
+        return y.astype(jnp.promote_types(x.dtype, self.param_dtype))
+    return y.astype(self.dtype)

@@ -95,8 +95,9 @@ class LayerNorm(nn.LayerNorm):
   use_fast_variance: bool = True
 
   def __call__(self, x: jax.Array, *args, **kwargs) -> jax.Array:
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    return super().__call__(x - jax.lax.stop_gradient(x[..., :1]), *args, **kwargs)
+    x = losses.at_least_float32(x)
+    with jax.numpy_dtype_promotion('standard'):   # flax's, mixing its dtype and param_dtype
+      return super().__call__(x - jax.lax.stop_gradient(x[..., :1]), *args, **kwargs)
 
 
 def layer_norm(dtype, param_dtype, name=None) -> LayerNorm:

@@ -61,27 +61,6 @@ def test_each_bound_is_checked_once_for_train_sweep_and_pbt(row):
   assert row.contains(lo) and row.contains(hi)
 
 
-def test_a_model_row_is_all_the_cli_needs(tmp_path, monkeypatch):
-  import flax.linen as nn
-
-  class Tiny(nn.Module):
-    num_classes: int
-    dropout_rate: float = 0.0
-    dtype: object = None
-    param_dtype: object = None
-
-    @nn.compact
-    def __call__(self, x, train=False):
-      return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1))
-
-  monkeypatch.setitem(models.MODELS, 'tiny', models.ModelSpec(Tiny, 'a test model'))
-  final = runs.train(TrainConfig.of(model='tiny', steps=3, batch_size=8, eval_every=0,
-                                    workdir=str(tmp_path / 'r'), progress=False))
-  assert final['examples'] == 360
-  with pytest.raises(ConfigError, match=r'num_layers: expected unset for --model tiny'):
-    TrainConfig.of(model='tiny', num_layers=2).validate()
-
-
 def test_a_data_set_row_is_all_the_cli_needs(tmp_path, monkeypatch):
   rng = np.random.default_rng(0)
   arrays = purax.io.datasets.ArrayDataset(

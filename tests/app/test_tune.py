@@ -112,7 +112,7 @@ RESUMED = ['--model', 'mlp', '--dataset', 'digits', '--batch-size', '16', '--ste
 def test_tune_lr_stopped_by_sigint_resumes_with_the_same_command_bitwise(tmp_path):
   """SIGINT before the 5th step: exit 0 after a checkpoint at step 5; the same
   command resumes it to the lr_range.json of a straight run, bitwise."""
-  from tests.faults.test_signals_every_command import signal_at
+  from tests.helpers_signals import signal_at
   from tests.helpers_runs import purax
   straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
   done = purax('tune', 'lr', *RESUMED, '--workdir', straight)

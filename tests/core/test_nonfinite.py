@@ -14,8 +14,7 @@ from flax import nnx
 import purax
 from purax.inspect import nan as nonfinite
 from tests.helpers import with_hyperparam
-
-MARK = 50.0     # an example whose first feature exceeds it gets NaN from 'block'
+from tests.helpers_nonfinite import MARK, LinenNet
 
 
 def batch(marked=False, nan_input=False):
@@ -27,25 +26,6 @@ def batch(marked=False, nan_input=False):
   if nan_input:
     b['x'][1, 3] = np.nan
   return b
-
-
-class Poisoned(nn.Module):
-  """Finite inner layer, then NaN for marked examples: its own code makes it."""
-
-  @nn.compact
-  def __call__(self, h, x):
-    h = nn.Dense(8, name='inner')(h)
-    return jnp.where(x[:, :1] > MARK, jnp.nan, h)
-
-
-class LinenNet(nn.Module):
-  between: bool = False     # NaN made by this module's code between two calls
-
-  @nn.compact
-  def __call__(self, x):
-    h = Poisoned(name='block')(nn.Dense(8, name='encoder')(x), x) if not self.between else \
-        jnp.log(nn.Dense(8, name='encoder')(x) - 1e3)
-    return nn.Dense(3, name='head')(h)
 
 
 class NNXBlock(nnx.Module):

@@ -32,7 +32,7 @@ def supcon(z, batch, hparams):
   positive = (batch['y'][:, None] == batch['y'][None, :]) & ~self_mask
   log_prob = sim - jax.nn.logsumexp(sim, axis=1, keepdims=True)
   count = positive.sum(axis=1)
-  values = -jnp.where(positive, log_prob, 0.0).sum(axis=1) / jnp.maximum(count, 1)
+  values = -jnp.where(positive, log_prob, 0.0).sum(axis=1) / jnp.maximum(count, 1).astype(z.dtype)
   return values, (count > 0).astype(jnp.float32), {'positives': count.astype(jnp.float32)}
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import purax
 from purax.core import hparams as hparams_lib
-from purax.core import optim
+from purax.core import optim, precision
 
 
 def test_warmup_cosine_accepts_a_traced_peak():
@@ -111,7 +111,7 @@ def test_adamw_refuses_eps_zero_without_eps_root_and_the_update_it_would_spoil_i
   tx = optax.adam(1e-3, eps=0.0)                    # the update the refusal prevents
   params = {'w': jnp.ones(2)}
   grads = {'w': jnp.array([0.0, 1.0])}
-  updates, _ = tx.update(grads, tx.init(params), params)
+  updates, _ = precision.standard_promotion(tx.update)(grads, tx.init(params), params)
   assert np.isnan(np.asarray(updates['w'])[0])
   purax.adamw(total_steps=10, eps=0.0, eps_root=1e-16)   # eps_root keeps the root positive
 

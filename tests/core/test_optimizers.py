@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import purax
-from purax.core import optim, optimizers
+from purax.core import optim, optimizers, precision
 
 PARAMS = {'dense': {'kernel': jnp.full((3, 4), 2.0), 'bias': jnp.full((4,), 2.0)},
           'norm': {'scale': jnp.full((4,), 2.0)},
@@ -65,7 +65,7 @@ def test_adamw_without_a_mask_is_bitwise_the_adamw_purax_trained_with_before():
   assert jax.tree.structure(s1) == jax.tree.structure(s2)    # old checkpoints restore
   for _ in range(3):
     u1, s1 = jax.jit(ours.update)(grads, s1, PARAMS)
-    u2, s2 = jax.jit(theirs.update)(grads, s2, PARAMS)
+    u2, s2 = jax.jit(precision.standard_promotion(theirs.update))(grads, s2, PARAMS)
     for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
       np.testing.assert_array_equal(a, b)
 
@@ -87,7 +87,7 @@ def test_muon_is_optax_muon_with_its_hyperparameters_injected():
   assert sorted(s1.hyperparams) == ['b1', 'b2', 'clip_norm', 'eps', 'learning_rate',
                                     'momentum', 'weight_decay']
   u1, _ = jax.jit(ours.update)(grads, s1, params)
-  u2, _ = jax.jit(theirs.update)(grads, s2, params)
+  u2, _ = jax.jit(precision.standard_promotion(theirs.update))(grads, s2, params)
   for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

@@ -44,7 +44,8 @@ def test_with_the_options_off_the_step_is_the_program_it_was_before_them(kind):
                 '(regenerate them with tests/scripts/step_program.py at the commit they name)')
   with open(os.path.join(FIXTURES, f'step_program_{kind}.txt')) as f:
     recorded = f.read()
-  assert step_program.program(kind) == recorded
+  with jax.numpy_dtype_promotion('standard'):   # as the script printed them (not the suite's strict)
+    assert step_program.program(kind) == recorded
 
 
 def _batch(seed, scale=1.0):
@@ -151,24 +152,6 @@ def test_the_z_loss_adds_its_multiple_of_log_z_squared_to_each_token():
   np.testing.assert_array_equal(metrics['bits_per_byte'], plain_metrics['bits_per_byte'])
   softmax = np.exp(logits - log_z[..., None])
   np.testing.assert_allclose(grad, 2e-2 * log_z[..., None] * softmax, rtol=1e-5, atol=1e-7)
-
-
-def test_the_cli_options_make_the_guard_and_the_z_loss():
-  from purax.app.config import TrainConfig
-  from purax.app.job import build_task
-  config = TrainConfig.of(model='mlp', spike_k=6.0, spike_window=16).validate()
-  task = build_task(config, num_classes=10, input_shape=(8, 8, 1))
-  assert task.spike_guard == purax.SpikeGuard(window=16, k=6.0)
-  assert build_task(TrainConfig.of(model='mlp'), num_classes=10,
-                    input_shape=(8, 8, 1)).spike_guard is None
-  lm = TrainConfig.of(model='lm', dataset='pystdlib', z_loss=1e-4, d_model=8, num_layers=1,
-                      num_heads=2, seq_len=8).validate()
-  assert build_task(lm, num_classes=256, input_shape=(8,)).loss == \
-      objectives.language_model_loss(z_loss=1e-4)
-  with pytest.raises(ConfigError, match='z_loss: expected 0 unless the data is text'):
-    TrainConfig.of(model='mlp', z_loss=1e-4).validate()
-  with pytest.raises(ConfigError, match=r'spike_window: expected an integer in \[2, 2\*\*24'):
-    TrainConfig.of(spike_k=6.0, spike_window=1).validate()
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import purax
+from purax.core.precision import standard_promotion
 from purax.core.optimizers import schedule_free_eval_params
 from purax.io import datasets, pipeline
 
@@ -56,7 +57,8 @@ def test_schedule_free_adamw_on_digits_is_optaxs_reference_loop_evaluated_at_x(d
 
     @jax.jit
     def reference_step(params, opt_state, batch):
-      updates, opt_state = tx.update(jax.grad(loss)(params, batch), opt_state, params)
+      updates, opt_state = standard_promotion(tx.update)(jax.grad(loss)(params, batch), opt_state,
+                                                         params)
       return optax.apply_updates(params, updates), opt_state
 
     evaluated = {}

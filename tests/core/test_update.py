@@ -18,7 +18,6 @@ from purax.core import objectives, optim
 from purax.core.loss_scale import LossScale
 from purax.core.precision import get_policy
 from tests.helpers import assert_bitwise, tiny_batch, tiny_task, tree_equal, with_hyperparam
-from purax.app.models import get_model
 
 
 def mlp_task(**task_kwargs):
@@ -258,7 +257,7 @@ def test_a_run_with_skipped_steps_ends_at_its_last_step_and_resumes_there(tmp_pa
   from purax import loop
   from purax.io import pipeline
   from purax.io.checkpoint import Checkpointer
-  from purax.app.runs import abstract_checkpoint
+  from purax.io.checkpoint.run import abstract_checkpoint
   data = tiny_batch(n=32, shape=(6,), classes=5)
   train = pipeline.train_dataset(data['x'], data['y'], batch_size=8, seed=0, num_steps=8)
 
@@ -313,8 +312,8 @@ def test_remat_changes_memory_not_values(policy):
 
 
 def test_remat_with_dropout_in_the_transformer_encoder():
-  model = get_model('transformer', num_classes=10, d_model=16, num_layers=2, num_heads=2,
-                        dropout_rate=0.3)
+  model = pnn.TransformerEncoder(num_classes=10, d_model=16, num_layers=2, num_heads=2,
+                                 dropout_rate=0.3)
   batch = {'x': np.random.default_rng(0).normal(size=(4, 8, 8)).astype(np.float32),
            'y': np.arange(4, dtype=np.int32)}
   plain = purax.Task(model=model, tx=purax.adamw(total_steps=1))

@@ -11,6 +11,7 @@ import pytest
 
 import purax
 from purax.core import update
+from purax.core.precision import standard_promotion
 from tests.helpers import tiny_batch
 
 
@@ -75,7 +76,8 @@ def test_reduce_on_plateau_scales_the_updates_down_after_a_plateau():
     losses.append(metrics['loss'].total / metrics['loss'].count)
   assert scales[:5] == [1.0] * 5 and scales[-1] < 1.0, scales
   plateau = optax.contrib.reduce_on_plateau(factor=0.5, patience=2)
-  update = jax.jit(lambda s, value: plateau.update(state.params, s, value=value)[1])
+  update = jax.jit(lambda s, value: standard_promotion(plateau.update)(state.params, s,
+                                                                       value=value)[1])
   opt_state, expected = plateau.init(state.params), []
   for value in losses:
     opt_state = update(opt_state, value)

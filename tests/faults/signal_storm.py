@@ -23,13 +23,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from tests.faults.test_signals_every_command import CRASH, SWEEP, TINY, TUNE  # noqa: E402
+from tests.helpers_signals import CRASH, SWEEP, TINY, TUNE  # noqa: E402
 from tests.helpers_runs import ENV  # noqa: E402
 
 
 def prepare(d):
   """The runs the commands read (as the suite's fixture builds them)."""
-  code = ('import sys, pathlib; from tests.faults import test_signals_every_command as t; '
+  code = ('import sys, pathlib; from tests import helpers_signals as t; '
           't.make_runs(pathlib.Path(sys.argv[1]))')
   subprocess.run([sys.executable, '-c', code, d], cwd=ROOT, env=ENV, check=True,
                  capture_output=True)

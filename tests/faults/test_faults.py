@@ -2,7 +2,7 @@
 end to end through the command line in fresh processes, with its right value.
 
 The corrupt-checkpoint kinds are one parameterized test in
-tests/io/test_checkpoint.py; here the run that meets one finishes.
+tests/io/checkpoint/test_manager.py; here the run that meets one finishes.
 """
 
 import errno

@@ -11,7 +11,7 @@ import pytest
 import purax
 from purax.core import metrics as metrics_lib
 from purax.io.checkpoint import replay
-from tests.core.test_nonfinite import MARK, LinenNet
+from tests.helpers_nonfinite import MARK, LinenNet
 
 TASK = purax.Task(model=LinenNet(), tx=purax.adamw(learning_rate=1e-2, total_steps=8))
 

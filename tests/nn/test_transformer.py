@@ -296,6 +296,7 @@ def test_bad_configurations_and_inputs_name_the_field():
              temperature=-1.0)
 
 
+@pytest.mark.dtype_promotion('standard')   # jax's attention gradient mixes bfloat16 and float32
 def test_an_unavailable_cudnn_kernel_falls_back_to_xla_only_when_chosen_automatically():
   from purax.nn.attention import attend
   q = jax.random.normal(jax.random.key(0), (1, 8, 2, 16), jnp.bfloat16)
@@ -329,6 +330,7 @@ def pretend_cudnn(monkeypatch):
                       lambda dtype, head_dim, **kw: choose(dtype, head_dim, backend='gpu', **kw))
 
 
+@pytest.mark.dtype_promotion('standard')   # jax's attention gradient mixes bfloat16 and float32
 @pytest.mark.parametrize('remat, scan_layers', [('none', True), ('full', True), ('none', None)])
 def test_default_bf16_lm_step_lowers_to_cudnn_attention_on_a_gpu(pretend_cudnn, remat,
                                                                    scan_layers):

@@ -1,51 +1,16 @@
-"""purax.testing: the strategies draw what they promise, and the assertions
-fail, naming the leaf, when a step is not the single-device step."""
+"""purax.testing.asserts: the assertions fail, naming the leaf, when a step
+is not the single-device step (the strategies: test_strategies.py)."""
 
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
 
 import purax
 from purax import parallel, testing
 from tests.helpers import compilations
-
-
-@given(sizes=testing.mesh_shapes(num_devices=8))
-def test_mesh_shapes_use_a_divisor_of_the_devices(sizes):
-  total = np.prod(list(sizes.values()))
-  assert set(sizes) == set(parallel.AXES) and 8 % total == 0
-
-
-@given(sizes=testing.mesh_shapes(num_devices=8, axes=('fsdp',)))
-def test_mesh_shapes_restricted_axes(sizes):
-  assert sizes['data'] == sizes['tensor'] == 1
-
-
-@given(mesh=testing.meshes(), data=st.data())
-def test_batch_sizes_divide_over_the_batch_axes(mesh, data):
-  b = data.draw(testing.batch_sizes(mesh))
-  assert b % (mesh.shape['data'] * mesh.shape['fsdp']) == 0
-  b = data.draw(testing.batch_sizes(mesh, candidates=(8, 16)))
-  assert b in (8, 16)
-
-
-@given(batches=testing.classification_batches(6, (3, 2), 5, steps=2, weighted=True))
-def test_classification_batches(batches):
-  assert len(batches) == 2
-  b = batches[0]
-  assert b['x'].shape == (6, 3, 2) and b['x'].dtype == np.float32
-  assert b['y'].dtype == np.int32 and b['y'].min() >= 0 and b['y'].max() < 5
-  assert set(np.unique(b['weight'])) <= {0.0, 1.0} and b['weight'].sum() > 0
-
-
-@given(tree=testing.small_pytrees())
-def test_small_pytrees(tree):
-  assert 1 <= len(tree) <= 4
-  for x in tree.values():
-    assert x.dtype == np.float32 and x.ndim <= 2 and all(d <= 8 for d in x.shape)
 
 
 @settings(max_examples=5)
@@ -154,6 +119,7 @@ def test_assert_trees_close_handles_keys_bf16_ints_bools_and_none():
     testing.assert_trees_close(other_impl, _mixed_tree(), tol)
 
 
+@pytest.mark.dtype_promotion('standard')   # flax's TrainState and optax, called here directly
 def test_assert_same_training_takes_a_flax_train_state_step():
   from flax.training import train_state
   import optax

@@ -1,5 +1,6 @@
-"""io.checkpoint: strict restore, keep-last/best, skipping unreadable checkpoints,
-failing saves that leave earlier checkpoints intact."""
+"""purax.io.checkpoint.manager (the Checkpointer): strict restore,
+keep-last/best, skipping unreadable checkpoints, failing saves that leave
+earlier checkpoints intact."""
 
 import contextlib
 import errno
@@ -7,6 +8,7 @@ import gc
 import glob
 import logging
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -15,13 +17,10 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 import purax
-from purax.io.checkpoint import integrity, manager
-from purax.io.checkpoint import (Checkpointer, CheckpointError, CheckpointMismatchError,
-                                 fingerprints)
+from purax.io.checkpoint import manager
+from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from tests.helpers import compilations, tiny_batch, tiny_task, tree_equal
 from tests.helpers_checkpoint import CORRUPTIONS, HARMLESS, tmpfs
 
@@ -267,44 +266,6 @@ def test_a_bfloat16_checkpoint_into_a_float32_target_is_refused_never_cast(tmp_p
     assert ckpt.steps() == [1]     # a mismatch is not unreadable: nothing skipped or moved
 
 
-def test_fingerprints_see_one_bit_and_not_the_sharding():
-  x = np.arange(64, dtype=np.float32).reshape(8, 8)
-  flipped = x.view(np.uint32).copy()
-  flipped[3, 5] ^= 1
-  mesh = jax.make_mesh((8,), ('data',))
-  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
-      'data')))
-  tree = {'x': x, 'h': x.astype(jax.numpy.bfloat16), 'b': x > 3, 'k': jax.random.key(1)}
-  base = fingerprints(tree)
-  assert fingerprints({**tree, 'x': sharded}) == base
-  assert fingerprints({**tree, 'x': flipped.view(np.float32)})[3] != base[3]
-  assert fingerprints({**tree, 'x': x.T.copy()})[3] != base[3]     # positions count
-  assert len(set(base)) == len(base)
-
-
-@given(dtype=st.sampled_from(sorted(integrity._HOST_DTYPES, key=str)),
-       shape=st.sampled_from([(), (0,), (7,), (3, 5)]), seed=st.integers(0, 2 ** 16))
-def test_the_host_fingerprint_is_the_device_fingerprint_bit_for_bit(dtype, shape, seed):
-  # Any bits, NaN payloads and negative zeros included.
-  raw = np.random.default_rng(seed).integers(0, 256, (int(np.prod(shape)), dtype.itemsize),
-                                             dtype=np.uint8)
-  x = raw.view(dtype)[:, 0].reshape(shape)
-  device = jax.device_get(integrity._fingerprints_on_device([x]))[0]
-  np.testing.assert_array_equal(integrity._host_fingerprint(x), device)
-
-
-def test_large_and_bool_leaves_are_fingerprinted_on_the_device_and_agree_with_numpy():
-  x = np.random.default_rng(0).standard_normal((640, 512)).astype(np.float32)   # 1.25 MiB
-  assert x.nbytes > integrity.HOST_LEAF_BYTES
-  flags = np.array([True, False, True])
-  for leaf in (x, jax.device_put(x), flags, jax.device_put(flags)):
-    assert not integrity._on_host(leaf)
-  small = jax.device_put(x[:8])
-  assert integrity._on_host(small) and integrity._on_host(x[:8])
-  by_numpy = [integrity._host_fingerprint(a) for a in (x, x[:8], flags.view(np.uint8))]
-  assert fingerprints([x, small, flags]) == [f'{int(a):08x}{int(b):08x}' for a, b in by_numpy]
-
-
 def test_saving_a_small_state_compiles_nothing_and_stores_host_copies(tmp_path, monkeypatch):
   # Shapes no other test uses, so no program is in jit's cache already.
   state = {'w': jax.numpy.ones((13, 11)), 'n': jax.numpy.int32(3), 'k': jax.random.key(5)}
@@ -390,7 +351,7 @@ with Checkpointer(directory, keep_last=1, keep_best=1) as ckpt:
 def test_keep_best_decisions_survive_a_restart_in_a_fresh_process(tmp_path):
   """Issue 14.3: saves 1..3, then a new process (a resumed run) saves 4..6."""
   env = dict(os.environ, XLA_FLAGS=os.environ.get('PURAX_TEST_CHILD_XLA_FLAGS', ''))
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  root = str(pathlib.Path(__file__).resolve().parents[3])    # the repository
   env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
   for first, last, kept in [(1, 3, '[2, 3]'), (4, 6, '[2, 6]')]:
     done = subprocess.run([sys.executable, '-c', KEEP_BEST_SCRIPT, str(tmp_path), str(first),

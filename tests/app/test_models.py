@@ -1,4 +1,5 @@
-"""Every model: output shape, compute dtype vs storage dtype, 1-D and 2-D inputs."""
+"""purax.app.models, the model table: every model's output shape, compute
+dtype vs storage dtype, 1-D and 2-D inputs; one row is all the CLI needs."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +7,10 @@ import pytest
 
 import purax
 from purax import nn as pnn
+from purax.app import models, runs
+from purax.app.config import TrainConfig
 from purax.app.models import check_input_shape, get_model
+from purax.core.errors import ConfigError
 
 SHAPES = {'mlp': [(2, 5), (2, 8, 8, 1)], 'cnn': [(2, 40, 1), (2, 8, 8, 1)],
           'resnet': [(2, 40, 1), (2, 8, 8, 1)]}
@@ -32,3 +36,24 @@ def test_unknown_model_and_wrong_input_rank():
   with pytest.raises(purax.DataError, match=r'x.shape: expected \[batch, length, channels\]'):
     check_input_shape(pnn.CNN(num_classes=2), (4, 64))
   check_input_shape(pnn.MLP(num_classes=2), (4, 64))
+
+
+def test_a_model_row_is_all_the_cli_needs(tmp_path, monkeypatch):
+  import flax.linen as nn
+
+  class Tiny(nn.Module):
+    num_classes: int
+    dropout_rate: float = 0.0
+    dtype: object = None
+    param_dtype: object = None
+
+    @nn.compact
+    def __call__(self, x, train=False):
+      return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1))
+
+  monkeypatch.setitem(models.MODELS, 'tiny', models.ModelSpec(Tiny, 'a test model'))
+  final = runs.train(TrainConfig.of(model='tiny', steps=3, batch_size=8, eval_every=0,
+                                    workdir=str(tmp_path / 'r'), progress=False))
+  assert final['examples'] == 360
+  with pytest.raises(ConfigError, match=r'num_layers: expected unset for --model tiny'):
+    TrainConfig.of(model='tiny', num_layers=2).validate()
