@@ -119,7 +119,7 @@ def citations(text: str) -> tuple[list[str], list[dict]]:
 
 #: Run in a child process: resolves each check, prints the failures as JSON.
 RESOLVE = r'''
-import ast, importlib, inspect, json, sys, warnings
+import ast, importlib, importlib.util, inspect, json, sys, warnings
 warnings.simplefilter('ignore')
 checks = json.load(sys.stdin)
 
@@ -146,6 +146,10 @@ def within(obj, dotted):
   return obj
 
 def resolve(dotted):
+  if dotted.endswith('__main__'):   # an entry point runs when imported: found, not run
+    if importlib.util.find_spec(dotted) is None:
+      raise ImportError(dotted)
+    return None
   parts = dotted.split('.')
   for i in range(len(parts), 0, -1):
     try:
@@ -166,6 +170,8 @@ def parameters(obj):
   return {p.name for p in found}
 
 def member(obj, attr):
+  if attr == '__main__' and inspect.ismodule(obj):   # found, not run (see resolve)
+    return resolve(f'{obj.__name__}.__main__')
   # an attribute, or a field of a dataclass (a pytree's fields have no class attribute)
   if attr in getattr(obj, '__dataclass_fields__', {}):
     return obj.__dataclass_fields__[attr]

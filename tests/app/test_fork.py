@@ -72,7 +72,7 @@ def test_a_fork_from_an_older_kept_step_branches_there(runs):
 
 
 def test_a_fork_killed_by_sigkill_resumes_with_the_same_command_bitwise(runs):
-  from tests.faults.test_signals_every_command import signal_at
+  from tests.helpers_signals import signal_at
   killed = runs / 'killed'
   args = ['sweep', '--from', runs / 'parent', *FORK, '--workdir', killed]
   # Before the 17th call (step 27): checkpoints every 5 steps, 20 committed by then
@@ -117,7 +117,7 @@ def test_a_fork_resumed_after_its_parent_trained_on_branches_from_the_recorded_s
   """Killed before its first checkpoint, while the parent goes on (a newer
   newest checkpoint): the same ``--from RUN`` resumes from the step it recorded,
   and ends bitwise as the straight fork; a checkpoint replaced is refused."""
-  from tests.faults.test_signals_every_command import signal_at
+  from tests.helpers_signals import signal_at
   parent, fork = runs / 'moving', runs / 'moving-fork'
   shutil.copytree(runs / 'parent', parent)
   args = ['sweep', '--from', parent, *FORK, '--workdir', fork]
