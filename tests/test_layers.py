@@ -36,11 +36,12 @@ def top_level_names(path: pathlib.Path) -> set[str]:
 
 def lazy_paths(path: pathlib.Path) -> list[str]:
   """The import paths in ``path``: every ``'purax.x.y:NAME'`` string, and the
-  argument of each ``lazy.module(...)`` / ``lazy.resolve(...)`` call."""
+  arguments of each ``lazy.module(...)`` / ``lazy.modules(...)`` / ``lazy.resolve(...)`` call."""
   found = []
   for node in ast.walk(ast.parse(path.read_text())):
-    if isinstance(node, ast.Call) and getattr(node.func, 'attr', None) in ('module', 'resolve'):
-      found += [a.value for a in node.args[:1] if isinstance(a, ast.Constant)
+    if isinstance(node, ast.Call) and getattr(node.func, 'attr', None) in ('module', 'modules',
+                                                                          'resolve'):
+      found += [a.value for a in node.args if isinstance(a, ast.Constant)
                 and isinstance(a.value, str) and a.value.startswith('purax')]
     elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
           and ':' in node.value and IMPORT_PATH.fullmatch(node.value)):

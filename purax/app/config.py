@@ -319,6 +319,16 @@ class Sections:
             if fields.changes_computation(f)}
 
 
+def default_workdir(kind: str, dataset: str, model: str) -> str:
+  """The run directory of a command run without ``--workdir``:
+  ``runs/[KIND-]DATASET-MODEL-YYYYmmdd-HHMMSS`` (``kind``: ``''`` for train,
+  ``'sweep'``, ``'lr'``), the names with ``:`` and ``/`` replaced by ``_``."""
+  parts = [kind] if kind else []
+  parts += [dataset.replace(':', '_').replace('/', '_'), model.replace(':', '_').replace('/', '_'),
+            time.strftime('%Y%m%d-%H%M%S')]
+  return os.path.join('runs', '-'.join(parts))
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Sections):
   """A training run: ``purax train``."""
@@ -396,10 +406,8 @@ class TrainConfig(Sections):
     config = self.saved_form()
     if config.run.workdir:
       return config
-    name = self.data.name.replace(':', '_').replace('/', '_')
-    model = config.model.name.replace(':', '_')
-    workdir = os.path.join('runs', f"{name}-{model}-{time.strftime('%Y%m%d-%H%M%S')}")
-    return dataclasses.replace(config, run=dataclasses.replace(config.run, workdir=workdir))
+    return dataclasses.replace(config, run=dataclasses.replace(
+        config.run, workdir=default_workdir('', self.data.name, config.model.name)))
 
   def saved_form(self) -> 'TrainConfig':
     """The fields as ``config.json`` records them: model sizes resolved to the

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 
-from purax.app.rundir import LOCK_NAME, WorkdirLock, leave_as_found
+from purax.app.rundir import LOCK_NAME, LockedDirectory, WorkdirLock, leave_as_found
 from purax.core.errors import ConfigError, expect
+from purax.io import signals
 from purax.io.safe_files import open_file, write_atomic
 
 #: Options that change nothing a sweep or a range test computes or writes.
 UNCHECKED = ('progress', 'workdir', 'checkpoint_every', 'time_budget', 'baseline')
 
 
-class JobDir:
+class JobDir(LockedDirectory):
   """``with JobDir(workdir, 'sweep', config.flat()) as d:``: checks and locks
   ``workdir``; ``d.resuming`` says it holds this job to continue. ``kind``
   names the config file (``KIND_config.json``), ``what`` the job in messages,
@@ -51,15 +54,6 @@ class JobDir:
     except BaseException:
       self.close(failed=False)
       raise
-
-  def __enter__(self) -> 'JobDir':
-    return self
-
-  def __exit__(self, kind, error, tb) -> None:
-    self.close(failed=kind is not None)
-
-  def file(self, name: str) -> str:
-    return os.path.join(self.path, name)
 
   def _check(self) -> bool:
     names = set(os.listdir(self.path)) - {LOCK_NAME}
@@ -117,3 +111,15 @@ class JobDir:
 def _jsonable(value):
   """``value`` as JSON reads it back (tuples as lists)."""
   return json.loads(json.dumps(value))
+
+
+def finished(summary: dict, stop, what: str) -> dict:
+  """A finished sweep's or range test's ``summary``; a signal that arrived as
+  it finished (``stop``: its :class:`purax.io.signals.StopOnSignal`) is said,
+  with ``what`` was written, and kept as ``'stopped_by'``, which the command
+  answers with the signal's exit status."""
+  if not stop():
+    return summary
+  print(f'purax: {stop.received} arrived as the {what} is written '
+        f'(exit status {signals.status(signal.Signals[stop.received])})', file=sys.stderr)
+  return {**summary, 'stopped_by': stop.received}

@@ -50,11 +50,9 @@ from purax.core import lazy
 from purax.core.errors import ConfigError, expect
 
 # Used by the methods, not by the definitions (the parser reads those): imported on use.
-model_lib = lazy.module('purax.core.model')
-nnx = lazy.module('flax.nnx')
-precision_lib = lazy.module('purax.core.precision')
-remat_lib = lazy.module('purax.nn.remat')
-transformer_lib = lazy.module('purax.nn.transformer')
+model_lib, nnx, precision_lib, remat_lib, transformer_lib = lazy.modules(
+    'purax.core.model', 'flax.nnx', 'purax.core.precision', 'purax.nn.remat',
+    'purax.nn.transformer')
 
 
 @dataclasses.dataclass(frozen=True)

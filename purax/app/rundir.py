@@ -146,7 +146,29 @@ def decide_on_primary(decide) -> int:
   return answer
 
 
-class RunDir:
+class LockedDirectory:
+  """What a run directory (:class:`RunDir`) and a sweep's or range test's
+  (:class:`purax.app.jobdir.JobDir`) share: ``with`` closes it (``failed``
+  when the block raised), and :meth:`file` names a file in it. A subclass
+  sets ``path`` and defines ``close(*, failed)``."""
+
+  path: str
+
+  def close(self, *, failed: bool) -> None:
+    raise NotImplementedError
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, error, tb) -> None:
+    self.close(failed=kind is not None)
+
+  def file(self, name: str) -> str:
+    """The path of ``name`` in the directory."""
+    return os.path.join(self.path, name)
+
+
+class RunDir(LockedDirectory):
   """The directory of one run, from the first check to the last file.
 
   Its life in ``purax train``: ``with RunDir(config) as rundir:`` checks (and
@@ -174,15 +196,6 @@ class RunDir:
     except BaseException:
       self.close(failed=False)     # the lock is released; nothing was written
       raise
-
-  def __enter__(self) -> 'RunDir':
-    return self
-
-  def __exit__(self, kind, error, tb) -> None:
-    self.close(failed=kind is not None)
-
-  def file(self, name: str) -> str:
-    return os.path.join(self.path, name)
 
   def saved_config(self) -> TrainConfig | None:
     return read_config(self.path) if self.resuming else None

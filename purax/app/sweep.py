@@ -214,11 +214,8 @@ def run(config: SweepConfig) -> dict:
     if budget is not None:
       verdict_lib.write(jobdir.file(verdict_lib.VERDICT), verdict_lib.of_sweep(
           config, history.end, summary, budget, compile_s=compile_time.seconds()))
-  if stop():     # after the last step: the sweep was finished, and is written
-    print(f'purax: {stop.received} arrived as the sweep finished; its report is written '
-          f'(exit status {signals.status(signal.Signals[stop.received])})', file=sys.stderr)
-    return {**summary, 'stopped_by': stop.received}   # still answered by its status
-  return summary
+  # After the last step: the sweep was finished, and is written.
+  return jobdir_lib.finished(summary, stop, 'sweep finished; its report')
 
 
 #: Seconds a ``--time-budget`` keeps for the report after training (sweep.json,

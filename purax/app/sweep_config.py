@@ -7,8 +7,6 @@ a search spec, plus the population's own. What a sweep runs is
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 from typing import Annotated, Any, Literal, Mapping
 
 import tyro
@@ -22,10 +20,8 @@ from purax.core import lazy
 from purax.core.errors import ConfigError, expect
 
 # The ranking rule and the population's bound, used by the methods: imported on use.
-metrics_lib = lazy.module('purax.core.metrics')
-pop_lib = lazy.module('purax.core.population')
-search = lazy.module('purax.app.search')
-config_lib = lazy.module('purax.app.config')
+metrics_lib, pop_lib, search, config_lib = lazy.modules(
+    'purax.core.metrics', 'purax.core.population', 'purax.app.search', 'purax.app.config')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +196,5 @@ class SweepConfig(Sections):
   def resolved(self) -> 'SweepConfig':
     if self.run.workdir:
       return self
-    name = self.data.name.replace(':', '_').replace('/', '_')
-    workdir = os.path.join('runs', f"sweep-{name}-{self.model.name.replace(':', '_')}-"
-                           f"{time.strftime('%Y%m%d-%H%M%S')}")
-    return dataclasses.replace(self, run=dataclasses.replace(self.run, workdir=workdir))
+    return dataclasses.replace(self, run=dataclasses.replace(
+        self.run, workdir=config_lib.default_workdir('sweep', self.data.name, self.model.name)))

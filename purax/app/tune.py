@@ -156,11 +156,8 @@ def run(config: RangeConfig) -> dict:
     shutil.rmtree(jobdir.file('checkpoints'), ignore_errors=True)
   print(f'purax: learning-rate range test in {workdir}: suggested --learning-rate '
         f'{result.suggestion:.3g} ({result.rule}); {path}', file=sys.stderr)
-  if stop():     # after the last step: the test was finished, and is written
-    print(f'purax: {stop.received} arrived as the range test finished; its result is written '
-          f'(exit status {signals.status(signal.Signals[stop.received])})', file=sys.stderr)
-    return {**summary, 'stopped_by': stop.received}   # still answered by its status
-  return summary
+  # After the last step: the test was finished, and is written.
+  return jobdir_lib.finished(summary, stop, 'range test finished; its result')
 
 
 #: Seconds a ``--time-budget`` keeps, besides its tail (the process's exit),

@@ -6,8 +6,6 @@ this module imports no jax (``purax tune lr --help``).
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 from typing import Literal
 
 from purax.app.config import RunConfig, Sections, TrainConfig
@@ -20,10 +18,9 @@ from purax.core.strategies import STRATEGIES
 from purax.tune.lr_rules import DEFAULT_RULE, MIN_STEPS, RULES
 
 # The grid's check and the population's bound, used by validate(): imported on use.
-lr_range = lazy.module('purax.tune.lr_range')
-pop_lib = lazy.module('purax.core.population')
-config_lib = lazy.module('purax.app.config')
-budget_hook = lazy.module('purax.hooks.time_budget')
+lr_range, pop_lib, config_lib, budget_hook = lazy.modules(
+    'purax.tune.lr_range', 'purax.core.population', 'purax.app.config',
+    'purax.hooks.time_budget')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +107,5 @@ class RangeConfig(Sections):
   def resolved(self) -> 'RangeConfig':
     if self.run.workdir:
       return self
-    name = self.data.name.replace(':', '_').replace('/', '_')
-    model = self.model.name.replace(':', '_')
-    workdir = os.path.join('runs', f"lr-{name}-{model}-{time.strftime('%Y%m%d-%H%M%S')}")
-    return dataclasses.replace(self, run=dataclasses.replace(self.run, workdir=workdir))
+    return dataclasses.replace(self, run=dataclasses.replace(
+        self.run, workdir=config_lib.default_workdir('lr', self.data.name, self.model.name)))

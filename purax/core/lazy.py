@@ -160,6 +160,12 @@ def module(name: str) -> Any:
   return _Module(name)
 
 
+def modules(*names: str) -> tuple[Any, ...]:
+  """:func:`module` of each name, in order: ``metrics_lib, pop_lib =
+  lazy.modules('purax.core.metrics', 'purax.core.population')``."""
+  return tuple(_Module(name) for name in names)
+
+
 def attach(package: str, names: Mapping[str, str], deprecated: Mapping[str, tuple] = {}
            ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
   """``__getattr__`` and ``__dir__`` for a package whose public names are

@@ -5,16 +5,14 @@ metrics windows: :func:`zero_train_metrics`, :func:`zero_eval_metrics`). The
 pure functions (``init``, ``step``, ``evaluate``, how members share the
 machine) are :mod:`purax.core.population`'s.
 
-Example:
-  >>> from purax.core import population
-  >>> from purax.plan import members
+Example (four learning rates, one compiled step for all):
   >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
   ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
-  >>> keys = jax.vmap(jax.random.key)(jnp.arange(4))
-  >>> hparams = {'learning_rate': jnp.array([1e-4, 3e-4, 1e-3, 3e-3])}
-  >>> pop = population.init(task, keys, hparams, batch)
-  >>> zeros = members.zero_train_metrics(task, pop, batch)
-  >>> pop, metrics = members.train_step(task, pop, zeros, batch)
+  >>> pop = purax.core.population.init(
+  ...     task, jax.random.split(jax.random.key(0), 4),
+  ...     {'learning_rate': jnp.geomspace(1e-4, 3e-3, 4)}, batch)
+  >>> pop, metrics = purax.plan.members.train_step(
+  ...     task, pop, purax.plan.members.zero_train_metrics(task, pop, batch), batch)
   >>> purax.metrics.compute(metrics)['loss'].shape     # one loss per member
   (4,)
 """

@@ -18,8 +18,8 @@ _PUBLIC = {
     'lr_range_test': 'purax.tune.lr_range:lr_range_test',
     'suggest': 'purax.tune.lr_range:suggest',
 }
-__getattr__, __dir__ = _lazy.attach(__name__, _PUBLIC)
-#: The public names (each bound on first use).
+#: The public names, each bound on first use (:func:`purax.core.lazy.attach`).
 __all__ = sorted(_PUBLIC)
+__getattr__, __dir__ = _lazy.attach(__name__, _PUBLIC)
 # Renamed in 0.3 (no two modules of one file name): the old import path still works.
 _lazy.moved('purax.tune.rules', 'purax.tune.lr_rules')

@@ -75,7 +75,8 @@ def test_a_tampered_config_json_is_a_named_error(text, match):
     ('weight_decay', 5.0, r'weight_decay: expected a finite value in \[0, 1\], got 5.0'),
     ('loss_scale', float('inf'), r'loss_scale: expected in \[1, 2\*\*24\], got inf'),
     ('loss_scale', 2.0 ** 40, r'loss_scale: expected in \[1, 2\*\*24\]'),
-    ('clip_norm', 0.0, r'clip_norm: expected a finite value in \(0, inf\), got 0.0'),
+    ('clip_norm', 0.0, r'clip_norm: expected a finite value in \(0, inf\) \(gradients are rescaled '
+                       r'to at most this norm: 0 would zero them\), got 0.0'),
     ('b2', 1.0, r'b2: expected a finite value in \[0, 1\), got 1.0'),
     ('d_model', 64, r"d_model: expected unset for --model cnn \(its options: dropout_rate\)"),
 ])
