@@ -52,7 +52,8 @@ Provided: the loop's own (:class:`Log`, :class:`Evaluate`,
 :class:`NonFiniteReplay`, :class:`NonFiniteStreak`, :class:`Stop`, :class:`Checkpoint`,
 :class:`Progress`, :class:`Profile`; :func:`standard` builds them) and the
 library (:class:`EarlyStopping`, :class:`PopulationEarlyStopping`,
-:class:`PBT`, :class:`EMA`, :class:`Histograms`, :class:`TimeBudget`).
+:class:`PBT`, :class:`EMA`, :class:`Histograms`, :class:`TimeBudget`,
+:class:`SpikeRollback`).
 
 Your own hook is a plain class. This one writes the global parameter norm
 every 10 steps and ends the run when the training loss falls below a
@@ -112,6 +113,7 @@ from purax.hooks.loop import due as due
 from purax.hooks.loop import next_due as next_due
 from purax.hooks.nonfinite import NonFiniteReplay as NonFiniteReplay
 from purax.hooks.record import STATUSES as STATUSES
+from purax.hooks.rollback import SpikeRollback as SpikeRollback
 from purax.hooks.record import End as End
 from purax.hooks.record import Output as Output
 from purax.hooks.record import StepInfo as StepInfo
@@ -142,6 +144,7 @@ __all__ = [
     'Profile',
     'Progress',
     'STATUSES',
+    'SpikeRollback',
     'StepInfo',
     'Stop',
     'TimeBudget',
