@@ -4,6 +4,7 @@ across the rollback end bitwise equal."""
 
 import itertools
 import json
+import os
 
 import jax
 import numpy as np
@@ -159,3 +160,58 @@ def test_the_event_is_in_the_checkpoint(tmp_path):
   assert extra['data']['offset'] == 10
   assert [e['step'] for e in extra['hooks']['spike_rollback']['events']] == [30]
   json.dumps(extra)
+
+
+CLI = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', '10',
+       '--checkpoint-every', '10', '--no-progress', '--spike-k', '6', '--spike-window', '16',
+       '--spike-rollback', '10']
+
+
+def spiked_train(workdir, kill_after=0):
+  """``purax train`` with batch 25 scaled by 1e3, killed after ``kill_after`` calls."""
+  import subprocess
+  import sys
+  from tests import helpers_runs
+  return subprocess.run([sys.executable, '-m', 'tests.scripts.spike_rollback_train',
+                         str(SPIKE_AT), str(kill_after), 'train', '--workdir', str(workdir),
+                         *CLI], cwd=helpers_runs.ROOT, env=helpers_runs.ENV,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_cli_rollback_rerun_and_sigkill_resume_are_bitwise_equal(tmp_path):
+  from tests import helpers_runs
+  runs = {}
+  for name, kill_after in (('first', 0), ('rerun', 0), ('killed', 45)):
+    done = spiked_train(tmp_path / name, kill_after)
+    if kill_after:      # killed at step 35 of the replay: resumed from its step-30 checkpoint
+      assert done.returncode == -9, done.stderr[-2000:]
+      done = spiked_train(tmp_path / name)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs[name] = helpers_runs.final_tree(tmp_path / name)
+  for name in ('rerun', 'killed'):
+    for x, y in zip(jax.tree.leaves(runs['first'][0]), jax.tree.leaves(runs[name][0]),
+                    strict=True):
+      np.testing.assert_array_equal(x, y)
+    assert runs[name][1]['data'] == runs['first'][1]['data'] == {
+        'next_step': 40, 'offset': 10, 'batch_size': 32}
+  logs = {name: helpers_runs.logged(tmp_path / name) for name in runs}
+  events = [r for r in logs['first'] if 'rollback/from_step' in r]
+  assert [(r['step'], r['rollback/to_step'], r['rollback/skip_data_steps']) for r in events
+          ] == [(30, 20, 10)]
+  steady = lambda log: [(r['step'], r.get('train/loss'), r.get('rollback/to_step'))  # noqa: E731
+                        for r in log]
+  assert steady(logs['killed']) == steady(logs['rerun']) == steady(logs['first'])
+
+
+def test_cli_bad_rollback_values_are_named_before_training(tmp_path):
+  from tests import helpers_runs
+  for flags, name in ((['--spike-rollback', '10'], 'spike_rollback'),
+                      (['--spike-k', '6', '--spike-rollback', '-1'], 'spike_rollback'),
+                      (['--spike-k', '6', '--spike-rollback', '10', '--spike-action', 'undo'],
+                       'spike_action'),
+                      (['--spike-k', '6', '--spike-rollback', '10', '--spike-lr-scale', '2'],
+                       'spike_lr_scale')):
+    done = helpers_runs.purax('train', '--workdir', str(tmp_path / name), '--model', 'mlp',
+                              '--steps', '5', '--no-progress', *flags)
+    assert done.returncode != 0 and name in done.stderr, done.stderr[-1000:]
+    assert not os.path.exists(tmp_path / name / 'metrics.jsonl')
