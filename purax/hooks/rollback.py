@@ -18,7 +18,11 @@ a ring of snapshots on the host, then
 
 The snapshots: at every check without a rollback the state is copied on the
 device (one dispatch) and that copy is read to the host in a thread (the
-training goes on meanwhile); the ring keeps ``steps // every`` of them
+training goes on meanwhile); on the CPU, where the arrays are in host memory,
+they are copied at once (a memcpy, before the next step donates them). The
+check reads the spike count from the log point's window when it is one (the
+CLI checks at a divisor of ``--log-every``, so usually), else it waits for
+the queued steps (one host sync). The ring keeps ``steps // every`` of them
 (``steps // every`` host copies of the state) and is saved in every
 checkpoint (the hook's array state), so a resumed run rolls back to the same
 snapshot as the run it resumes. A check ``c`` rolls back to ``c - steps``
@@ -122,14 +126,22 @@ class SpikeRollback:
     self.lowered: dict | None = None   # {'name', 'value', 'until'} while the rate is lowered
     self.ring: list[tuple[int, Any]] = []   # (step, host tree or Future), oldest first
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    self._on_host = None     # the state's arrays are in host memory (the CPU)
 
   # -- the ring --
 
   def _snapshot(self, step: int, state) -> None:
     if any(s == step for s, _ in self.ring):
       return
-    copied = _copy(state)                      # dispatched: the training goes on
-    self.ring.append((step, self._pool.submit(jax.device_get, copied)))
+    if self._on_host is None:
+      self._on_host = all(d.platform == 'cpu' for x in jax.tree.leaves(state)
+                          for d in getattr(x, 'devices', lambda: ())())
+    if self._on_host:          # the CPU: the arrays are in host memory, copied now (memcpy)
+      tree = jax.tree.map(lambda x: np.array(jax.random.key_data(x) if _is_key(x) else x),
+                          state)
+    else:                      # a device copy (dispatched), read to the host in a thread
+      tree = self._pool.submit(jax.device_get, _copy(state))
+    self.ring.append((step, tree))
     del self.ring[:-self.slots]
 
   def _host(self, i: int):
@@ -228,7 +240,8 @@ class SpikeRollback:
       total = float(metrics_lib.as_tree(info.window)['spikes'].value)
       new, self.seen = total - self.seen, 0.0
     else:
-      total = float(jax.device_get(metrics_lib.as_tree(info._run.metrics)['spikes'].value))
+      window = jax.device_get(info._run.metrics)     # one transfer; unpacked on the host
+      total = float(metrics_lib.as_tree(window)['spikes'].value)
       new, self.seen = total - self.seen, total
     if step % self.every:
       return None
