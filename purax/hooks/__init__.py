@@ -34,7 +34,9 @@ class name); ``option`` (what an error about its ``every`` calls it);
 ``keep_batches`` (batches of an iterable source to keep for
 :meth:`StepInfo.batch`); ``log_every`` (:class:`Log`: the log points);
 ``init_arrays(state)`` with an ``arrays`` attribute (array state too large for
-JSON, saved in the checkpoint's array tree, :class:`EMA`).
+JSON, saved in the checkpoint's array tree, :class:`EMA`); ``rewound(step)``
+(called when a hook sent the run back to a past step, :class:`SpikeRollback`:
+:class:`Checkpoint` deletes the checkpoints after it).
 
 The end of a run, in one place (``purax.hooks.loop._Loop.finish``): once
 the run has ended, every hook is called once more at the last step with

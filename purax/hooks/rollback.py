@@ -125,7 +125,7 @@ class SpikeRollback:
     self.high = -1           # the furthest check rolled back from
     self.lowered: dict | None = None   # {'name', 'value', 'until'} while the rate is lowered
     self.ring: list[tuple[int, Any]] = []   # (step, host tree or Future), oldest first
-    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    self._pool = None        # the thread that reads device copies (made at the first)
     self._on_host = None     # the state's arrays are in host memory (the CPU)
 
   # -- the ring --
@@ -140,6 +140,8 @@ class SpikeRollback:
       tree = jax.tree.map(lambda x: np.array(jax.random.key_data(x) if _is_key(x) else x),
                           state)
     else:                      # a device copy (dispatched), read to the host in a thread
+      if self._pool is None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
       tree = self._pool.submit(jax.device_get, _copy(state))
     self.ring.append((step, tree))
     del self.ring[:-self.slots]
