@@ -34,7 +34,7 @@ Every rollback is an event: numbers at the check's step in the record
 (``rollback/from_step``, ``rollback/to_step``, ``rollback/spikes``, and
 ``rollback/skip_data_steps`` or ``rollback/lr_scale`` and
 ``rollback/lr_steps``), written to ``metrics.jsonl`` by :class:`purax.hooks.Log`,
-and an entry of :attr:`SpikeRollback.events`, saved in every checkpoint. The
+and an entry of ``SpikeRollback.events``, saved in every checkpoint. The
 rollback is a pure function of the metrics and the checkpointed state, so a
 rerun of the same command, and a run killed and resumed, roll back at the
 same steps to the same states and end bitwise equal (on the CPU).
