@@ -400,6 +400,8 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
       if loop.end is not None or not loop.rewound:
         break
       loop.rewound = False       # a hook rolled the state back: the data restarts there
+      if loop.steps_per_call == 'auto' and getattr(plan, 'chosen_steps_per_call', None):
+        loop.steps_per_call = plan.chosen_steps_per_call   # chosen once per fit, not again
       batches = plan.checked(source.restart(loop.step, loop.offset))
   except BaseException as e:
     if loop.end is None or loop.end.status != 'failed':

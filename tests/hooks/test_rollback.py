@@ -167,13 +167,14 @@ CLI = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', '
        '--spike-rollback', '10']
 
 
-def spiked_train(workdir, kill_after=0):
-  """``purax train`` with batch 25 scaled by 1e3, killed after ``kill_after`` calls."""
+def spiked_train(workdir, kill_at=0):
+  """``purax train`` with batch 25 scaled by 1e3, killed at the first call
+  end at or past step ``kill_at`` (0: never)."""
   import subprocess
   import sys
   from tests import helpers_runs
   return subprocess.run([sys.executable, '-m', 'tests.scripts.spike_rollback_train',
-                         str(SPIKE_AT), str(kill_after), 'train', '--workdir', str(workdir),
+                         str(SPIKE_AT), str(kill_at), 'train', '--workdir', str(workdir),
                          *CLI], cwd=helpers_runs.ROOT, env=helpers_runs.ENV,
                         capture_output=True, text=True, timeout=300)
 
@@ -181,9 +182,9 @@ def spiked_train(workdir, kill_after=0):
 def test_cli_rollback_rerun_and_sigkill_resume_are_bitwise_equal(tmp_path):
   from tests import helpers_runs
   runs = {}
-  for name, kill_after in (('first', 0), ('rerun', 0), ('killed', 45)):
-    done = spiked_train(tmp_path / name, kill_after)
-    if kill_after:      # killed at step 35 of the replay: resumed from its step-30 checkpoint
+  for name, kill_at in (('first', 0), ('rerun', 0), ('killed', 35)):
+    done = spiked_train(tmp_path / name, kill_at)
+    if kill_at:   # killed at step 35 (only the replay gets there): resumed from its step 30
       assert done.returncode == -9, done.stderr[-2000:]
       done = spiked_train(tmp_path / name)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,7 +1,8 @@
 """`purax train` whose batch SPIKE_AT is scaled by 1e3 (a garbage batch), and
-that kills itself (SIGKILL) after KILL_AFTER calls (0: never).
+that kills itself (SIGKILL) after the first call that reaches KILL_AT (0: never),
+once the checkpoints started so far are committed.
 
-Usage: python -m tests.scripts.spike_rollback_train SPIKE_AT KILL_AFTER purax-train-args...
+Usage: python -m tests.scripts.spike_rollback_train SPIKE_AT KILL_AT purax-train-args...
 """
 
 import os
@@ -11,7 +12,7 @@ import sys
 import purax
 from purax.app import cli, runs
 
-spike_at, kill_after = int(sys.argv[1]), int(sys.argv[2])
+spike_at, kill_at = int(sys.argv[1]), int(sys.argv[2])
 argv = sys.argv[3:]
 real_fit = runs.fit
 
@@ -28,21 +29,23 @@ class Spiked:
     return dict(batch, x=batch['x'] * 1e3) if step == spike_at else batch
 
 
-def fit(task, state, train_data, **kwargs):
-  calls = [0]
-  (hook,) = [h for h in kwargs['hooks'] if isinstance(h, purax.hooks.Stop)]
-  poll = hook.poll
+class KillAt:
+  """After the checkpoint of a step (order 25), SIGKILL once ``step >= kill_at``."""
 
-  def stop():                 # polled after every call
-    calls[0] += 1
-    if kill_after and calls[0] >= kill_after:
-      for h in kwargs['hooks']:       # the saves started so far committed, then killed
-        if isinstance(h, purax.hooks.Checkpoint):
-          h.checkpointer.wait()
+  order, every, name = 25, None, 'kill_at'
+
+  def __init__(self, checkpointer):
+    self.checkpointer = checkpointer
+
+  def __call__(self, info):
+    if info.end is None and info.step >= kill_at > 0:
+      self.checkpointer.wait()
       os.kill(os.getpid(), signal.SIGKILL)
-    return poll()
 
-  hook.poll = stop
+
+def fit(task, state, train_data, **kwargs):
+  (checkpoint,) = [h for h in kwargs['hooks'] if isinstance(h, purax.hooks.Checkpoint)]
+  kwargs['hooks'] = list(kwargs['hooks']) + [KillAt(checkpoint.checkpointer)]
   return real_fit(task, state, Spiked(train_data), **kwargs)
 
 
