@@ -30,7 +30,7 @@ from __future__ import annotations
 import collections
 import itertools
 import warnings
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 import jax
 
@@ -85,11 +85,12 @@ class _Source:
     self.iterator_state = data_state        # ... after the last batch consumed
     self.batch_size = None                  # the leading size of the batches (the first's)
     self.data, self.kept = data, None
+    self.offset = 0                         # batch of state.step s: data[s + offset]
     if is_random_access(data):
       self.num_steps = len(data) if steps is None else steps
       expect(self.num_steps <= len(data), 'steps', f'<= len(train_data) = {len(data)}',
              self.num_steps, ConfigError)
-      self.batches = (data[s] for s in range(start, self.num_steps))
+      self.batches = self._indexed(start)
       self.stateful = False
       self.fresh = holds_its_batches(data)
       return
@@ -120,6 +121,22 @@ class _Source:
     self.iterator = iterator
     self.batches = self._iterate(start)
 
+  def _indexed(self, start):
+    for step in range(start, self.num_steps):
+      if step + self.offset >= len(self.data):   # skipped data steps: the data runs out first
+        return
+      yield self.data[step + self.offset]
+
+  def restart(self, start: int, offset: int) -> Iterator:
+    """The batches of steps ``start, start + 1, ...`` of a random-access
+    source whose batch of step ``s`` is now ``data[s + offset]`` (a rollback:
+    :class:`purax.hooks.SpikeRollback`)."""
+    expect(is_random_access(self.data), 'train_data', 'a random-access dataset (a rollback '
+           'reads past batches again)', type(self.data).__name__, ConfigError)
+    self.offset = offset
+    self.batches = self._indexed(start)
+    return self.batches
+
   def _iterate(self, start):
     for step in (range(start, self.num_steps) if self.num_steps is not None
                  else itertools.count(start)):
@@ -147,7 +164,7 @@ class _Source:
     """The batch of ``step`` (host arrays): ``data[step]`` read again from a
     random-access source, else one of the batches :meth:`keep` kept, or None."""
     if is_random_access(self.data):
-      return self.data[step]
+      return self.data[step + self.offset]
     return next((b for s, b in (self.kept or ()) if s == step), None)
 
   def advance(self, taken: int) -> None:
@@ -160,6 +177,7 @@ class _Source:
   def position(self, step: int) -> dict:
     """The data position with ``step`` batches consumed (JSON)."""
     return {'next_step': step,
+            **({} if not self.offset else {'offset': self.offset}),
             **({} if self.iterator_state is None else {'iterator': self.iterator_state}),
             **({} if self.batch_size is None else {'batch_size': self.batch_size})}
 
@@ -339,6 +357,9 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   plan = SingleDevicePlan(task) if plan is None else plan
   start = plan.start_step(restored.state)       # host read before the loop only
   source = _Source(train_data, start, steps, restored.data_state, iterator_resume)
+  offset = int((restored.extra.get('data') or {}).get('offset', 0))
+  if offset:      # a run that skipped data steps (a rollback): batch of step s is data[s + offset]
+    source.restart(start, offset)
   expect(source.num_steps is None or 0 <= start <= source.num_steps, 'state.step',
          f'in [0, {source.num_steps}]', start, ConfigError)
   for hook in hooks:     # an iterable's batches kept for a hook that reads them back
@@ -360,21 +381,28 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   try:
     loop.begin()
     loop.restore_window()
-    for batch, taken in plan.device_batches(batches, loop):
-      try:
-        loop.state, loop.window = plan.train_step(loop.state, loop.window, batch)
-      except DataError as e:    # a batch of another shape, found as the call is traced
-        raise DataError(f'train_data batch of step {loop.step}' + (
-            f' (or one of the {taken} batches of its call)' if taken > 1 else '') + f': {e}'
-                        ) from e
-      source.advance(taken)
-      loop.after_call(loop.step, taken)
-      if loop.end is not None:
+    while True:
+      for batch, taken in plan.device_batches(batches, loop):
+        try:
+          loop.state, loop.window = plan.train_step(loop.state, loop.window, batch)
+        except DataError as e:    # a batch of another shape, found as the call is traced
+          raise DataError(f'train_data batch of step {loop.step}' + (
+              f' (or one of the {taken} batches of its call)' if taken > 1 else '') + f': {e}'
+                          ) from e
+        source.advance(taken)
+        loop.after_call(loop.step, taken)
+        if loop.end is not None or loop.rewound:
+          break
+      else:
+        if loop.end is None:     # the data ran out: that is the end of training
+          loop.finish(End('finished', loop.step, 'the data ran out' if loop.step > start else
+                          'nothing left to train'))
+      if loop.end is not None or not loop.rewound:
         break
-    else:
-      if loop.end is None:     # the data ran out: that is the end of training
-        loop.finish(End('finished', loop.step, 'the data ran out' if loop.step > start else
-                        'nothing left to train'))
+      loop.rewound = False       # a hook rolled the state back: the data restarts there
+      if loop.steps_per_call == 'auto' and getattr(plan, 'chosen_steps_per_call', None):
+        loop.steps_per_call = plan.chosen_steps_per_call   # chosen once per fit, not again
+      batches = plan.checked(source.restart(loop.step, loop.offset))
   except BaseException as e:
     if loop.end is None or loop.end.status != 'failed':
       error = f'{type(e).__name__}: {e}'.strip().rstrip(':')

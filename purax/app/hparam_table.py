@@ -143,6 +143,14 @@ _SETTINGS = (
      'counted as train/spikes; 0: off)'),
     ('spike_window', int, 128, 'steps of history the loss-spike guard compares with (in '
      '[2, 2**24]; its state is 8 bytes a step, per sweep member, checked against the memory)'),
+    ('spike_rollback', int, 0, 'on a spike (--spike-k), restore the state of STEPS steps back '
+     'from a ring of host snapshots and go on as --spike-action says (an event in '
+     'metrics.jsonl and the checkpoint; 0: off, spikes are only skipped)'),
+    ('spike_action', str, 'skip-data', 'after a rollback: skip-data (skip the data steps rolled '
+     'back) or lower-lr (replay them with the rate scaled by --spike-lr-scale)'),
+    ('spike_lr_scale', float, 0.1, 'lower-lr: the factor of the learning rate after a rollback, '
+     'in (0, 1]'),
+    ('spike_lr_steps', int, 0, 'lower-lr: steps with the lowered rate (0: --spike-rollback)'),
     ('z_loss', float, 0.0, 'language models: add Z_LOSS * log(Z)**2 to each token\'s loss, '
      'Z the softmax normalizer (PaLM used 1e-4; 0: off)'),
 )
@@ -154,6 +162,10 @@ _SETTING_CHECKS = {
     'max_consecutive_skips': (lambda v: v >= 1, '>= 1'),
     'spike_k': (lambda v: math.isfinite(v) and v >= 0, 'a finite number >= 0 (0: off)'),
     'z_loss': (lambda v: math.isfinite(v) and v >= 0, 'a finite number >= 0 (0: off)'),
+    'spike_rollback': (lambda v: v >= 0, '>= 0 (0: off)'),
+    'spike_action': (lambda v: v in ('skip-data', 'lower-lr'), "'skip-data' or 'lower-lr'"),
+    'spike_lr_scale': (lambda v: math.isfinite(v) and 0 < v <= 1, 'a number in (0, 1]'),
+    'spike_lr_steps': (lambda v: v >= 0, '>= 0 (0: --spike-rollback)'),
 }
 
 
@@ -197,6 +209,9 @@ def _check_optimizer(self) -> None:
       parse_spec(row, value)
   for name, (ok, expected) in _SETTING_CHECKS.items():
     expect(ok(getattr(self, name)), name, expected, getattr(self, name), ConfigError)
+  expect(not self.spike_rollback or self.spike_k > 0, 'spike_rollback',
+         '0 without the spike guard (--spike-k K > 0: the rollback acts on its spikes)',
+         self.spike_rollback, ConfigError)
   window = self.spike_window      # a sanity bound; the memory: config.check_spike_window
   expect(2 <= window <= spikes.MAX_WINDOW, 'spike_window',
          f'an integer in [2, 2**24 = {spikes.MAX_WINDOW}] (steps of history)',

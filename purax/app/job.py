@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import time
 from typing import Any, Callable
@@ -171,7 +172,7 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
   abstract = abstract_checkpoint(task, sample)     # traces the model: shapes are checked
   phase('tracing the model')
   run = config.run
-  train_data = data.train(config.data.batch_size, run.seed, run.steps)   # checks the batch size
+  train_data = data.train(config.data.batch_size, run.seed, run.steps + skippable(config))
   plan, num_devices = SingleDevicePlan(task), 1
   if mesh and config.run.mesh is not None:
     device_mesh = parallel.make_mesh(**parallel.parse_mesh(config.run.mesh))
@@ -201,6 +202,21 @@ def _ema(config: TrainConfig, task: Task, plan, data) -> hooks_lib.EMA:
                        params_of=params_of, evaluate=functools.partial(
                            loop.evaluate, task, batches=data.eval(config.data.eval_batch_size),
                            plan=plan))
+
+
+#: Rollbacks whose skipped data steps (``--spike-action skip-data``) the
+#: training data holds beyond ``--steps``; after more, the run ends when the data does.
+SKIPPABLE_ROLLBACKS = 16
+
+
+def skippable(config) -> int:
+  """Batches beyond ``--steps`` the training data holds for the data steps that
+  spike rollbacks skip (``--spike-rollback`` with ``--spike-action skip-data``),
+  ``SKIPPABLE_ROLLBACKS`` rollbacks' worth; 0 otherwise. The batch of a step
+  does not depend on the data's length."""
+  opt = config.optimizer
+  return (SKIPPABLE_ROLLBACKS * opt.spike_rollback
+          if opt.spike_rollback and opt.spike_action == 'skip-data' else 0)
 
 
 #: The CLI's optional hooks: the ``RunConfig`` field that turns one on (set,
@@ -243,7 +259,19 @@ _IMPORTED = time.monotonic()
 def run_hooks(config: TrainConfig, task, plan, data, train_data) -> tuple:
   """The hooks of :data:`HOOKS` that the config turns on, in the table's order."""
   return tuple(build(config, task, plan, data, train_data) for field, build in HOOKS.items()
-               if getattr(config.run, field) not in (None, 0, False))
+               if getattr(config.run, field) not in (None, 0, False)) + spike_rollback(config)
+
+
+def spike_rollback(config: TrainConfig) -> tuple:
+  """The :class:`purax.hooks.SpikeRollback` of ``--spike-rollback`` (none when 0): it
+  checks every gcd of the rollback, ``--log-every`` and the lowered steps."""
+  opt = config.optimizer
+  if not opt.spike_rollback:
+    return ()
+  lr_steps = opt.spike_lr_steps or opt.spike_rollback
+  return (hooks_lib.SpikeRollback(
+      opt.spike_rollback, every=math.gcd(opt.spike_rollback, config.run.log_every, lr_steps),
+      action=opt.spike_action, lr_scale=opt.spike_lr_scale, lr_steps=lr_steps),)
 
 
 def logged_names(job: Job) -> list[str]:

@@ -106,13 +106,34 @@ def leave_as_found(path: str, found: bool) -> None:
         os.remove(entry)
 
 
-def truncate_jsonl(path: str, last_step: int) -> None:
-  """Drops records written after ``last_step`` (they are recomputed on resume)."""
+def truncate_jsonl(path: str, last_step: int, rollbacks: int = 0) -> None:
+  """Drops records written after ``last_step`` (they are recomputed on resume).
+
+  ``rollbacks``: the spike rollbacks (:class:`purax.hooks.SpikeRollback`) the
+  resumed checkpoint had made, whose steps went back: everything up to the
+  record of the last of them is kept, and after it the records up to the
+  first past ``last_step``.
+  """
   if not os.path.exists(path):
     return
   with open_file(path) as f:
     lines = [line for line in f if line.strip()]
   keep = []
+  if rollbacks:
+    for i, line in enumerate(lines):
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue        # a line torn by a kill
+      if rollbacks > 0:
+        rollbacks -= 'rollback/from_step' in record
+        keep.append(line)
+      elif record.get('step', last_step + 1) > last_step:
+        break
+      else:
+        keep.append(line)
+    write_atomic(path, ''.join(keep))
+    return
   for line in lines:
     try:
       if json.loads(line)['step'] <= last_step:

@@ -182,7 +182,9 @@ def _fit(job, rundir, checkpointer, restored, stop):
   writer = None
   try:
     if rundir.primary:
-      rundir_lib.truncate_jsonl(rundir.file('metrics.jsonl'), restored.step)
+      rundir_lib.truncate_jsonl(rundir.file('metrics.jsonl'), restored.step,
+                                rollbacks=len(((restored.hook_states or {}).get(
+                                    'spike_rollback') or {}).get('events', ())))
       writer = writers.create_default_writer(rundir.path, console=True,
                                              wandb_project=run.wandb_project,
                                              resume_step=restored.step)
@@ -210,7 +212,7 @@ def _fit(job, rundir, checkpointer, restored, stop):
     with plan_memory.explain_out_of_memory(
         job.task, job.sample, mesh=mesh, spell=lambda c: fit_memory.flags(c, mesh),
         **fit_memory.choices(job.config)), profile.memory_profile_on_oom(rundir.path):
-      return fit(job.task, restored, job.train_data, plan=job.plan,
+      return fit(job.task, restored, job.train_data, steps=job.config.run.steps, plan=job.plan,
                  hooks=hooks + list(job.hooks), steps_per_call=run.steps_per_call)
   finally:
     if writer is not None:

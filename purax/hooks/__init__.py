@@ -34,7 +34,9 @@ class name); ``option`` (what an error about its ``every`` calls it);
 ``keep_batches`` (batches of an iterable source to keep for
 :meth:`StepInfo.batch`); ``log_every`` (:class:`Log`: the log points);
 ``init_arrays(state)`` with an ``arrays`` attribute (array state too large for
-JSON, saved in the checkpoint's array tree, :class:`EMA`).
+JSON, saved in the checkpoint's array tree, :class:`EMA`); ``rewound(step)``
+(called when a hook sent the run back to a past step, :class:`SpikeRollback`:
+:class:`Checkpoint` deletes the checkpoints after it).
 
 The end of a run, in one place (``purax.hooks.runner._Loop.finish``): once
 the run has ended, every hook is called once more at the last step with
@@ -52,7 +54,8 @@ Provided: the loop's own (:class:`Log`, :class:`Evaluate`,
 :class:`NonFiniteReplay`, :class:`NonFiniteStreak`, :class:`Stop`, :class:`Checkpoint`,
 :class:`Progress`, :class:`Profile`; :func:`standard` builds them) and the
 library (:class:`EarlyStopping`, :class:`PopulationEarlyStopping`,
-:class:`PBT`, :class:`EMA`, :class:`Histograms`, :class:`TimeBudget`).
+:class:`PBT`, :class:`EMA`, :class:`Histograms`, :class:`TimeBudget`,
+:class:`SpikeRollback`).
 
 Your own hook is a plain class. This one writes the global parameter norm
 every 10 steps and ends the run when the training loss falls below a
@@ -110,6 +113,7 @@ from purax.hooks.library import PopulationEarlyStopping as PopulationEarlyStoppi
 from purax.hooks.library import scores as scores
 from purax.hooks.nonfinite import NonFiniteReplay as NonFiniteReplay
 from purax.hooks.record import STATUSES as STATUSES
+from purax.hooks.rollback import SpikeRollback as SpikeRollback
 from purax.hooks.record import End as End
 from purax.hooks.record import Output as Output
 from purax.hooks.record import StepInfo as StepInfo
@@ -144,6 +148,7 @@ __all__ = [
     'Profile',
     'Progress',
     'STATUSES',
+    'SpikeRollback',
     'StepInfo',
     'Stop',
     'TimeBudget',

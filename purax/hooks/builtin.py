@@ -210,6 +210,14 @@ class Checkpoint:
     self.checkpointer.save(info.step, tree, metrics=numbers or None, extra=extra)
     self.saved = info.step
 
+  def rewound(self, step: int) -> None:
+    """The run went back to ``step`` (a rollback): the checkpoints after it are of
+    steps it abandoned, deleted (their steps are saved again as it gets there)."""
+    if callable(getattr(self.checkpointer, 'drop_after', None)):
+      self.checkpointer.drop_after(step)
+    if self.saved is not None and self.saved > step:
+      self.saved = None
+
   def __call__(self, info):
     if info.end is not None:
       if info.end.status != 'failed':

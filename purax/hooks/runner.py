@@ -142,6 +142,10 @@ class _Loop:
     self.reader: Reader | None = None
     # For hooks of the protocol before 0.3 (their start(loop) and end(loop) read these).
     self.stop = self.at_end = self.failed = False
+    self.rollback = None               # (state, step, offset) a hook asked for (rewind)
+    self.rewound = False               # the state went back: fit restarts the data
+    self._new_record = False
+    self.offset = getattr(source, 'offset', 0)
 
   # -- cadence --
 
@@ -205,15 +209,35 @@ class _Loop:
     if not self.hooks_due():
       return
     self._timed(self._round)
+    if self.rollback is not None and self.end is None:
+      self.state, step, self.offset = self.rollback
+      self.first = self.step = step
+      self.rewound = self._new_record = True   # the replayed steps get records of their own
+      self.reader.clock = self.reader._clock(step)   # steps_per_sec counts from here
+      for hook in self.hooks:            # e.g. a Checkpoint drops the abandoned steps' saves
+        if callable(getattr(hook, 'rewound', None)):
+          hook.rewound(step)
+    self.rollback = None
     self.upcoming = next_due(self._cadences, self.step)
     if self.end is not None:
       self.finish(self.end)
+
+  def rewind(self, state, step: int, offset: int) -> None:
+    """Asks that training go on from ``state`` (whose ``step`` is ``step``, a
+    past step) with the batch of step ``s`` read from ``data[s + offset]``
+    (random-access data only): applied after this round, whose remaining
+    hooks on a step cadence (a checkpoint, a stop) do not run; those that run
+    after every call (:class:`purax.hooks.Log`) still do, at this step.
+    Used by :class:`purax.hooks.SpikeRollback`."""
+    self.rollback = (state, int(step), int(offset))
 
   def _round(self) -> None:
     if self._log_point():
       self._read_window()
     for hook in self.hooks:
       every = getattr(hook, 'every', None)
+      if self.rollback is not None and every is not None:
+        continue
       if every is None or due(every, self.first, self.step,
                               evaluated=every == 0 and self._evaluated()):
         self._call(hook, forced=False)
@@ -293,10 +317,11 @@ class _Loop:
     if not numbers:
       return
     self.record.update(numbers)
-    if self.history and self.history[-1]['step'] == self.step:
+    if self.history and self.history[-1]['step'] == self.step and not self._new_record:
       self.history[-1].update(numbers)
     else:
       self.history.append({'step': self.step, **numbers})
+      self._new_record = False
 
   # -- checkpoints --
 

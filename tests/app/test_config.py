@@ -149,7 +149,7 @@ def test_hparams_are_the_fields_that_change_the_computation():
       'weight_decay', 'b1', 'b2', 'clip_norm', 'label_smoothing', 'warmup_steps',
       'microbatches', 'loss_scale', 'seed', 'ema_decay', 'ema_every', 'steps', 'decay_steps',
       'patience', 'optimizer', 'weight_decay_mask', 'momentum', 'z_loss', 'spike_k',
-      'spike_window'}
+      'spike_window', 'spike_rollback', 'spike_action', 'spike_lr_scale', 'spike_lr_steps'}
   resumable = {name.split('.')[1] for name in config_lib.resumable_changes()}
   assert set(config.flat()) - set(hparams) == resumable - {'steps', 'decay_steps', 'patience'}
   assert {'dry_run', 'progress', 'workdir', 'debug_nans', 'profile_memory'}.isdisjoint(hparams)

@@ -226,6 +226,22 @@ class Checkpointer:
           state=ocp.args.StandardSave(stored), extra=ocp.args.JsonSave(payload)),
           metrics=metrics or None, force=True)
 
+  def drop_after(self, step: int) -> list[int]:
+    """Deletes the committed checkpoints of steps after ``step`` (a run that
+    went back to ``step``: :class:`purax.hooks.SpikeRollback`), after the
+    started saves commit; returns their steps.
+
+    Raises:
+      CheckpointError: a save or the deletion failed.
+    """
+    self.wait()
+    dropped = [s for s in self.steps() if s > int(step)]
+    with self._failures(f'deleting checkpoints {dropped}'):
+      for s in dropped:
+        self._manager.delete(s)
+        self._scores.pop(s, None)
+    return dropped
+
   def wait(self) -> None:
     """Blocks until every started save is committed.
 
