@@ -167,7 +167,7 @@ REPORT_S = 3.0
 
 
 class Budgeted:
-  """The loop of a range test on a ``--time-budget``: :meth:`step` after each
+  """The loop of a range test on a ``--time-budget``: ``step()`` after each
   of ``test``'s steps, with ``budget``'s clock and arithmetic
   (:class:`purax.hooks.TimeBudget`: :meth:`~purax.hooks.TimeBudget.start`,
   ``compiled_call``, ``probed``, ``first_plan``, ``replan``; the rule
@@ -176,7 +176,7 @@ class Budgeted:
   ``steps``; it syncs with the device after the first call, each probe step
   and each re-plan (every tenth of the plan), nowhere else.
 
-  Raises (from :meth:`step`):
+  Raises (from ``step()``):
     RangeTestError: naming ``time_budget``, when after the first call the
       compilation, the steps left of :data:`MIN_STEPS` at that call's speed
       and the reserve do not fit; or when the first plan holds fewer than

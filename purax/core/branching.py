@@ -28,10 +28,14 @@ def fork(state, hparams: Mapping[str, Any], *, members: int | None = None
          ) -> pop_lib.Population:
   """A population of ``members`` copies of ``state``, member ``i`` with hyperparameters ``i``.
 
-  Example:
-    >>> run = purax.open_run('runs/digits')                  # step 400 of a run
-    >>> pop = purax.fork(run, {'learning_rate': [1e-3, 3e-4, 1e-4]})
-    >>> pop, _ = purax.fit(run.task, pop, data, plan=purax.plan.PopulationPlan(run.task))
+  Example (a run trained 10 steps, then three learning rates from there):
+    >>> task = purax.Task(model=purax.nn.MLP(features=(32,), num_classes=10),
+    ...                   tx=purax.adamw(learning_rate=1e-3, total_steps=20))
+    >>> state, _ = purax.fit(task, task.init(jax.random.key(0), batch), batches, steps=10)
+    >>> pop = purax.fork(state, {'learning_rate': [1e-3, 3e-4, 1e-4]})
+    >>> pop, _ = purax.fit(task, pop, batches, plan=purax.plan.PopulationPlan(task))
+    >>> pop.state.step.tolist()                          # each member went on to step 20
+    [20, 20, 20]
 
   Args:
     state: one run's :class:`purax.TrainState` (no member axis), or what holds

@@ -45,7 +45,7 @@ from purax.core.errors import ConfigError, expect
 from purax.hooks.record import End, Output
 from purax.io import compile_time
 
-#: The reason of a run that the budget ended (:attr:`purax.hooks.End.reason` starts with it).
+#: The reason of a run that the budget ended (``purax.hooks.End.reason`` starts with it).
 REASON = 'time budget'
 
 #: Units of :func:`parse_duration`, in seconds.

@@ -9,7 +9,7 @@ the members of a :class:`purax.core.population.Population` start from the
 same state and differ only in their peak learning rate (a float32 leaf of the
 state), and :func:`purax.core.population.step` — each member's
 :meth:`purax.Task.step`, vmapped (or chunked, ``strategy``), jitted as
-``population.train_step`` — trains them in one compiled program, which a
+``purax.plan.members.train_step`` — trains them in one compiled program, which a
 second grid of the same size reuses. Member ``i`` computes what a run with
 rate ``i`` alone computes (bitwise on the CPU under ``strategy='auto'``); a
 member whose update goes non-finite is frozen and counts as diverged. The

@@ -124,7 +124,7 @@ def test_own_model_sweeps_and_tunes_the_learning_rate(user_dir, tmp_path, capsys
   assert sorted(m['learning_rate'] for m in summary['members']) == pytest.approx([1e-3, 3e-3])
   best = TrainConfig.from_json((workdir / 'best' / 'config.json').read_text())
   assert best.model.name == 'mypkg.nets:make_net'
-  assert cli.main(['tune', 'lr', *MODEL, '--steps', '4', '--batch-size', '32', '--num-lrs', '3',
+  assert cli.main(['tune', 'lr', *MODEL, '--steps', '8', '--batch-size', '32', '--num-lrs', '3',
                    '--workdir', str(tmp_path / 'lr')]) == 0
   assert '"suggestion"' in capsys.readouterr().out
 

@@ -28,14 +28,14 @@ def test_tune_lr_on_the_small_lm_compiles_one_program_for_the_grid(tmp_path, cap
   train step compiled once: counted in its jit cache, which other programs a
   process has compiled before do not move); the plot, the curve and the
   suggestion in the run directory, the suggestion printed as the flag to pass."""
-  from purax.core import population
+  from purax.plan import members
   caplog.set_level(logging.INFO)     # the purax logger's lines go to the root's handlers
   workdir = tmp_path / 'lr'
-  before = population.train_step._cache_size()
+  before = members.train_step._cache_size()
   assert cli.main(['tune', 'lr', *LM, '--dataset', corpus(tmp_path), '--steps', '8',
                    '--num-lrs', '4', '--min-lr', '1e-4', '--max-lr', '1.0',
                    '--strategy', 'vmap', '--workdir', str(workdir)]) == 0
-  assert population.train_step._cache_size() - before == 1
+  assert members.train_step._cache_size() - before == 1
   printed = capsys.readouterr()
   lines = printed.out.strip().splitlines()
   out = json.loads(lines[-1])['lr_range']

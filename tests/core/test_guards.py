@@ -39,7 +39,9 @@ def reference() -> dict:
 @pytest.mark.parametrize('plan', H.PLANS)
 def test_every_guard_combination_trains_bitwise_as_before(plan):
   names = tuple(H.name(plan, combo) + ':' for combo in H.TESTED[plan])
-  before = {k: v for k, v in reference().items() if k.startswith(names)}
+  # 0.3 calls the learning rate by one name (it was 'peak_learning_rate' in the state).
+  before = {k.replace("['peak_learning_rate']", "['learning_rate']"): v
+            for k, v in reference().items() if k.startswith(names)}
   now = {k: int(v) for k, v in H.digests(H.matrix((plan,), H.TESTED[plan])).items()}
   assert set(now) == set(before), sorted(set(now) ^ set(before))[:10]
   differ = sorted(k for k in now if now[k] != before[k])

@@ -25,7 +25,7 @@ import sys
 moment, names, argv = sys.argv[1], sys.argv[2].split(','), sys.argv[3:]
 
 from purax.app import cli, commands, job as job_lib   # noqa: E402
-from purax.core import population                      # noqa: E402
+from purax.plan import members                          # noqa: E402
 from purax.io import export, safe_files                 # noqa: E402
 from purax.io.checkpoint import Checkpointer           # noqa: E402
 from purax import loop                                  # noqa: E402
@@ -83,7 +83,7 @@ elif kind == 'build':
 elif kind == 'restore':
   before(Checkpointer, 'restore')
 elif kind == 'step':
-  before(population, 'train_step', int(n))
+  before(members, 'train_step', int(n))
 elif kind == 'evaluate':
   before(loop, 'evaluate')
   from purax.app import runs
