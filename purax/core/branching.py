@@ -42,7 +42,7 @@ def fork(state, hparams: Mapping[str, Any], *, members: int | None = None
       one as ``.state`` (a :class:`purax.io.checkpoint.run.Restored`, an
       :func:`purax.open_run` run).
     hparams: ``name -> float [members]``: each member's value of a
-      hyperparameter the state carries (:func:`purax.hyperparams`: the
+      hyperparameter the state carries (:func:`purax.core.hparams.get`: the
       optimizer's injected ones, the loss's); a name left out keeps the
       state's value in every member.
     members: the population size; needed only when ``hparams`` is empty

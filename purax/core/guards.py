@@ -10,8 +10,8 @@ params, optimizer and model state either updated or kept bitwise), and
 ``state.step`` advances either way. The guards:
 
 - :func:`nonfinite`: skip an update whose loss, gradient norm or
-  hyperparameters are not finite; metrics ``skipped`` (:class:`Sum`) and
-  ``skip_streak`` (:class:`Streak`). It runs whenever any guard does (the
+  hyperparameters are not finite; metrics ``skipped`` (:class:`purax.metrics.Sum`) and
+  ``skip_streak`` (``Streak``). It runs whenever any guard does (the
   branch never applies a non-finite update); ``skip_nonfinite=False`` turns
   it off only where no other guard runs.
 - :func:`spikes` (:class:`purax.core.spikes.SpikeGuard`): skip a loss or

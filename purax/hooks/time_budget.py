@@ -132,7 +132,7 @@ class TimeBudget:
 
   @property
   def reserve_s(self) -> float:
-    """Seconds kept for the end: the timed evaluation and :attr:`tail_s`."""
+    """Seconds kept for the end: the timed evaluation and ``tail_s``."""
     return (self.eval_s or 0.0) + self.tail_s
 
   def used(self) -> float:
@@ -193,7 +193,7 @@ class TimeBudget:
 
   def expect_started(self, now: float) -> None:
     """Raises :class:`purax.ConfigError` naming ``time_budget`` when at
-    ``now`` the start-up has left no room for :attr:`reserve_s`."""
+    ``now`` the start-up has left no room for ``reserve_s``."""
     expect(now + self.reserve_s < self.deadline, 'time_budget',
            f'more than the {now - self.started:.1f} s the start-up took and the '
            f'{self.tail_s:.1f} s kept for the end', f'{self.seconds:g} s', ConfigError)
@@ -202,8 +202,8 @@ class TimeBudget:
                   kept: str = 'the final evaluation and save',
                   error: type[ConfigError] = ConfigError) -> None:
     """Raises ``error`` naming ``time_budget`` when at ``now`` (after the
-    compilation, :attr:`compile_s`) ``steps`` more steps of ``step_s`` seconds
-    and :attr:`reserve_s` do not fit in the budget; ``what`` names the steps
+    compilation, ``compile_s``) ``steps`` more steps of ``step_s`` seconds
+    and ``reserve_s`` do not fit in the budget; ``what`` names the steps
     and ``kept`` the reserve in the message."""
     need = now - self.started + steps * step_s + self.reserve_s
     expect(now + steps * step_s + self.reserve_s < self.deadline, 'time_budget',
@@ -219,7 +219,7 @@ class TimeBudget:
 
   def compiled_call(self, step: int) -> tuple[float, float]:
     """After the first call (synced), at ``step``: keeps its compilation
-    (:attr:`compile_s`) and starts the probe; returns ``(now, seconds a step
+    (``compile_s``) and starts the probe; returns ``(now, seconds a step
     of that call, its compilation left out)``."""
     now, compiled = self.clock(), self.compiled()
     self.compile_s = compiled - self._mark[2]
@@ -227,13 +227,13 @@ class TimeBudget:
     return now, max(now - self._mark[0] - self.compile_s, 0.0) / max(step - self._mark[1], 1)
 
   def probed(self, step: int) -> bool:
-    """Whether the probe (:attr:`probe_steps` synced steps after the first
+    """Whether the probe (``probe_steps`` synced steps after the first
     call) is done at ``step``."""
     return step - self._probe_from[1] >= self.probe_steps
 
   def first_plan(self, step: int) -> int:
     """After the probe (synced, nothing else timed), at ``step``: measures
-    :attr:`step_s` and plans (:meth:`plan`); returns the planned step."""
+    ``step_s`` and plans (:meth:`plan`); returns the planned step."""
     now = self.clock()
     self.step_s = (now - self._probe_from[0]) / (step - self._probe_from[1])
     self._mark = self._last = (now, step, self.compiled())
@@ -252,8 +252,8 @@ class TimeBudget:
     return self.plan(step, now)
 
   def plan(self, step: int, now: float) -> int:
-    """Plans the step to end at from ``step`` at ``now`` with :attr:`step_s`
-    (:func:`plan_steps`), records it in :attr:`plans` and returns it."""
+    """Plans the step to end at from ``step`` at ``now`` with ``step_s``
+    (:func:`plan_steps`), records it in ``plans`` and returns it."""
     self.planned = plan_steps(step, now, self.deadline, self.step_s, self.reserve_s)
     self.plans.append((step, self.step_s, self.planned))
     return self.planned

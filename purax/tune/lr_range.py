@@ -379,7 +379,7 @@ class RangeTest:
 
     Raises:
       RangeTestError: ``step`` below :data:`MIN_STEPS`.
-      ConfigError: ``step`` below :attr:`done`, above ``steps``, or below
+      ConfigError: ``step`` below ``done``, above ``steps``, or below
         the ``window`` given.
     """
     expect(isinstance(step, (int, np.integer)) and self.done <= step <= self.steps, 'step',
@@ -455,7 +455,7 @@ class RangeTest:
     self._host = {'total': list(total), 'count': list(count)}
 
   def result(self) -> LRRange:
-    """The curve and the suggestion (every step up to :attr:`end` done).
+    """The curve and the suggestion (every step up to ``end`` done).
 
     Raises:
       DataError: fewer than ``end`` steps were taken;
