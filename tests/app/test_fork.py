@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from purax.app import cli
+from purax.core.errors import ConfigError
 from purax.io.checkpoint import Checkpointer
 from tests.helpers import assert_bitwise
 from tests.helpers_runs import final_tree, purax
@@ -131,3 +132,30 @@ def test_a_fork_resumed_after_its_parent_trained_on_branches_from_the_recorded_s
   (a, _, _), (b, _, _) = (final_tree(str(d / 'best')) for d in (runs / 'straight', fork))
   assert_bitwise(b['state'], a['state'], 'best member')
   assert json.loads((fork / 'lineage.json').read_text())['step'] == 10
+
+
+def _inherit(parent_options, sweep_options, step=200):
+  """``fork.inherit`` of a sweep config from a parent's config (nothing trained)."""
+  from purax.app import fork as fork_lib
+  from purax.app.config import TrainConfig
+  from purax.app.sweep_config import SweepConfig
+  parent = fork_lib.Parent('/runs/parent', step, TrainConfig.of(
+      model='mlp', steps=step, **parent_options), 'sha')
+  return fork_lib.inherit(SweepConfig.of(model='mlp', steps=600, **sweep_options), parent)
+
+
+def test_a_cooldown_fork_of_a_wsd_parent_starts_its_cooldowns_at_the_branch_point():
+  """Issue 48.1: ``--cooldown-steps 50,100,200,400`` of a WSD parent: the
+  members' cooldowns start at the branch step unless --decay-start says
+  otherwise; a cosine parent is refused by name."""
+  wsd = dict(schedule='wsd', decay_start=1000.0, cooldown_steps=100.0)
+  config = _inherit(wsd, dict(cooldown_steps='50,100,200,400')).validate()
+  specs = config.specs()
+  assert specs['decay_start'] == (200.0,)
+  assert specs['cooldown_steps'] == (50.0, 100.0, 200.0, 400.0)
+  assert config.population_size()[0] == 4
+  assert _inherit(wsd, dict(decay_start='300')).specs() == {
+      **specs, 'decay_start': (300.0,), 'cooldown_steps': (100.0,)}
+  with pytest.raises(ConfigError, match=r"^schedule: expected 'default', the parent "
+                                            r"run's value"):
+    _inherit({}, dict(schedule='wsd', cooldown_steps='50,100'))
