@@ -106,7 +106,7 @@ HPARAMS: tuple[HParam, ...] = (
            '--cooldown-steps; sweep --from: the branch step)'),
     HParam('cooldown_steps', 'cooldown_steps', 'optimizer', 0.0, unset=True,
            help='--schedule wsd: the cooldown\'s length (steps), a 1-sqrt decay to 0 '
-           '(Hägele et al. 2024; unset: 20%% of --steps)'),
+           '(Hägele et al. 2024; unset: 20% of --steps)'),
 )
 
 BY_FIELD = {h.field: h for h in HPARAMS}
