@@ -86,8 +86,8 @@ SCHEDULES: Mapping[str, Callable] = {'cosine': warmup_cosine, 'constant': warmup
                                      'wsd': warmup_stable_decay}
 
 #: The injected hyperparameters of a schedule of :data:`SCHEDULES` (float32
-#: in ``opt_state.hyperparams`` beside the optimizer's, settable with
-#: :func:`purax.set_hyperparams` and varied by populations and forks).
+#: in ``opt_state.hyperparams`` beside the optimizer's, set by
+#: :func:`purax.core.hparams.set` and varied by populations and forks).
 SCHEDULE_HPARAMS: Mapping[str, tuple[str, ...]] = {'wsd': ('decay_start', 'cooldown_steps')}
 
 

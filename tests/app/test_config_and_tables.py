@@ -44,6 +44,8 @@ def test_sections_follow_the_hyperparameter_table():
                                                 for s in o.hparams} | {'label_smoothing'} | {
                                                     s for rows in SCHEDULE_ROWS.values()
                                                     for s in rows}
+  # the command line's schedule rows are the core's injected schedule hyperparameters
+  assert SCHEDULE_ROWS == dict(purax.core.optim.SCHEDULE_HPARAMS)
 
 
 def _task(config):
