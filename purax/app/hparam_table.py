@@ -273,6 +273,8 @@ def parse_spec(row: HParam, text: str):
     ConfigError: a malformed spec or a value outside the row's bounds,
       naming ``--FIELD``, the expected form and the text given.
   """
+  if row.unset and text == repr(row.default):
+    return (row.default,)         # unset: derived (SweepConfig.specs, schedule_values)
   spec = search.parse_spec(row.field.replace("_", "-"), text)
   values = spec if isinstance(spec, tuple) else (spec.low, spec.high)
   expect(all(row.contains(v) for v in values), f'--{row.field.replace("_", "-")}',

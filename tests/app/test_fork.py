@@ -159,3 +159,18 @@ def test_a_cooldown_fork_of_a_wsd_parent_starts_its_cooldowns_at_the_branch_poin
   with pytest.raises(ConfigError, match=r"^schedule: expected 'default', the parent "
                                             r"run's value"):
     _inherit({}, dict(schedule='wsd', cooldown_steps='50,100'))
+
+
+def test_a_wsd_sweep_without_a_parent_derives_what_is_unset_and_names_what_it_cannot():
+  """Unset --decay-start / --cooldown-steps: the last 20% of --steps; an unset
+  decay start with several cooldowns is ambiguous: refused by name."""
+  from purax.app.sweep_config import SweepConfig
+  specs = SweepConfig.of(steps=100, schedule='wsd').validate().specs()
+  assert (specs['decay_start'], specs['cooldown_steps']) == ((80.0,), (20.0,))
+  specs = SweepConfig.of(steps=100, schedule='wsd', cooldown_steps='10').validate().specs()
+  assert (specs['decay_start'], specs['cooldown_steps']) == ((90.0,), (10.0,))
+  with pytest.raises(ConfigError, match=r'^decay_start: expected given when --cooldown-steps '
+                                        r'varies'):
+    SweepConfig.of(steps=100, schedule='wsd', cooldown_steps='10,20').validate()
+  with pytest.raises(ConfigError, match=r'^cooldown_steps: expected unset for --optimizer adamw'):
+    SweepConfig.of(cooldown_steps='10,20').validate()
