@@ -174,3 +174,31 @@ def test_a_wsd_sweep_without_a_parent_derives_what_is_unset_and_names_what_it_ca
     SweepConfig.of(steps=100, schedule='wsd', cooldown_steps='10,20').validate()
   with pytest.raises(ConfigError, match=r'^cooldown_steps: expected unset for --optimizer adamw'):
     SweepConfig.of(cooldown_steps='10,20').validate()
+
+
+def test_the_best_member_of_a_cli_cooldown_fork_equals_the_parent_resumed_with_its_cooldown(
+    tmp_path):
+  """Issue 48.1 through the command line: a WSD parent (its cooldown after its
+  end), forked at step 10 into cooldowns of 20 and 5 steps; the best member
+  equals ``purax train`` resuming a parent of that cooldown to the same step,
+  bitwise (a parent's cooldown does not touch its first 10 steps)."""
+  wsd = ['--schedule', 'wsd', '--decay-start', '10']
+  for cooldown in ('20', '5'):
+    done = purax('train', *PARENT, *wsd, '--cooldown-steps', cooldown,
+                 '--workdir', tmp_path / f'parent{cooldown}')
+    assert done.returncode == 0, done.stderr[-3000:]
+  done = purax('sweep', '--from', tmp_path / 'parent20', '--cooldown-steps', '20,5',
+               '--steps', '30', '--log-every', '5', '--eval-every', '0', '--no-progress',
+               '--workdir', tmp_path / 'fork')
+  assert done.returncode == 0, done.stderr[-3000:]
+  best = json.loads((tmp_path / 'fork' / 'sweep.json').read_text())['members'][0]
+  assert best['decay_start'] == 10.0
+  cooldown = int(best['cooldown_steps'])
+  alone = tmp_path / 'alone'
+  shutil.copytree(tmp_path / f'parent{cooldown}', alone)
+  done = purax('train', '--workdir', alone, '--steps', '30', '--no-progress')
+  assert done.returncode == 0, done.stderr[-3000:]
+  (want, _, want_step), (got, _, got_step) = (final_tree(str(d))
+                                              for d in (alone, tmp_path / 'fork' / 'best'))
+  assert want_step == got_step == 30
+  assert_bitwise(got['state'], want['state'], f'the member of cooldown {cooldown}')
