@@ -343,8 +343,11 @@ def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
   def current(opt_state, *, applied: bool = False):
     # The schedule's count is the updates applied (a skipped update leaves it).
     count = jnp.maximum(opt_state.count - 1, 0) if applied else opt_state.count
-    values = {name: opt_state.hyperparams[name] for name in extra}
-    rate = shape(opt_state.hyperparams['learning_rate'], **values)(count)
+    if extra:
+      values = {name: opt_state.hyperparams[name] for name in extra}
+      rate = shape(opt_state.hyperparams['learning_rate'], **values)(count)
+    else:
+      rate = opt_state.hyperparams['learning_rate'] * unit(count)
     if applied:
       rate = jnp.where(opt_state.count > 0, rate, 0.0)
     return rate.astype(jnp.float32)
