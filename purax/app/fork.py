@@ -144,6 +144,11 @@ def inherit(config, parent: Parent):
   """The sweep ``config`` with the parent's model, data, optimizer settings,
   seed and hyperparameters wherever ``config`` leaves them at their defaults
   (a hyperparameter spec set, e.g. ``--lr 1e-3,3e-4``, is the sweep's).
+  A parent trained with ``--schedule wsd`` forks with its schedule: the
+  cooldown starts at the branch point (``--decay-start`` unset) and lasts
+  ``--cooldown-steps`` (a list: one member per length; unset: the parent's).
+  ``--schedule wsd`` on a parent of another schedule is refused (its state
+  has no ``decay_start`` / ``cooldown_steps`` to set).
 
   Raises:
     ConfigError: a model, data or optimizer option, or ``--seeds``, set to
@@ -169,6 +174,15 @@ def inherit(config, parent: Parent):
     if (getattr(config.optimizer, row.field) == getattr(default.optimizer, row.field)
         and hasattr(theirs.optimizer, row.field)):
       changes[row.field] = repr(float(getattr(theirs.optimizer, row.field)))
+  if changes.get('schedule', config.optimizer.schedule) == 'wsd':
+    # The parent's schedule values as its run resolved them; the cooldown starts at the
+    # branch point unless --decay-start says otherwise.
+    resolved = hparams_lib.schedule_values(theirs.optimizer.values(),
+                                           theirs.run.decay_steps or theirs.run.steps)
+    if config.optimizer.decay_start == default.optimizer.decay_start:
+      changes['decay_start'] = repr(float(parent.step))
+    if config.optimizer.cooldown_steps == default.optimizer.cooldown_steps:
+      changes['cooldown_steps'] = repr(resolved['cooldown_steps'])
   optimizer = dataclasses.replace(config.optimizer, **changes)
   seed = theirs.run.seed
   seeds = parse_seeds(config.population.seeds)

@@ -26,7 +26,7 @@ from typing import Annotated, Literal
 import tyro
 
 from purax.app.fields import field
-from purax.app.optimizer_table import OPTIMIZERS, WEIGHT_DECAY_MASKS
+from purax.app.optimizer_table import OPTIMIZERS, SCHEDULE_ROWS, WEIGHT_DECAY_MASKS
 from purax.core import bounds as bounds_lib
 from purax.core import lazy
 from purax.core.bounds import Bounds
@@ -50,6 +50,8 @@ class HParam:
     default: the value when not given.
     short: a shorter flag and the column / legend name (``lr``).
     help: one line for ``--help``.
+    unset: the default is outside the bounds and means "unset" (a schedule
+      row: its value is derived, :func:`schedule_values`).
   """
 
   field: str
@@ -58,6 +60,7 @@ class HParam:
   default: float
   short: str | None = None
   help: str = ''
+  unset: bool = False
 
   @property
   def label(self) -> str:
@@ -98,6 +101,12 @@ HPARAMS: tuple[HParam, ...] = (
            help='momentum of sgd and muon (Muon\'s authors use 0.95)'),
     HParam('label_smoothing', 'label_smoothing', 'loss', 0.0,
            short='ls', help='label smoothing of the classification / LM loss'),
+    HParam('decay_start', 'decay_start', 'optimizer', -1.0, unset=True,
+           help='--schedule wsd: the step its cooldown starts (unset: --steps minus '
+           '--cooldown-steps; sweep --from: the branch step)'),
+    HParam('cooldown_steps', 'cooldown_steps', 'optimizer', 0.0, unset=True,
+           help='--schedule wsd: the cooldown\'s length (steps), a 1-sqrt decay to 0 '
+           '(Hägele et al. 2024; unset: 20% of --steps)'),
 )
 
 BY_FIELD = {h.field: h for h in HPARAMS}
@@ -128,6 +137,10 @@ _CHOICES = (
         help='which leaves weight decay applies to: matrices (ndim >= 2: no bias or norm '
         'scale; nanoGPT / MaxText) or all (purax before 0.2; runs saved before the option '
         'resume with it)')], 'matrices'),
+    ('schedule', Annotated[Literal[('default', *SCHEDULE_ROWS)], tyro.conf.arg(
+        help='the learning-rate schedule: default (the optimizer\'s own: cosine for adamw) '
+        'or wsd (warmup, constant, then a 1-sqrt cooldown of --cooldown-steps from '
+        '--decay-start; adamw only)')], 'default'),
 )
 
 _SETTINGS = (
@@ -186,9 +199,25 @@ def _settings():
       for name, kind, default, text in _SETTINGS]
 
 
-def takes(optimizer: str, row: HParam) -> bool:
-  """Whether ``row`` applies under ``--optimizer optimizer`` (a loss row always does)."""
+def takes(optimizer: str, row: HParam, schedule: str = 'default') -> bool:
+  """Whether ``row`` applies under ``--optimizer optimizer`` and ``--schedule
+  schedule`` (a loss row always does; a schedule's row under it only)."""
+  for name, rows in SCHEDULE_ROWS.items():
+    if row.state in rows:
+      return schedule == name and name in OPTIMIZERS[optimizer].schedules
   return row.where == 'loss' or row.state in OPTIMIZERS[optimizer].hparams
+
+
+def schedule_values(values: dict, steps: int) -> dict:
+  """``values`` (state names) with an unset schedule row given its meaning:
+  ``cooldown_steps`` 20% of ``steps`` (at least 1), ``decay_start`` ``steps``
+  minus the cooldown (at least 0)."""
+  out = dict(values)
+  if out.get('cooldown_steps') == BY_STATE['cooldown_steps'].default:
+    out['cooldown_steps'] = float(max(1, round(0.2 * steps)))
+  if out.get('decay_start') == BY_STATE['decay_start'].default:
+    out['decay_start'] = float(max(steps - out.get('cooldown_steps', 0.0), 0))
+  return out
 
 
 def _check_optimizer(self) -> None:
@@ -196,13 +225,21 @@ def _check_optimizer(self) -> None:
          ConfigError)
   expect(self.weight_decay_mask in WEIGHT_DECAY_MASKS, 'weight_decay_mask',
          f'one of {sorted(WEIGHT_DECAY_MASKS)}', repr(self.weight_decay_mask), ConfigError)
+  expect(self.schedule == 'default' or self.schedule in OPTIMIZERS[self.name].schedules,
+         'schedule', f"'default' or one of {list(OPTIMIZERS[self.name].schedules)} for "
+         f'--optimizer {self.name}', repr(self.schedule), ConfigError)
   for row in HPARAMS:
     value = getattr(self, row.field)
     default = row.default if isinstance(value, (int, float)) else repr(row.default)
-    expect(takes(self.name, row) or value == default, row.field,
-           f'unset for --optimizer {self.name} (its hyperparameters: '
-           f'{", ".join(r.field for r in HPARAMS if takes(self.name, r))})', repr(value),
-           ConfigError)
+    taken = takes(self.name, row, self.schedule)
+    expect(taken or value == default, row.field,
+           f'unset for --optimizer {self.name}'
+           + (f' --schedule {self.schedule}' if self.schedule != 'default' else '')
+           + f' (its hyperparameters: '
+           f'{", ".join(r.field for r in HPARAMS if takes(self.name, r, self.schedule))})',
+           repr(value), ConfigError)
+    if row.unset and value == default:
+      continue
     if isinstance(value, (int, float)):
       row.check(value)
     else:
@@ -251,6 +288,8 @@ def parse_spec(row: HParam, text: str):
     ConfigError: a malformed spec or a value outside the row's bounds,
       naming ``--FIELD``, the expected form and the text given.
   """
+  if row.unset and text == repr(row.default):
+    return (row.default,)         # unset: derived (SweepConfig.specs, schedule_values)
   spec = search.parse_spec(row.field.replace("_", "-"), text)
   values = spec if isinstance(spec, tuple) else (spec.low, spec.high)
   expect(all(row.contains(v) for v in values), f'--{row.field.replace("_", "-")}',

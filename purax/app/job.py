@@ -32,7 +32,7 @@ from purax.plan import budget
 from purax.app import data as data_lib
 from purax.app import models
 from purax.app.config import TrainConfig
-from purax.app.hparam_table import HPARAMS
+from purax.app.hparam_table import HPARAMS, schedule_values
 from purax.app.optimizer_table import OPTIMIZERS, weight_decay_mask
 from purax.core import metrics as metrics_lib
 from purax.core import objectives
@@ -56,11 +56,12 @@ def build_task(config: TrainConfig, *, num_classes: int, input_shape) -> Task:
                        input_shape=input_shape)
   models.check_input_shape(model, (1, *input_shape), field='x_train')
   opt, run = config.optimizer, config.run
-  values = opt.values()
   spec = OPTIMIZERS[opt.name]
   total = run.decay_steps or run.steps
+  values = schedule_values(opt.values(), total)
   tx = spec.transformation(values, total_steps=total, warmup_steps=min(opt.warmup_steps, total),
-                           weight_decay_mask=weight_decay_mask(opt.weight_decay_mask))
+                           weight_decay_mask=weight_decay_mask(opt.weight_decay_mask),
+                           schedule=opt.schedule)
   policy = get_policy(config.model.precision)
   loss = config.data.objective()
   if opt.z_loss:

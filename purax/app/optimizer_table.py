@@ -43,6 +43,9 @@ class OptimizerSpec:
       its import path, or None.
     leaf_table: ``params -> str``, which leaf gets which part of the
       optimizer (``--dry-run`` prints it), its import path, or None.
+    schedules: the other schedules its builder takes (``--schedule NAME``
+      -> ``schedule=NAME`` and the schedule's hyperparameters,
+      :data:`purax.core.optim.SCHEDULE_HPARAMS`).
   """
 
   builder: Callable[..., optax.GradientTransformation] | str
@@ -51,6 +54,7 @@ class OptimizerSpec:
   schedule: str = 'cosine'
   evaluated: Callable | str | None = None
   leaf_table: Callable | str | None = None
+  schedules: tuple[str, ...] = ()
 
   @property
   def build(self) -> Callable[..., optax.GradientTransformation]:
@@ -63,10 +67,15 @@ class OptimizerSpec:
     return lazy.resolve(self.evaluated)
 
   def transformation(self, values: Mapping[str, float], *, total_steps: int,
-                     warmup_steps: int, weight_decay_mask) -> optax.GradientTransformation:
+                     warmup_steps: int, weight_decay_mask,
+                     schedule: str = 'default') -> optax.GradientTransformation:
     """The transformation of hyperparameter ``values`` (state names; those it
-    does not take are ignored)."""
+    does not take are ignored); ``schedule``: ``'default'`` (the row's own) or
+    one of its ``schedules``, whose hyperparameters ``values`` gives."""
     kwargs = {name: float(values[name]) for name in self.hparams}
+    if schedule != 'default':
+      kwargs['schedule'] = schedule
+      kwargs.update({name: float(values[name]) for name in SCHEDULE_ROWS[schedule]})
     return self.build(total_steps=total_steps, warmup_steps=warmup_steps,
                       weight_decay_mask=weight_decay_mask, **kwargs)
 
@@ -76,7 +85,8 @@ class OptimizerSpec:
 OPTIMIZERS: dict[str, OptimizerSpec] = {
     'adamw': OptimizerSpec(
         'purax.core.optim:adamw', ('learning_rate', 'weight_decay', 'b1', 'b2', 'clip_norm'),
-        'AdamW, warmup then cosine decay to 0 (purax.adamw)'),
+        'AdamW, warmup then cosine decay to 0 (purax.adamw; --schedule wsd: warmup, '
+        'constant, 1-sqrt cooldown)', schedules=('wsd',)),
     'sgd': OptimizerSpec(
         'purax.core.optimizers:sgd', ('learning_rate', 'momentum', 'weight_decay',
                                       'clip_norm'),
@@ -93,6 +103,11 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         'schedule-free AdamW, warmup then constant; evaluated at its average x',
         schedule='constant', evaluated='purax.core.optimizers:schedule_free_eval_params'),
 }
+
+#: ``--schedule`` choices besides ``default`` (each optimizer's own) -> the
+#: hyperparameter rows of that schedule (its injected hyperparameters,
+#: :data:`purax.core.optim.SCHEDULE_HPARAMS`, which a test keeps equal).
+SCHEDULE_ROWS: dict[str, tuple[str, ...]] = {'wsd': ('decay_start', 'cooldown_steps')}
 
 #: ``--weight-decay-mask`` choices: name -> the builders' ``weight_decay_mask``
 #: (a function of the params, by import path; None: every leaf). :func:`weight_decay_mask`

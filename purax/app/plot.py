@@ -42,6 +42,7 @@ from purax.app import hparam_table as hparams_lib
 from purax.app.config import TrainConfig
 from purax.core.bounds import RENAMED
 from purax.core.errors import ConfigError, expect
+from purax.app import optimizer_table
 from purax.app.optimizer_table import OPTIMIZERS
 from purax.core.optim import SCHEDULES
 from purax.io.safe_files import open_file, write_atomic
@@ -278,11 +279,20 @@ def learning_rates(config: Mapping[str, Any], peak: float | None = None,
                    points: int = 200) -> tuple[np.ndarray, np.ndarray]:
   """``(steps, lr)`` of the run's schedule: its optimizer's
   (:data:`purax.app.optimizer_table.OPTIMIZERS`; warmup-cosine,
-  :func:`purax.core.optim.warmup_cosine`, unless it says otherwise)."""
+  :func:`purax.core.optim.warmup_cosine`, unless it says otherwise), or the
+  one of its ``--schedule`` (``wsd``, with its ``decay_start`` and ``cooldown_steps``)."""
   total = int(config.get('decay_steps') or config['steps'])
-  shape = SCHEDULES[OPTIMIZERS[config.get('optimizer', 'adamw')].schedule]
-  schedule = shape(config['learning_rate'] if peak is None else peak,
-                   warmup_steps=min(int(config['warmup_steps']), total), total_steps=total)
+  name = config.get('schedule', 'default')
+  if name == 'default':
+    name, extra = OPTIMIZERS[config.get('optimizer', 'adamw')].schedule, {}
+  else:
+    values = hparams_lib.schedule_values({k: float(config[k]) for k in
+                                          ('decay_start', 'cooldown_steps') if k in config},
+                                         total)
+    extra = {k: values[k] for k in optimizer_table.SCHEDULE_ROWS[name]}
+  schedule = SCHEDULES[name](config['learning_rate'] if peak is None else peak,
+                             warmup_steps=min(int(config['warmup_steps']), total),
+                             total_steps=total, **extra)
   steps = np.unique(np.linspace(0, total, min(points, total + 1)).astype(np.int64))
   return steps, np.asarray([float(schedule(int(s))) for s in steps])
 

@@ -137,6 +137,12 @@ class SweepConfig(Sections):
              row.field, f'unset for --loss {self.data.loss} (it declares '
              f'{sorted(declared) or "no hyperparameter"}: purax.loss_function(hparams=...))',
              repr(value), ConfigError)
+    start = hparams_lib.BY_STATE['decay_start']
+    cooldowns = self.specs().get('cooldown_steps', ())
+    expect(self.optimizer.decay_start != repr(start.default)
+           or (isinstance(cooldowns, tuple) and len(cooldowns) <= 1), 'decay_start',
+           'given when --cooldown-steps varies (sweep --from: the branch step)', 'unset',
+           ConfigError)
     self.base().validate()
     self.run.validate()       # and its --time-budget
     self.population.validate(self.run.eval_every)
@@ -173,9 +179,19 @@ class SweepConfig(Sections):
     """``state name -> spec`` of every hyperparameter the optimizer and the loss
     take (a tuple or a distribution): a loss row only when the loss declares it."""
     declared = self.data.loss_hparams()
-    return {row.state: hparams_lib.parse_spec(row, getattr(self.optimizer, row.field))
-            for row in hparams_lib.HPARAMS if hparams_lib.takes(self.optimizer.name, row)
-            and (row.where != 'loss' or row.state in declared)}
+    specs = {row.state: hparams_lib.parse_spec(row, getattr(self.optimizer, row.field))
+             for row in hparams_lib.HPARAMS
+             if hparams_lib.takes(self.optimizer.name, row, self.optimizer.schedule)
+             and (row.where != 'loss' or row.state in declared)}
+    # An unset schedule row (--schedule wsd): its value derived from --steps and the first
+    # cooldown (validate refuses an unset --decay-start with several cooldowns).
+    unset = {row.state for row in hparams_lib.HPARAMS if row.unset and row.state in specs
+             and specs[row.state] == (row.default,)}
+    if unset:
+      first = {n: s[0] if isinstance(s, tuple) else s.low for n, s in specs.items()}
+      derived = hparams_lib.schedule_values(first, self.run.steps)
+      specs.update({n: (derived[n],) for n in unset})
+    return specs
 
   def base(self, values: Mapping[str, float] | None = None, *, seed: int | None = None,
            workdir: str | None = None) -> TrainConfig:

@@ -71,6 +71,10 @@ BOUNDS: Mapping[str, Bounds] = {
     'momentum': Bounds(0.0, 1.0, high_open=True),
     'label_smoothing': Bounds(0.0, 1.0, high_open=True),
     'eps': Bounds(0.0, math.inf, high_open=True),
+    # The warmup-stable-decay schedule's (purax.core.optim.warmup_stable_decay), in steps.
+    'decay_start': Bounds(0.0, math.inf, high_open=True),
+    'cooldown_steps': Bounds(0.0, math.inf, low_open=True, high_open=True,
+                             why='the cooldown divides by its length'),
 }
 
 #: Hyperparameter names of purax before 0.3 -> today's (issue #45: one name

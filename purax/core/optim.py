@@ -9,6 +9,7 @@ population of them) never recompiles, and bfloat16 params never round
 """
 
 import functools
+import inspect
 import math
 import numbers
 from typing import Any, Callable, Mapping, NamedTuple
@@ -46,9 +47,49 @@ def warmup_constant(learning_rate, *, warmup_steps: int, total_steps: int = 0):
   return lambda count: learning_rate * unit(count)
 
 
+def warmup_stable_decay(learning_rate, *, warmup_steps: int, total_steps: int,
+                        decay_start=None, cooldown_steps=None):
+  """``step -> learning rate``: warmup-stable-decay (WSD). Linear warmup from 0
+  over ``warmup_steps``, constant ``learning_rate`` (the stable phase), then
+  from step ``decay_start`` a "1-sqrt" cooldown to 0 over ``cooldown_steps``
+  steps, and 0 after it:
+
+    ``rate(t) = learning_rate * min(t / warmup_steps, 1 - sqrt(p))``,
+    ``p = clip((t - decay_start) / cooldown_steps, 0, 1)``
+
+  (the warmup term is 1 when ``warmup_steps == 0``). Source: Hägele et al.
+  2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+  Durations" (arXiv:2405.18392), Eq. for the 1-sqrt cooldown (their best
+  cooldown shape; WSD itself from Hu et al. 2024, MiniCPM).
+
+  ``decay_start`` and ``cooldown_steps`` (steps, float32 ``[]``, may be traced:
+  :func:`scheduled` injects them as hyperparameters) default to a cooldown
+  of the last 20% of ``total_steps`` (Hägele et al.'s 20%), otherwise
+  ``total_steps`` is unused. Computed in float32 (steps exact below 2**24).
+  """
+  if cooldown_steps is None:
+    cooldown_steps = max(1, round(0.2 * total_steps))
+  if decay_start is None:
+    decay_start = max(total_steps - cooldown_steps, 0)
+
+  def rate(count):
+    t = jnp.asarray(count, jnp.float32)
+    warm = (jnp.ones((), jnp.float32) if warmup_steps == 0
+            else jnp.minimum(t / jnp.float32(warmup_steps), 1.0))
+    p = jnp.clip((t - decay_start) / cooldown_steps, 0.0, 1.0)
+    return learning_rate * jnp.minimum(warm, 1.0 - jnp.sqrt(p))
+  return rate
+
+
 #: The schedules of :func:`scheduled`, by name: ``(learning_rate, *, warmup_steps,
-#: total_steps) -> (step -> learning rate)``.
-SCHEDULES: Mapping[str, Callable] = {'cosine': warmup_cosine, 'constant': warmup_constant}
+#: total_steps, **SCHEDULE_HPARAMS[name]) -> (step -> learning rate)``.
+SCHEDULES: Mapping[str, Callable] = {'cosine': warmup_cosine, 'constant': warmup_constant,
+                                     'wsd': warmup_stable_decay}
+
+#: The injected hyperparameters of a schedule of :data:`SCHEDULES` (float32
+#: in ``opt_state.hyperparams`` beside the optimizer's, set by
+#: :func:`purax.core.hparams.set` and varied by populations and forks).
+SCHEDULE_HPARAMS: Mapping[str, tuple[str, ...]] = {'wsd': ('decay_start', 'cooldown_steps')}
 
 
 def matrices(params):
@@ -249,7 +290,12 @@ def scheduled(inner: Callable, *, schedule: str = 'cosine', warmup_steps: int,
       hyperparameter (``inject_hyperparams`` reads its signature);
       ``schedule(learning_rate)`` is the ``step -> learning rate`` function to use.
     schedule: a key of :data:`SCHEDULES` (``'cosine'``: warmup then cosine
-      decay to 0 at ``total_steps``; ``'constant'``: warmup then constant).
+      decay to 0 at ``total_steps``; ``'constant'``: warmup then constant;
+      ``'wsd'``: warmup, constant, a 1-sqrt cooldown to 0,
+      :func:`warmup_stable_decay`). A schedule of :data:`SCHEDULE_HPARAMS`
+      has its own injected hyperparameters (``'wsd'``: ``decay_start``,
+      ``cooldown_steps``), which ``hyperparams`` must give: ``inner`` is
+      wrapped to take them, and ``schedule(learning_rate)`` inside it reads them.
     warmup_steps, total_steps: the schedule's lengths (static).
     hyperparams: ``name -> value`` of every injected hyperparameter, with
       ``learning_rate``: float32 ``[]`` leaves of ``opt_state.hyperparams``.
@@ -277,8 +323,19 @@ def scheduled(inner: Callable, *, schedule: str = 'cosine', warmup_steps: int,
 # population).
 @functools.lru_cache(maxsize=256)
 def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
-  unit = SCHEDULES[schedule](1.0, warmup_steps=warmup_steps, total_steps=total_steps)
+  expect(schedule in SCHEDULES, 'schedule', f'one of {sorted(SCHEDULES)}', repr(schedule),
+         ConfigError)
+  extra = SCHEDULE_HPARAMS.get(schedule, ())
+  missing = [name for name in extra if name not in dict(hyperparams)]
+  expect(not missing, 'hyperparams', f'{list(extra)} with schedule {schedule!r} (its '
+         'injected hyperparameters)', f'none for {missing}', ConfigError)
+  shape = functools.partial(SCHEDULES[schedule], warmup_steps=warmup_steps,
+                            total_steps=total_steps)
+  unit = shape(1.0)
   curve = lambda rate: (lambda count: rate * unit(count))   # noqa: E731
+  if extra:   # the schedule's own hyperparameters: arguments of the inner, injected
+    inner = _with_schedule_hparams(inner, extra)
+    curve = lambda rate, **values: shape(rate, **values)     # noqa: E731
   static = dict(static)
   factory = optax.inject_hyperparams(inner, static_args=('schedule', *static),
                                      hyperparam_dtype=jnp.float32)
@@ -287,7 +344,11 @@ def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
   def current(opt_state, *, applied: bool = False):
     # The schedule's count is the updates applied (a skipped update leaves it).
     count = jnp.maximum(opt_state.count - 1, 0) if applied else opt_state.count
-    rate = opt_state.hyperparams['learning_rate'] * unit(count)
+    if extra:
+      values = {name: opt_state.hyperparams[name] for name in extra}
+      rate = shape(opt_state.hyperparams['learning_rate'], **values)(count)
+    else:
+      rate = opt_state.hyperparams['learning_rate'] * unit(count)
     if applied:
       rate = jnp.where(opt_state.count > 0, rate, 0.0)
     return rate.astype(jnp.float32)
@@ -295,11 +356,33 @@ def _scheduled(inner, schedule, warmup_steps, total_steps, hyperparams, static):
   return ScheduledTransformation(tx.init, standard_promotion(tx.update), current)
 
 
+@functools.lru_cache(maxsize=64)
+def _with_schedule_hparams(inner, names: tuple[str, ...]):
+  """``inner`` taking ``names`` (a schedule's hyperparameters) as keyword
+  arguments too, so ``optax.inject_hyperparams`` (which injects only the
+  arguments of the function it wraps) injects them; they reach the schedule:
+  ``schedule(learning_rate)`` inside ``inner`` is ``schedule(learning_rate,
+  **those values)``. One wrapper per ``inner`` (a Task rebuilt is equal)."""
+  signature = inspect.signature(inner)
+
+  def wrapped(*args, schedule, **kwargs):
+    values = {name: kwargs.pop(name) for name in names}
+    return inner(*args, schedule=lambda rate: schedule(rate, **values), **kwargs)
+
+  parameters = list(signature.parameters.values())
+  parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names]
+  wrapped.__signature__ = signature.replace(parameters=parameters)
+  wrapped.__name__ = getattr(inner, '__name__', 'inner')
+  return wrapped
+
+
 def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 0,
           weight_decay: float = 1e-4, b1: float = 0.9, b2: float = 0.999,
           eps: float = 1e-8, clip_norm: float = 1.0,
-          eps_root: float = 0.0, weight_decay_mask=matrices) -> ScheduledTransformation:
-  """AdamW (Loshchilov & Hutter 2019) with a warmup-cosine schedule and clipping.
+          eps_root: float = 0.0, weight_decay_mask=matrices, schedule: str = 'cosine',
+          decay_start: float | None = None,
+          cooldown_steps: float | None = None) -> ScheduledTransformation:
+  """AdamW (Loshchilov & Hutter 2019) with a warmup-cosine (or WSD) schedule and clipping.
 
   Args:
     learning_rate: the schedule's peak, reached after ``warmup_steps``
@@ -323,9 +406,18 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
       transformers#492); ``None``: every leaf (purax before 0.2, and
       ``optax.adamw``'s default); or a function ``params -> pytree of bools``,
       or such a pytree.
+    schedule: ``'cosine'`` (the default) or ``'wsd'``: warmup, constant
+      ``learning_rate``, then a 1-sqrt cooldown to 0
+      (:func:`warmup_stable_decay`; Hägele et al. 2024).
+    decay_start, cooldown_steps: ``'wsd'`` only (steps, float; injected, so
+      a population or :func:`purax.fork` may vary them): where the cooldown
+      starts and how many steps it spans; default the last 20% of
+      ``total_steps``. ``decay_start`` in ``[0, inf)``, ``cooldown_steps`` in
+      ``(0, inf)`` (:data:`purax.core.bounds.BOUNDS`).
 
   Returns:
     An optax transformation whose state holds the six float hyperparameters
+    (eight with ``'wsd'``)
     as float32 ``[]`` arrays in ``opt_state.hyperparams``; its
     ``learning_rate(opt_state)`` is the rate the next update applies
     (``applied=True``: the last update's; :class:`ScheduledTransformation`).
@@ -344,8 +436,23 @@ def adamw(*, learning_rate: float = 1e-3, total_steps: int, warmup_steps: int = 
   expect(eps_root >= 0, 'eps_root', '>= 0', eps_root, ConfigError)
   expect(eps > 0 or eps_root > 0, 'eps', '> 0 (or eps_root > 0: with both 0 a gradient entry '
          'that is 0 from the start divides 0 by 0)', eps, ConfigError)
-  return scheduled(_adamw_cosine, warmup_steps=warmup_steps, total_steps=total_steps,
+  bounds.check(**{name: value for name, value in (('decay_start', decay_start),
+                                                   ('cooldown_steps', cooldown_steps))
+                  if value is not None})
+  expect(schedule in ('cosine', 'wsd'), 'schedule', "'cosine' or 'wsd'", repr(schedule),
+         ConfigError)
+  expect(schedule == 'wsd' or (decay_start is None and cooldown_steps is None),
+         'decay_start, cooldown_steps', "unset unless schedule='wsd'",
+         f'{decay_start}, {cooldown_steps} with schedule {schedule!r}', ConfigError)
+  extra = {}
+  if schedule == 'wsd':
+    cooldown = max(1, round(0.2 * total_steps)) if cooldown_steps is None else cooldown_steps
+    start = max(total_steps - cooldown, 0) if decay_start is None else decay_start
+    bounds.check(decay_start=start, cooldown_steps=cooldown)
+    extra = dict(decay_start=float(start), cooldown_steps=float(cooldown))
+  return scheduled(_adamw_cosine, schedule=schedule, warmup_steps=warmup_steps,
+                   total_steps=total_steps,
                    hyperparams=dict(learning_rate=learning_rate,
                                     weight_decay=weight_decay, b1=b1, b2=b2, eps=eps,
-                                    clip_norm=clip_norm),
+                                    clip_norm=clip_norm, **extra),
                    static=dict(eps_root=float(eps_root), weight_decay_mask=weight_decay_mask))

@@ -16,7 +16,7 @@ import purax
 from purax.app import cli, data, job, models, runs
 from purax.app import hparam_table as hparams
 from purax.app.config import FORMAT, TrainConfig
-from purax.app.optimizer_table import OPTIMIZERS
+from purax.app.optimizer_table import OPTIMIZERS, SCHEDULE_ROWS
 from purax.app.sweep import SweepConfig
 from purax.core.errors import ConfigError
 
@@ -41,7 +41,11 @@ def test_sections_follow_the_hyperparameter_table():
     assert taken <= state_names, name
     assert not {r.state for r in hparams.HPARAMS} - taken & state_names - {'eps'}, name
   assert {r.state for r in hparams.HPARAMS} == {s for o in OPTIMIZERS.values()
-                                                for s in o.hparams} | {'label_smoothing'}
+                                                for s in o.hparams} | {'label_smoothing'} | {
+                                                    s for rows in SCHEDULE_ROWS.values()
+                                                    for s in rows}
+  # the command line's schedule rows are the core's injected schedule hyperparameters
+  assert SCHEDULE_ROWS == dict(purax.core.optim.SCHEDULE_HPARAMS)
 
 
 def _task(config):
@@ -52,11 +56,16 @@ def _task(config):
 def test_each_bound_is_checked_once_for_train_sweep_and_pbt(row):
   b = row.bounds
   outside = b.low if b.low_open else (b.high if b.high_open else b.high * 2 + 1)
-  optimizer = next(name for name in OPTIMIZERS if hparams.takes(name, row))
+  if row.unset:     # its default (outside the bounds) means unset: another value outside
+    outside = -5.0
+  schedule = next((s for s, rows in SCHEDULE_ROWS.items() if row.state in rows), 'default')
+  optimizer = next(name for name in OPTIMIZERS if hparams.takes(name, row, schedule))
   with pytest.raises(ConfigError, match=f'{row.field}: expected a finite value in'):
-    TrainConfig.of(optimizer=optimizer, **{row.field: outside}).validate()
+    TrainConfig.of(optimizer=optimizer, schedule=schedule, **{row.field: outside}).validate()
+  inside = row.default if not row.unset else b.clip()[0]
   with pytest.raises(ConfigError, match=f"--{row.field.replace('_', '-')}: expected values in"):
-    SweepConfig.of(optimizer=optimizer, **{row.field: f'{row.default},{outside}'}).validate()
+    SweepConfig.of(optimizer=optimizer, schedule=schedule,
+                   **{row.field: f'{inside},{outside}'}).validate()
   lo, hi = row.clip_bounds()
   assert row.contains(lo) and row.contains(hi)
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from purax.app import cli
+from purax.core.errors import ConfigError
 from purax.io.checkpoint import Checkpointer
 from tests.helpers import assert_bitwise
 from tests.helpers_runs import final_tree, purax
@@ -131,3 +132,73 @@ def test_a_fork_resumed_after_its_parent_trained_on_branches_from_the_recorded_s
   (a, _, _), (b, _, _) = (final_tree(str(d / 'best')) for d in (runs / 'straight', fork))
   assert_bitwise(b['state'], a['state'], 'best member')
   assert json.loads((fork / 'lineage.json').read_text())['step'] == 10
+
+
+def _inherit(parent_options, sweep_options, step=200):
+  """``fork.inherit`` of a sweep config from a parent's config (nothing trained)."""
+  from purax.app import fork as fork_lib
+  from purax.app.config import TrainConfig
+  from purax.app.sweep_config import SweepConfig
+  parent = fork_lib.Parent('/runs/parent', step, TrainConfig.of(
+      model='mlp', steps=step, **parent_options), 'sha')
+  return fork_lib.inherit(SweepConfig.of(model='mlp', steps=600, **sweep_options), parent)
+
+
+def test_a_cooldown_fork_of_a_wsd_parent_starts_its_cooldowns_at_the_branch_point():
+  """Issue 48.1: ``--cooldown-steps 50,100,200,400`` of a WSD parent: the
+  members' cooldowns start at the branch step unless --decay-start says
+  otherwise; a cosine parent is refused by name."""
+  wsd = dict(schedule='wsd', decay_start=1000.0, cooldown_steps=100.0)
+  config = _inherit(wsd, dict(cooldown_steps='50,100,200,400')).validate()
+  specs = config.specs()
+  assert specs['decay_start'] == (200.0,)
+  assert specs['cooldown_steps'] == (50.0, 100.0, 200.0, 400.0)
+  assert config.population_size()[0] == 4
+  assert _inherit(wsd, dict(decay_start='300')).specs() == {
+      **specs, 'decay_start': (300.0,), 'cooldown_steps': (100.0,)}
+  with pytest.raises(ConfigError, match=r"^schedule: expected 'default', the parent "
+                                            r"run's value"):
+    _inherit({}, dict(schedule='wsd', cooldown_steps='50,100'))
+
+
+def test_a_wsd_sweep_without_a_parent_derives_what_is_unset_and_names_what_it_cannot():
+  """Unset --decay-start / --cooldown-steps: the last 20% of --steps; an unset
+  decay start with several cooldowns is ambiguous: refused by name."""
+  from purax.app.sweep_config import SweepConfig
+  specs = SweepConfig.of(steps=100, schedule='wsd').validate().specs()
+  assert (specs['decay_start'], specs['cooldown_steps']) == ((80.0,), (20.0,))
+  specs = SweepConfig.of(steps=100, schedule='wsd', cooldown_steps='10').validate().specs()
+  assert (specs['decay_start'], specs['cooldown_steps']) == ((90.0,), (10.0,))
+  with pytest.raises(ConfigError, match=r'^decay_start: expected given when --cooldown-steps '
+                                        r'varies'):
+    SweepConfig.of(steps=100, schedule='wsd', cooldown_steps='10,20').validate()
+  with pytest.raises(ConfigError, match=r'^cooldown_steps: expected unset for --optimizer adamw'):
+    SweepConfig.of(cooldown_steps='10,20').validate()
+
+
+def test_the_best_member_of_a_cli_cooldown_fork_equals_the_parent_resumed_with_its_cooldown(
+    tmp_path):
+  """Issue 48.1 through the command line: a WSD parent (its cooldown after its
+  end), forked at step 10 into cooldowns of 20 and 5 steps; the best member
+  equals ``purax train`` resuming a parent of that cooldown to the same step,
+  bitwise (a parent's cooldown does not touch its first 10 steps)."""
+  wsd = ['--schedule', 'wsd', '--decay-start', '10']
+  for cooldown in ('20', '5'):
+    done = purax('train', *PARENT, *wsd, '--cooldown-steps', cooldown,
+                 '--workdir', tmp_path / f'parent{cooldown}')
+    assert done.returncode == 0, done.stderr[-3000:]
+  done = purax('sweep', '--from', tmp_path / 'parent20', '--cooldown-steps', '20,5',
+               '--steps', '30', '--log-every', '5', '--eval-every', '0', '--no-progress',
+               '--workdir', tmp_path / 'fork')
+  assert done.returncode == 0, done.stderr[-3000:]
+  best = json.loads((tmp_path / 'fork' / 'sweep.json').read_text())['members'][0]
+  assert best['decay_start'] == 10.0
+  cooldown = int(best['cooldown_steps'])
+  alone = tmp_path / 'alone'
+  shutil.copytree(tmp_path / f'parent{cooldown}', alone)
+  done = purax('train', '--workdir', alone, '--steps', '30', '--no-progress')
+  assert done.returncode == 0, done.stderr[-3000:]
+  (want, _, want_step), (got, _, got_step) = (final_tree(str(d))
+                                              for d in (alone, tmp_path / 'fork' / 'best'))
+  assert want_step == got_step == 30
+  assert_bitwise(got['state'], want['state'], f'the member of cooldown {cooldown}')

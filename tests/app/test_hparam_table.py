@@ -48,7 +48,8 @@ CASES = [(opt, name, v) for opt, build in BUILDERS.items()
 
 def test_every_builder_takes_the_table_rows_it_has_arguments_for():
   assert {n for _, n, _ in CASES} == {'learning_rate', 'weight_decay', 'b1', 'b2', 'eps',
-                                      'clip_norm', 'momentum'}
+                                      'clip_norm', 'momentum', 'decay_start',
+                                      'cooldown_steps'}
   assert bounds_lib.BOUNDS['learning_rate'].interval() == '(0, 10]'
 
 

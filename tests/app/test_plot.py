@@ -328,3 +328,17 @@ def test_the_run_plot_draws_every_series_and_a_sweep_marks_pbt_exploits(tmp_path
   (sweep / 'sweep.json').write_text(json.dumps(summary))
   plot.plot(str(sweep))
   assert set(marks) == {20} and len(marks) == len(plot.panels(summary['history'], schedule=True))
+
+
+def test_the_schedule_drawn_for_a_wsd_run_is_its_warmup_stable_decay():
+  """``--schedule wsd``: warmup to step 10, constant, a 1-sqrt cooldown of 40
+  steps from step 50 (not the optimizer's cosine)."""
+  config = {'steps': 100, 'learning_rate': 1e-2, 'warmup_steps': 10, 'schedule': 'wsd',
+            'decay_start': 50.0, 'cooldown_steps': 40.0}
+  steps, lr = plot.learning_rates(config, points=101)
+  want = [1e-2 * min(s / 10, 1 - np.sqrt(np.clip((s - 50) / 40, 0, 1))) for s in steps]
+  np.testing.assert_allclose(lr, want, rtol=1e-5, atol=1e-9)   # float32
+  # unset: the last 20% of --steps
+  _, lr = plot.learning_rates({**config, 'decay_start': -1.0, 'cooldown_steps': 0.0},
+                              points=101)
+  assert lr[80] == pytest.approx(1e-2) and lr[90] == pytest.approx(1e-2 * (1 - np.sqrt(0.5)))

@@ -64,3 +64,43 @@ def test_bad_input_is_named(state, hparams, kw, match):
     start = P.stack([start, start])
   with pytest.raises(ConfigError, match=match):
     purax.fork(start, hparams, **kw)
+
+
+# -- a cooldown fork: the WSD schedule's decay_start / cooldown_steps per member ----------
+
+WSD_TASK = purax.Task(model=tp.TASK.model,
+                      tx=purax.adamw(learning_rate=1e-2, total_steps=10, warmup_steps=2,
+                                     schedule='wsd', decay_start=100.0, cooldown_steps=1.0))
+wsd_sstep = jax.jit(WSD_TASK.step)
+COOLDOWNS = (1.0, 2.0, 4.0)
+
+
+def test_member_i_of_a_cooldown_fork_equals_the_parent_resumed_with_cooldown_i_bitwise():
+  """Issue 48.1: branch cooldowns of 3 lengths from step 3 of a WSD run (its
+  stable phase); member i equals the parent resumed alone with cooldown i,
+  bitwise, and the cooldowns took effect (rates and params differ)."""
+  start = WSD_TASK.init(jax.random.key(7), tp.batch())
+  for s in range(3):
+    start, _ = wsd_sstep(start, tp.batch(s))
+  branch = float(start.step)
+  pop = purax.fork(start, {'decay_start': np.float32([branch] * 3),
+                           'cooldown_steps': np.float32(COOLDOWNS)})
+  for s in range(3, 7):
+    pop, _ = tp.pstep(WSD_TASK, pop, tp.batch(s))
+  rates = []
+  for i, cooldown in enumerate(COOLDOWNS):
+    alone = purax.set_hyperparams(start, decay_start=branch, cooldown_steps=cooldown)
+    for s in range(3, 7):
+      alone, _ = wsd_sstep(alone, tp.batch(s))
+    assert_bitwise(P.member(pop, i), alone, f'member {i}')
+    rates.append(float(WSD_TASK.tx.learning_rate(alone.opt_state, applied=True)))
+  # after 4 cooldown steps: lengths 1 and 2 ended (0), length 4 at its last step
+  assert rates[:2] == [0.0, 0.0] and rates[2] == pytest.approx(1e-2 * (1 - np.sqrt(3 / 4)))
+  assert not np.array_equal(P.member(pop, 0).params['Dense_0']['kernel'],
+                            P.member(pop, 2).params['Dense_0']['kernel'])
+
+
+def test_a_cooldown_fork_of_a_state_without_the_schedule_is_refused_by_name():
+  with pytest.raises(ConfigError, match=r"hyperparameter name: expected one the state carries"
+                                        r".*got 'cooldown_steps'"):
+    purax.fork(parent(1), {'cooldown_steps': [10.0, 20.0]})

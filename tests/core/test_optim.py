@@ -1,3 +1,4 @@
+import math
 from typing import Any
 
 import flax
@@ -131,3 +132,88 @@ def test_the_setter_refuses_a_non_finite_value_of_every_hyperparameter_by_name(v
     with pytest.raises(purax.ConfigError, match=rf'^hyperparameter {name}: expected a finite '
                                                 rf'value in .*, got {value}$'):
       purax.set_hyperparams(state, {name: value})
+
+
+# -- the warmup-stable-decay schedule (issue #48.1: a cooldown as a hyperparameter) --------
+
+WSD = dict(warmup_steps=10, decay_start=40.0, cooldown_steps=16.0)
+
+
+def wsd_formula(t, lr=1e-3, warmup_steps=10, decay_start=40.0, cooldown_steps=16.0):
+  """Hägele et al. 2024's 1-sqrt cooldown, written out in float64."""
+  warm = min(t / warmup_steps, 1.0)
+  p = min(max((t - decay_start) / cooldown_steps, 0.0), 1.0)
+  return lr * min(warm, 1.0 - math.sqrt(p))
+
+
+@pytest.mark.parametrize('count', [0, 5, 10, 25, 40, 44, 52, 56, 57, 200])
+def test_the_wsd_rate_is_the_formula_before_warmup_end_stable_mid_decay_end_and_after(count):
+  """Warmup (5), stable (10, 25, 40: the decay's start), mid-decay (44, 52), its
+  end (56: 0) and after (57, 200: 0): the rate the state reports."""
+  tx = purax.adamw(learning_rate=1e-3, total_steps=100, schedule='wsd', weight_decay=0.0,
+                   clip_norm=1e30, **WSD)
+  state = tx.init({'w': jnp.ones(3)})
+  assert set(optim.SCHEDULE_HPARAMS['wsd']) <= set(state.hyperparams)
+  state = state._replace(count=jnp.int32(count))
+  expected = wsd_formula(count)
+  np.testing.assert_allclose(float(tx.learning_rate(state)), expected, rtol=1e-6, atol=1e-12)
+  if count >= 56:
+    assert float(tx.learning_rate(state)) == 0.0
+
+
+def test_the_wsd_updates_apply_the_formula_at_every_step():
+  """60 updates of purax.adamw(schedule='wsd') against optax.adamw with the
+  formula as its schedule (same moments): equal to float32 rounding (2e-5)."""
+  tx = purax.adamw(learning_rate=1e-3, total_steps=100, schedule='wsd', weight_decay=0.0,
+                   clip_norm=1e30, **WSD)
+  ref = optax.adamw(lambda c: jnp.asarray([wsd_formula(t) for t in range(60)],
+                                          jnp.float32)[c], weight_decay=0.0)
+  params = {'w': jnp.linspace(-1.0, 1.0, 4)}
+  state, rstate = tx.init(params), ref.init(params)
+  for t in range(60):
+    grads = {'w': jnp.sin(params['w'] * (t + 1))}
+    updates, state = tx.update(grads, state, params)
+    expected, rstate = ref.update(grads, rstate, params)
+    np.testing.assert_allclose(updates['w'], expected['w'], rtol=2e-5, atol=1e-9,
+                               err_msg=f'step {t}')
+    assert float(tx.learning_rate(state, applied=True)) == pytest.approx(wsd_formula(t),
+                                                                         rel=1e-6, abs=1e-12)
+    params = optax.apply_updates(params, updates)
+
+
+def test_wsd_leaves_the_other_schedules_and_their_state_as_they_were():
+  tx = purax.adamw(learning_rate=1e-3, total_steps=100)
+  state = tx.init({'w': jnp.ones(3)})
+  assert 'decay_start' not in state.hyperparams and 'cooldown_steps' not in state.hyperparams
+  with pytest.raises(purax.ConfigError, match=r"^decay_start, cooldown_steps: expected unset "
+                                              r"unless schedule='wsd'"):
+    purax.adamw(total_steps=10, cooldown_steps=5)
+  with pytest.raises(purax.ConfigError, match=r'^cooldown_steps: expected a finite value in '
+                                              r'\(0, inf\)'):
+    purax.adamw(total_steps=10, schedule='wsd', cooldown_steps=0)
+  # Defaults: the last 20% of total_steps.
+  tx = purax.adamw(total_steps=100, schedule='wsd')
+  hp = tx.init({'w': jnp.ones(3)}).hyperparams
+  assert (float(hp['decay_start']), float(hp['cooldown_steps'])) == (80.0, 20.0)
+
+
+def test_set_hyperparams_changes_the_wsd_cooldown_without_recompiling():
+  task = purax.Task(model=purax.nn.MLP(num_classes=3, features=(4,)),
+                    tx=purax.adamw(learning_rate=1e-2, total_steps=100, schedule='wsd',
+                                   warmup_steps=0, decay_start=0.0, cooldown_steps=4.0))
+  batch = {'x': np.ones((2, 5), np.float32), 'y': np.zeros((2,), np.int32)}
+  step = jax.jit(task.step)
+  state = task.init(jax.random.key(0), batch)
+  runs = {}
+  for cooldown in (4.0, 400.0):
+    s = purax.set_hyperparams(state, cooldown_steps=cooldown)
+    for _ in range(6):
+      s, _ = step(s, batch)
+    runs[cooldown] = s
+  assert step._cache_size() == 1, 'a new cooldown recompiled'
+  # 4 steps of cooldown: the rate is 0 from step 4 on; 400: still near the peak.
+  assert float(task.tx.learning_rate(runs[4.0].opt_state)) == 0.0
+  np.testing.assert_allclose(float(task.tx.learning_rate(runs[400.0].opt_state)),
+                             1e-2 * (1 - math.sqrt(6 / 400)), rtol=1e-6)
+  assert not np.array_equal(runs[4.0].params['Dense_0']['kernel'],
+                            runs[400.0].params['Dense_0']['kernel'])
