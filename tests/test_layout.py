@@ -52,7 +52,6 @@ NOT_MIRRORED = (
     'purax/nn/resnet.py',
     'purax/parallel/plan.py',
     'purax/parallel/rules.py',
-    'purax/plan/auto.py',
     'purax/plan/candidates.py',
     'purax/inspect/intercept.py',
     'purax/testing/__init__.py',
