@@ -33,7 +33,6 @@ NOT_MIRRORED = (
     'purax/app/report.py',
     'purax/app/sweep_config.py',
     'purax/app/tune_config.py',
-    'purax/core/bounds.py',
     'purax/core/errors.py',
     'purax/core/loss_scale.py',
     'purax/core/shapes.py',
