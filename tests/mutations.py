@@ -24,9 +24,9 @@ MUTATIONS = [
     ('purax/core/update.py', 'jax.random.fold_in(key, i), summed=True',
      'jax.random.fold_in(key, 0), summed=True', 'tests/core/test_update.py'),
     ('purax/core/loss_scale.py', 'self.good_steps + 1 >= self.growth_interval',
-     'self.good_steps >= self.growth_interval', 'tests/core/test_update.py'),
+     'self.good_steps >= self.growth_interval', 'tests/core/test_loss_scale.py'),
     ('purax/core/loss_scale.py', 'self.good_steps + 1 >= self.growth_interval',
-     'self.good_steps + 2 >= self.growth_interval', 'tests/core/test_update.py'),
+     'self.good_steps + 2 >= self.growth_interval', 'tests/core/test_loss_scale.py'),
     ('purax/io/pipeline.py', 'permutation(first + 1)', 'permutation(first)',
      'tests/io/test_pipeline.py'),
     # This round's own.

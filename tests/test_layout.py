@@ -34,7 +34,6 @@ NOT_MIRRORED = (
     'purax/app/sweep_config.py',
     'purax/app/tune_config.py',
     'purax/core/errors.py',
-    'purax/core/loss_scale.py',
     'purax/core/shapes.py',
     'purax/core/state.py',
     'purax/core/strategies.py',
