@@ -46,7 +46,6 @@ NOT_MIRRORED = (
     'purax/nn/cnn.py',
     'purax/nn/equinox.py',
     'purax/nn/mlp.py',
-    'purax/nn/norm.py',
     'purax/nn/resnet.py',
     'purax/parallel/plan.py',
     'purax/parallel/rules.py',
