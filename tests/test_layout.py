@@ -44,7 +44,6 @@ NOT_MIRRORED = (
     'purax/io/compile_time.py',
     'purax/io/formats.py',
     'purax/nn/cnn.py',
-    'purax/nn/equinox.py',
     'purax/nn/mlp.py',
     'purax/nn/resnet.py',
     'purax/parallel/plan.py',
