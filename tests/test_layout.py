@@ -44,7 +44,6 @@ NOT_MIRRORED = (
     'purax/nn/mlp.py',
     'purax/nn/resnet.py',
     'purax/parallel/plan.py',
-    'purax/plan/candidates.py',
     'purax/inspect/intercept.py',
     'purax/testing/__init__.py',
     'purax/tune/lr_rules.py',
