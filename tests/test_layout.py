@@ -35,7 +35,6 @@ NOT_MIRRORED = (
     'purax/core/state.py',
     'purax/core/strategies.py',
     'purax/hooks/standard.py',
-    'purax/hooks/window.py',
     'purax/io/checkpoint/quiet.py',
     'purax/io/checkpoint/replay.py',
     'purax/io/compile_time.py',
