@@ -116,7 +116,7 @@ MUTATIONS = [
      '  return False', 'tests/io/test_writers.py'),
     ('purax/app/fields.py', 'return item.metadata.get(COMPUTATION, not item.metadata.get(',
      'return True or item.metadata.get(COMPUTATION, not item.metadata.get(',
-     'tests/app/test_config.py'),
+     'tests/app/test_fields.py'),
     ('purax/core/task.py', '      message = shapes.mismatch(self, params, batch)\n',
      '      message = None\n', 'tests/core/test_task.py'),
     ('purax/inspect/summary.py', '                      _shard_bytes(leaf)))',

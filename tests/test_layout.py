@@ -28,7 +28,6 @@ TESTS = ROOT / 'tests'
 NOT_MIRRORED = (
     'purax/app/commands.py',
     'purax/app/data.py',
-    'purax/app/fields.py',
     'purax/app/report.py',
     'purax/core/errors.py',
     'purax/core/shapes.py',
