@@ -1,12 +1,11 @@
 """One bounds table (:data:`purax.core.bounds.BOUNDS`) that every builder
-reads: a value outside a row's interval is refused by each optimizer builder,
-by ``purax.set_hyperparams``, by a population and by ``purax train``'s config
+reads: a value outside a row's interval is refused (by each optimizer builder:
+tests/core/test_bounds.py) by ``purax.set_hyperparams``, by a population and by ``purax train``'s config
 with the same named error (``ConfigError``, ``NAME: expected a finite value in
 INTERVAL, got VALUE``); and the learning rate has one name from the flag to
 the state (issue #45)."""
 
 import inspect
-import re
 
 import jax
 import numpy as np
@@ -17,47 +16,9 @@ from purax.app import hparam_table
 from purax.app.config import TrainConfig
 from purax.app.optimizer_table import OPTIMIZERS
 from purax.core import bounds as bounds_lib
-from purax.core import optimizers
 from purax.core import population as pop_lib
 from purax.core.errors import ConfigError
-
-BUILDERS = {'adamw': purax.adamw, 'sgd': optimizers.sgd, 'muon': optimizers.muon,
-            'schedule_free_adamw': optimizers.schedule_free_adamw}
-
-
-def outside(b: bounds_lib.Bounds) -> list[float]:
-  """Values just outside ``b`` (each end that is finite)."""
-  values = [b.low if b.low_open else b.low - 1.0]
-  if np.isfinite(b.high):
-    values.append(b.high * 2 + 1 if not b.high_open else b.high)
-  return values
-
-
-def refused(name: str, value: float, prefix: str = '', member: str = '') -> str:
-  """The one message: ``[prefix]NAME[member]: expected a finite value in INTERVAL, got VALUE``."""
-  b = bounds_lib.bounds(name)
-  expected = b.interval() + (f' ({b.why})' if b.why else '')
-  return (f'^{re.escape(prefix)}{name}{re.escape(member)}: expected a finite value in '
-          f'{re.escape(expected)}, got {re.escape(str(value))}$')
-
-
-CASES = [(opt, name, v) for opt, build in BUILDERS.items()
-         for name in inspect.signature(build).parameters if name in bounds_lib.BOUNDS
-         for v in outside(bounds_lib.BOUNDS[name])]
-
-
-def test_every_builder_takes_the_table_rows_it_has_arguments_for():
-  assert {n for _, n, _ in CASES} == {'learning_rate', 'weight_decay', 'b1', 'b2', 'eps',
-                                      'clip_norm', 'momentum', 'decay_start',
-                                      'cooldown_steps'}
-  assert bounds_lib.BOUNDS['learning_rate'].interval() == '(0, 10]'
-
-
-@pytest.mark.parametrize('optimizer, name, value', CASES)
-def test_a_builder_refuses_a_value_outside_the_table(optimizer, name, value):
-  with pytest.raises(ConfigError, match=refused(name, value)):
-    BUILDERS[optimizer](total_steps=10, **{name: value})
-
+from tests.helpers_bounds import BUILDERS, outside, refused
 
 @pytest.mark.parametrize('name', ['learning_rate', 'weight_decay', 'b1', 'b2', 'eps',
                                   'clip_norm'])

@@ -1,5 +1,6 @@
 """Sweeps: search specs, one compilation per sweep shape, the CLI end to end
-(the grid and random draws: test_search.py)."""
+(the grid and random draws: test_search.py; the options' checks:
+test_sweep_config.py)."""
 
 import json
 import os
@@ -158,37 +159,6 @@ def test_failure_midway_removes_the_sweep_directory(tmp_path, monkeypatch):
     sweep.run(SweepConfig.of(learning_rate='1e-3,2e-3', steps=2, batch_size=16, eval_every=0,
                              workdir=str(workdir), progress=False))
   assert not workdir.exists()
-
-
-def test_pbt_off_the_evaluation_cadence_is_a_clear_error():
-  with pytest.raises(ConfigError, match=r'pbt_every: expected 0 or a multiple of eval_every=100'):
-    SweepConfig.of(learning_rate='1e-3,2e-3', pbt_every=50, eval_every=100).validate()
-  with pytest.raises(ConfigError, match=r'pbt_every: expected a multiple of eval_every=2'):
-    purax.hooks.PBT(every=3).check(2)
-
-
-@pytest.mark.parametrize('args, match', [
-    (['--members', str(10 ** 9), '--lr', 'loguniform:1e-4:1e-2'],
-     r'^members: expected a population of 1 to 2\*\*16 = 65536 members, got 1000000000 '
-     r'\(--members\)$'),
-    (['--lr', ','.join(str(v) for v in range(1, 11)), '--seeds', ','.join(map(str, range(10 ** 4)))],
-     r'^members: expected a population of 1 to 2\*\*16 = 65536 members, got 100000 \(the grid: '
-     r'10 x 10000 seeds\)$'),
-    (['--members', '65536', '--lr', 'loguniform:1e-4:1e-2', '--spike-k', '6', '--spike-window',
-      str(2 ** 24)],
-     r'^spike_window: expected a window whose state \(65536 members\) fits in the [\d.]+ [MG]iB '
-     r'available .*, got 16777216, needing 8192.00 GiB \(float32 \[window, 2\] .* per member\)$'),
-])
-def test_a_population_beyond_its_bound_or_the_memory_is_refused_by_the_config(args, match):
-  """The population's size (--members, or the grid counted without building
-  it) and each member's spike window are checked by SweepConfig.validate(),
-  in well under a second, before any array of that size exists."""
-  import time
-  config = cli.parse(['sweep', *args])
-  start = time.perf_counter()
-  with pytest.raises(ConfigError, match=match):
-    config.validate()
-  assert time.perf_counter() - start < 5
 
 
 def test_members_whose_states_do_not_fit_are_refused_before_the_population_is_made(

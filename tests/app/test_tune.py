@@ -58,25 +58,6 @@ def test_tune_lr_on_the_small_lm_compiles_one_program_for_the_grid(tmp_path, cap
   assert saved['config']['model'] == 'lm' and saved['config']['steps'] == 8
 
 
-def test_tune_lr_refuses_a_foreign_directory_and_bad_grids_before_any_work(tmp_path, capsys):
-  (tmp_path / 'taken').mkdir()
-  (tmp_path / 'taken' / 'notes.txt').write_text('mine')
-  assert cli.main(['tune', 'lr', '--workdir', str(tmp_path / 'taken')]) == 2
-  assert ('workdir: expected a new or empty directory, or a purax range test directory to '
-          "resume (with tune_config.json), got") in capsys.readouterr().err
-  assert os.listdir(tmp_path / 'taken') == ['notes.txt']
-  assert cli.main(['tune', 'lr', '--min-lr', '1e-2', '--max-lr', '1e-3']) == 2
-  assert 'min_lr, max_lr: expected 0 < min_lr < max_lr' in capsys.readouterr().err
-  assert cli.main(['tune', 'lr', '--max-lr', '20']) == 2
-  assert 'max_lr: expected <= 10' in capsys.readouterr().err
-  assert cli.main(['tune', 'lr', '--steps', '2']) == 2     # too few to tell the rates apart
-  assert ('steps: expected at least 8 steps for a range test to tell the rates apart (raise '
-          '--steps), got 2') in capsys.readouterr().err
-  with pytest.raises(tune.RangeTestError, match='steps: expected at least 8'):  # by the config
-    cli.parse(['tune', 'lr', '--steps', '7']).what.validate()
-  assert os.listdir(tmp_path) == ['taken']
-
-
 def test_num_lrs_beyond_its_bound_or_the_memory_is_refused_before_any_state(tmp_path, capsys,
                                                                             monkeypatch):
   """--num-lrs 1e9 is refused by the config at once (before its grid, 8 GB of

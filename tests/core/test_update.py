@@ -15,7 +15,6 @@ import purax
 from purax import nn as pnn
 from purax.core import metrics as metrics_lib
 from purax.core import objectives, optim
-from purax.core.loss_scale import LossScale
 from purax.core.precision import get_policy
 from tests.helpers import assert_bitwise, tiny_batch, tiny_task, tree_equal, with_hyperparam
 
@@ -86,20 +85,6 @@ def test_a_power_of_two_loss_scale_gives_bitwise_the_unscaled_update(exponent, s
   assert metrics_lib.compute(m2)['skipped'] == 0
   plain, _ = jax.jit(PLAIN.step)(PLAIN.init(jax.random.key(seed), batch), batch)
   assert_close(plain.params, s2.params, rtol=1e-6, atol=1e-7)
-
-
-@settings(max_examples=30)
-@given(st.lists(st.booleans(), min_size=1, max_size=60), st.sampled_from([1.0, 2.0 ** 15, 2.0 ** 24]))
-def test_the_loss_scale_halves_on_overflow_grows_after_a_finite_run_and_stays_finite(finites, init):
-  state = LossScale.create(init, growth_interval=3, max_scale=2.0 ** 24)
-  update = jax.jit(lambda s, f: s.update(f))
-  for finite in finites:
-    before = float(state.scale)
-    state = update(state, jnp.asarray(finite))
-    after = float(state.scale)
-    assert np.isfinite(after) and 1.0 <= after <= 2.0 ** 24
-    assert after == (before if before == 1.0 else before / 2) if not finite else after >= before
-    assert np.log2(after) == int(np.log2(after))       # stays a power of two
 
 
 # Compiled once per (task, shapes): the examples share the four programs.
@@ -371,17 +356,6 @@ def test_under_the_bf16_policy_masters_optimizer_and_hyperparameters_stay_float3
 def test_bad_precision_specs(spec, message):
   with pytest.raises(purax.ConfigError, match=message.replace('[', r'\[').replace(']', r'\]')):
     get_policy(spec)
-
-
-def test_the_loss_scale_doubles_exactly_after_growth_interval_finite_steps():
-  """Issue 27.7: with growth_interval=3 the scale doubles at the 3rd finite step of a
-  run (not the 2nd or 4th) and halves at once on a non-finite one."""
-  state = LossScale.create(8.0, growth_interval=3, max_scale=2.0 ** 24)
-  scales = []
-  for finite in [True, True, True, True, True, True, False, True, True, True]:
-    state = state.update(jnp.asarray(finite))
-    scales.append(float(state.scale))
-  assert scales == [8, 8, 16, 16, 16, 32, 16, 16, 16, 32]
 
 
 def test_each_microbatch_draws_its_own_dropout_key():

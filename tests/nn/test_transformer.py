@@ -1,6 +1,6 @@
-"""Transformers: scan == unrolled, the scan-or-unroll rule, causality, KV cache ==
-recomputation (both layouts), determinism, remat, dtypes, logical axes, attention
-kernel choice, errors.
+"""Transformers: scan == unrolled, the scan-or-unroll rule, causality, determinism,
+dtypes, logical axes, attention kernel choice, errors (the KV cache and sampling:
+test_generate.py; remat: test_remat.py).
 
 Tiny shapes (d_model 32, 2 layers, seq 16). Equivalences compare float32 at
 ``highest`` matmul precision: the scanned and unrolled stacks, and the cached
@@ -26,7 +26,7 @@ from purax.nn.attention import (
   attention_implementation,
   kernels_in_hlo,
 )
-from purax.nn.generate import generate, init_cache
+from purax.nn.generate import generate
 from purax.nn.transformer import (
   SCAN_LAYERS_ABOVE,
   DecoderLM,
@@ -34,34 +34,12 @@ from purax.nn.transformer import (
   count_params,
   scans,
 )
-
-SEQ, BATCH = 16, 2
-LM = dict(d_model=32, num_layers=2, num_heads=4, max_len=SEQ)
-
-
-def tokens(seed=0, shape=(BATCH, SEQ)):
-  return jax.random.randint(jax.random.key(seed), shape, 0, 256, jnp.int32)
-
-
-def lm_params(model, x=None):
-  if x is None:
-    return _params(model)
-  return nn.unbox(jax.jit(model.init)(jax.random.key(0), x))['params']
-
-
-@functools.lru_cache(maxsize=None)
-def _params(model):
-  return nn.unbox(jax.jit(model.init)(jax.random.key(0), tokens()))['params']
-
+from tests.helpers_transformer import BATCH, LM, SEQ, jit_apply, lm_params, tokens
 
 def abstract_params(model):
   """Shapes of ``model``'s parameters (not cached: a cache filled under a trace
   would hand its tracers to a later test)."""
   return jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), tokens()))['params'])
-
-
-def jit_apply(model):
-  return jax.jit(model.apply, static_argnames=('train', 'decode', 'mutable'))
 
 
 def unstack(params, num_layers):
@@ -154,56 +132,6 @@ def test_output_at_t_does_not_depend_on_later_tokens(t, seed):
     assert not np.allclose(a[:, t + 1:], b[:, t + 1:])
 
 
-@pytest.mark.parametrize('positions, scan_layers', [('rope', True), ('learned', True),
-                                                   ('rope', False)])
-def test_kv_cache_decoding_equals_full_recomputation(positions, scan_layers):
-  model = DecoderLM(**LM, positions=positions, scan_layers=scan_layers)
-  params = lm_params(model)
-  x = tokens(3)
-  apply = jit_apply(model)
-  full = apply({'params': params}, x)
-  cache = init_cache(model, BATCH, SEQ)
-  # The cache is laid out as the parameters: stacked [layers, ...] when scanned.
-  head_dim = LM['d_model'] // LM['num_heads']
-  per_layer = (BATCH, SEQ, LM['num_heads'], head_dim)
-  if scan_layers:
-    assert cache['layers']['attention']['cached_key'].shape == (LM['num_layers'], *per_layer)
-  else:
-    assert 'layers' not in cache
-    assert cache[f"layers_{LM['num_layers'] - 1}"]['attention']['cached_key'].shape == per_layer
-  pieces = []
-  for start, stop in [(0, 5)] + [(t, t + 1) for t in range(5, SEQ)]:   # prefill, then 1 by 1
-    logits, variables = apply({'params': params, 'cache': cache}, x[:, start:stop],
-                              decode=True, mutable=('cache',))
-    cache = variables['cache']
-    pieces.append(logits)
-  assert int(cache['index']) == SEQ
-  np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize('scan_layers', [True, False])
-def test_greedy_generate_equals_argmax_of_full_recomputation(scan_layers):
-  model = DecoderLM(**LM, scan_layers=scan_layers)
-  params = lm_params(model)
-  prompt = tokens(4, (BATCH, 4))
-  new = generate(model, params, prompt, key=jax.random.key(0), max_new_tokens=6)
-  assert new.dtype == jnp.int32 and new.shape == (BATCH, 6)
-  # Greedy: new token i is the argmax after prompt + new[:i]; by causality one
-  # full pass over prompt + new gives every one of those predictions.
-  logits = jit_apply(model)({'params': params}, jnp.concatenate([prompt, new], axis=1))
-  np.testing.assert_array_equal(new, jnp.argmax(logits[:, 3:-1], axis=-1))
-
-
-def test_sampling_is_a_function_of_the_key():
-  model = DecoderLM(**LM)
-  params = lm_params(model)
-  prompt = tokens(4, (BATCH, 4))
-  sample = lambda seed: generate(model, params, prompt, key=jax.random.key(seed),
-                                 max_new_tokens=6, temperature=1.0)
-  np.testing.assert_array_equal(sample(0), sample(0))
-  assert not np.array_equal(sample(0), sample(1))
-
-
 def test_encoder_is_deterministic_in_evaluation_and_not_in_training():
   model = TransformerEncoder(num_classes=10, d_model=32, num_layers=2, dropout_rate=0.5)
   x = jax.random.normal(jax.random.key(0), (BATCH, 8, 8, 1))
@@ -213,22 +141,6 @@ def test_encoder_is_deterministic_in_evaluation_and_not_in_training():
                                   rngs={'dropout': jax.random.key(seed)})
   np.testing.assert_array_equal(run(False, 0), run(False, 1))
   assert not np.allclose(run(True, 0), run(True, 1))
-
-
-@pytest.mark.parametrize('scan_layers', [True, False])
-def test_remat_gives_the_same_gradients(scan_layers):
-  model = DecoderLM(**LM, scan_layers=scan_layers)
-  params = lm_params(model)
-  x = tokens(6)
-
-  def grads(m):
-    return jax.jit(jax.grad(lambda p: jnp.mean(m.apply({'params': p}, x) ** 2)))(params)
-
-  with jax.default_matmul_precision('highest'):
-    expected = grads(model)
-    actual = grads(model.clone(remat='full'))   # recompute every block in the backward pass
-  for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(actual)):
-    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_compute_dtype_and_storage_dtype_are_separate():

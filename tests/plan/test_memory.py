@@ -26,7 +26,7 @@ from purax.plan import budget as budget_lib
 from purax.plan import candidates as candidates_lib
 from purax.plan import memory
 from purax.plan.candidates import Candidate
-from tests.helpers import tiny_batch, tiny_task
+from tests.helpers import tiny_batch
 
 STEPS = 3
 TX = purax.adamw(learning_rate=1e-2, total_steps=10, warmup_steps=0)
@@ -183,34 +183,6 @@ def test_a_step_that_runs_out_of_memory_names_the_configurations_that_fit(lm):
   with pytest.raises(ValueError, match='not memory'):
     with memory.explain_out_of_memory(LM, batches[0], budget_bytes=budget, **LM_CHOICES):
       raise ValueError('not memory')
-
-
-def test_the_candidates_leave_out_what_changes_the_math_unless_asked():
-  """Cheap (traces only): microbatches that divide the batch (and its share per
-  batch device), one for a model with batch statistics, remat only for a model
-  with a remat field; bad choices are named."""
-  batch = tiny_batch(8)
-  mlp = tiny_task('mlp')
-  assert [c.microbatches for c in candidates_lib.candidates(mlp, batch)] == [1, 2, 4, 8]
-  mesh = parallel.make_mesh(data=4, fsdp=2)
-  got = candidates_lib.candidates(mlp, batch, mesh=mesh)
-  assert [(c.microbatches, c.fsdp) for c in got] == [(1, False), (1, True)]
-  resnet = candidates_lib.candidates(tiny_task('resnet'), batch)     # BatchNorm
-  assert {c.microbatches for c in resnet} == {1}
-  assert [c.remat for c in resnet] == list(candidates_lib.REMAT)
-  allowed = candidates_lib.candidates(tiny_task('resnet'), batch, microbatches=(2, 1))
-  assert [(c.remat, c.microbatches) for c in allowed][:3] == [
-      ('none', 1), ('none', 2), ('dots_with_no_batch_dims_saveable', 1)]
-  with pytest.raises(purax.ConfigError, match=r'remat: expected None for MLP \(it has no remat'):
-    candidates_lib.candidates(mlp, batch, remat=('full',))
-  with pytest.raises(purax.ConfigError, match='microbatches: expected counts that divide the '
-                     'batch of 8'):
-    candidates_lib.candidates(mlp, batch, microbatches=(3,))
-  with pytest.raises(purax.ConfigError, match='precision'):
-    candidates_lib.candidates(mlp, batch, precision=('fp64x',))
-  bf16 = Candidate(precision='bf16').task(mlp)
-  assert bf16.model.dtype == jax.numpy.bfloat16 and bf16.loss_scale is None
-  assert Candidate(precision='fp16').task(mlp).loss_scale == candidates_lib.LOSS_SCALE
 
 
 @pytest.mark.parametrize('text, want', [('8GiB', 8 * 2 ** 30), ('512 MiB', 2 ** 29),

@@ -30,7 +30,7 @@ from purax.io.checkpoint.errors import CheckpointMismatchError
 from tests.helpers_runs import script
 
 KINDS = ('linen', 'nnx', 'functions', 'equinox')
-LAYOUT = pathlib.Path(__file__).resolve().parents[2] / 'purax' / 'io' / 'checkpoint' / 'layout.py'
+LAYOUT = pathlib.Path(__file__).resolve().parents[3] / 'purax' / 'io' / 'checkpoint' / 'layout.py'
 
 
 @pytest.mark.parametrize('kind', KINDS)

@@ -1,4 +1,5 @@
-"""Padding changes nothing, on every execution path (issue 14, item 1).
+"""Padding changes nothing, on every execution path (issue 14, item 1): the
+batch statistics of purax.nn.norm.BatchNorm count only real rows.
 
 A ResNet (BatchNorm) step on 8 real rows plus 8 zero rows of weight 0 equals
 the step on the 8 real rows alone — params, batch statistics and every metric
