@@ -34,7 +34,7 @@ from purax.app import rundir as rundir_lib
 from purax.app import verdict as verdict_lib
 from purax.app.config import TrainConfig
 from purax.app.dry_run import print_summary
-from purax.core.errors import ConfigError, DataError, NonFiniteError, expect
+from purax.core.errors import ConfigError, DataError, NonFiniteError, PuraxError, expect
 from purax.io import compile_time, datasets, export, progress, profile, text, writers
 from purax.io.checkpoint import Checkpointer, CheckpointError, CheckpointMismatchError
 from purax.io.checkpoint import replay
@@ -93,26 +93,32 @@ def train(config: TrainConfig) -> dict:
     rundir.create()
     if rundir.primary:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
-    with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
-                      keep_best=config.run.keep_best, best_metric=config.run.best().key,
-                      best_mode=config.run.best_mode, metadata=job.metadata(),
-                      interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
-      try:
-        restored = resume(job, rundir, checkpointer)
-        ended = ended_run(job, rundir, restored)
-        if ended is not None:
-          return ended          # config.json as it was: nothing ran
-        if not restored.fresh:
-          rundir.update_config()    # e.g. a larger --steps, recorded
-          print(f'purax: resuming {rundir.path} from step {restored.step}', file=sys.stderr)
-        state, history = _fit(job, rundir, checkpointer, restored, stop)
-      except jax.errors.JaxRuntimeError:   # multi-host: a lost peer exits 75, named
-        parallel.distributed.await_verdict()
-        raise
-      finally:   # a committed checkpoint keeps the directory, however the run ends
-        with contextlib.suppress(Exception):
-          if checkpointer.steps():
-            rundir.committed()
+    try:
+      with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
+                        keep_best=config.run.keep_best, best_metric=config.run.best().key,
+                        best_mode=config.run.best_mode, metadata=job.metadata(),
+                        interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
+        try:
+          restored = resume(job, rundir, checkpointer)
+          ended = ended_run(job, rundir, restored)
+          if ended is not None:
+            return ended          # config.json as it was: nothing ran
+          if not restored.fresh:
+            rundir.update_config()    # e.g. a larger --steps, recorded
+            print(f'purax: resuming {rundir.path} from step {restored.step}', file=sys.stderr)
+          state, history = _fit(job, rundir, checkpointer, restored, stop)
+        finally:   # a committed checkpoint keeps the directory, however the run ends
+          with contextlib.suppress(Exception):
+            if checkpointer.steps():
+              rundir.committed()
+    except PuraxError:   # this process's own, named error
+      raise
+    except Exception:
+      # Multi-host: a lost peer may surface as any error (a collective, the
+      # checkpoint's barrier as it closes); the watchdog's verdict comes first
+      # (exit 75, named), before the exit's own shutdown barrier would abort.
+      parallel.distributed.await_verdict()
+      raise
     return finish(job, rundir, state, history, stop, fitted_now=fitted_now)
 
 
