@@ -161,6 +161,7 @@ def test_the_wsd_rate_is_the_formula_before_warmup_end_stable_mid_decay_end_and_
     assert float(tx.learning_rate(state)) == 0.0
 
 
+@pytest.mark.dtype_promotion('standard')   # optax.adamw itself promotes its int32 count
 def test_the_wsd_updates_apply_the_formula_at_every_step():
   """60 updates of purax.adamw(schedule='wsd') against optax.adamw with the
   formula as its schedule (same moments): equal to float32 rounding (2e-5)."""
