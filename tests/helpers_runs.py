@@ -23,6 +23,21 @@ ARGS = ['--model', 'mlp', '--steps', '40', '--batch-size', '32', '--log-every', 
         '--no-progress']
 
 
+class PerStep:
+  """A random-access data set whose batch of step ``s`` is ``fn(s, data[s])``:
+  how the scripts under tests/scripts change or record what ``purax train``
+  reads (``runs.fit`` patched to wrap its ``train_data``)."""
+
+  def __init__(self, data, fn):
+    self.data, self.fn = data, fn
+
+  def __len__(self):
+    return len(self.data)
+
+  def __getitem__(self, step):
+    return self.fn(step, self.data[step])
+
+
 def purax(*args, recorded_stop=None, timeout=180, xla_flags=None):
   """``purax ARGS`` in a fresh process (``xla_flags``: instead of the suite's)."""
   if recorded_stop is None:

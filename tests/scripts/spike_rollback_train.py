@@ -11,22 +11,15 @@ import sys
 
 import purax
 from purax.app import cli, runs
+from tests.helpers_runs import PerStep
 
 spike_at, kill_at = int(sys.argv[1]), int(sys.argv[2])
 argv = sys.argv[3:]
 real_fit = runs.fit
 
 
-class Spiked:
-  def __init__(self, ds):
-    self.ds = ds
-
-  def __len__(self):
-    return len(self.ds)
-
-  def __getitem__(self, step):
-    batch = self.ds[step]
-    return dict(batch, x=batch['x'] * 1e3) if step == spike_at else batch
+def spiked(step, batch):
+  return dict(batch, x=batch['x'] * 1e3) if step == spike_at else batch
 
 
 class KillAt:
@@ -46,7 +39,7 @@ class KillAt:
 def fit(task, state, train_data, **kwargs):
   (checkpoint,) = [h for h in kwargs['hooks'] if isinstance(h, purax.hooks.Checkpoint)]
   kwargs['hooks'] = list(kwargs['hooks']) + [KillAt(checkpoint.checkpointer)]
-  return real_fit(task, state, Spiked(train_data), **kwargs)
+  return real_fit(task, state, PerStep(train_data, spiked), **kwargs)
 
 
 runs.fit = fit

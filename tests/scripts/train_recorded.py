@@ -10,8 +10,8 @@ import os
 import sys
 
 import purax
-
 from purax.app import cli, runs
+from tests.helpers_runs import PerStep
 
 stop_after = int(sys.argv[1])
 argv = sys.argv[2:]
@@ -19,19 +19,11 @@ workdir = argv[argv.index('--workdir') + 1]
 real_fit = runs.fit
 
 
-class Recorded:
-  def __init__(self, ds):
-    self.ds = ds
-
-  def __len__(self):
-    return len(self.ds)
-
-  def __getitem__(self, step):
-    batch = self.ds[step]
-    digest = hashlib.sha1(batch['x'].tobytes() + batch['y'].tobytes()).hexdigest()
-    with open(os.path.join(workdir, 'batches.txt'), 'a') as f:
-      f.write(f'{step} {digest}\n')
-    return batch
+def recorded(step, batch):
+  digest = hashlib.sha1(batch['x'].tobytes() + batch['y'].tobytes()).hexdigest()
+  with open(os.path.join(workdir, 'batches.txt'), 'a') as f:
+    f.write(f'{step} {digest}\n')
+  return batch
 
 
 def fit(task, state, train_data, **kwargs):
@@ -44,7 +36,7 @@ def fit(task, state, train_data, **kwargs):
     return poll() or (stop_after > 0 and calls[0] >= stop_after)
 
   hook.poll = stop
-  return real_fit(task, state, Recorded(train_data), **kwargs)
+  return real_fit(task, state, PerStep(train_data, recorded), **kwargs)
 
 
 runs.fit = fit
