@@ -96,7 +96,7 @@ class NonFiniteReplay:
     if not self.every_step and not record.get('train/skipped'):
       return None                             # the log's number: nothing to read
     if self.every_step and info.window is None:
-      window = metrics_lib.as_tree(info._run.metrics)   # every step: the device window
+      window = metrics_lib.as_tree(info._run.window)   # every step: the device window
       streak = int(jax.device_get(window['skip_streak'].current)) \
           if 'skip_streak' in window else 0
     else:

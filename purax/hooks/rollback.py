@@ -223,7 +223,7 @@ class SpikeRollback:
     bad = [n for n in getattr(run, '_log_every', ()) if n % self.every]
     expect(not bad, 'spike_rollback_every', f'a divisor of log_every={bad[:1]} (a log point '
            'starts a new metrics window, whose spikes it counts)', self.every, ConfigError)
-    expect('spikes' in metrics_lib.as_tree(run.metrics), 'spike_rollback',
+    expect('spikes' in metrics_lib.as_tree(run.window), 'spike_rollback',
            'a task with a spike guard (purax.Task(spike_guard=purax.SpikeGuard(...)))',
            'no spikes metric', ConfigError)
     if self.action == 'lower-lr':
@@ -242,7 +242,7 @@ class SpikeRollback:
       total = float(metrics_lib.as_tree(info.window)['spikes'].value)
       new, self.seen = total - self.seen, 0.0
     else:
-      window = jax.device_get(info._run.metrics)     # one transfer; unpacked on the host
+      window = jax.device_get(info._run.window)     # one transfer; unpacked on the host
       total = float(metrics_lib.as_tree(window)['spikes'].value)
       new, self.seen = total - self.seen, total
     if step % self.every:
