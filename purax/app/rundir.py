@@ -236,6 +236,15 @@ class RunDir(LockedDirectory):
     if self.primary and self.resuming:
       write_atomic(self.file(CONFIG), self.config.to_json())
 
+  def replace_config(self, config: TrainConfig) -> None:
+    """Records ``config``, changed by purax itself during the run (a memory
+    refit, :func:`purax.app.runs.refit`), in ``config.json``; from here the
+    directory is a run to resume (its next attempt restores the newest
+    checkpoint, or starts at step 0 without one)."""
+    self.config, self.resuming = config, True
+    if self.primary:
+      write_atomic(self.file(CONFIG), self.config.to_json())
+
   def committed(self) -> None:
     """A checkpoint is committed: the directory is kept whatever happens next."""
     self._keep = True

@@ -93,33 +93,81 @@ def train(config: TrainConfig) -> dict:
     rundir.create()
     if rundir.primary:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
-    try:
-      with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
-                        keep_best=config.run.keep_best, best_metric=config.run.best().key,
-                        best_mode=config.run.best_mode, metadata=job.metadata(),
-                        interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
-        try:
-          restored = resume(job, rundir, checkpointer)
-          ended = ended_run(job, rundir, restored)
-          if ended is not None:
-            return ended          # config.json as it was: nothing ran
-          if not restored.fresh:
-            rundir.update_config()    # e.g. a larger --steps, recorded
-            print(f'purax: resuming {rundir.path} from step {restored.step}', file=sys.stderr)
-          state, history = _fit(job, rundir, checkpointer, restored, stop)
-        finally:   # a committed checkpoint keeps the directory, however the run ends
-          with contextlib.suppress(Exception):
-            if checkpointer.steps():
-              rundir.committed()
-    except PuraxError:   # this process's own, named error
-      raise
-    except Exception:
-      # Multi-host: a lost peer may surface as any error (a collective, the
-      # checkpoint's barrier as it closes); the watchdog's verdict comes first
-      # (exit 75, named), before the exit's own shutdown barrier would abort.
-      parallel.distributed.await_verdict()
-      raise
-    return finish(job, rundir, state, history, stop, fitted_now=fitted_now)
+    while True:
+      try:
+        trained = _attempt(job, rundir, stop)
+      except jax.errors.JaxRuntimeError as e:
+        if job.config.run.time_budget is None or not profile.is_out_of_memory(e):
+          raise
+        job = refit(job, rundir, e, starting)   # then resumes from the newest checkpoint
+        continue
+      if isinstance(trained, dict):
+        return trained          # an ended run: config.json as it was, nothing ran
+      state, history = trained
+      return finish(job, rundir, state, history, stop, fitted_now=fitted_now)
+
+
+def _attempt(job, rundir, stop):
+  """Restores or initialises the state and trains (:func:`_fit`): ``(state,
+  history)``, or the final metrics of a run that has already ended
+  (:func:`ended_run`)."""
+  config = job.config
+  try:
+    with Checkpointer(rundir.file('checkpoints'), keep_last=config.run.keep_last,
+                      keep_best=config.run.keep_best, best_metric=config.run.best().key,
+                      best_mode=config.run.best_mode, metadata=job.metadata(),
+                      interval_s=config.run.checkpoint_interval_s or None) as checkpointer:
+      try:
+        restored = resume(job, rundir, checkpointer)
+        ended = ended_run(job, rundir, restored)
+        if ended is not None:
+          return ended
+        if not restored.fresh:
+          rundir.update_config()    # e.g. a larger --steps, recorded
+          print(f'purax: resuming {rundir.path} from step {restored.step}', file=sys.stderr)
+        return _fit(job, rundir, checkpointer, restored, stop)
+      finally:   # a committed checkpoint keeps the directory, however the run ends
+        with contextlib.suppress(Exception):
+          if checkpointer.steps():
+            rundir.committed()
+  except PuraxError:   # this process's own, named error
+    raise
+  except Exception:
+    # Multi-host: a lost peer may surface as any error (a collective, the
+    # checkpoint's barrier as it closes); the watchdog's verdict comes first
+    # (exit 75, named), before the exit's own shutdown barrier would abort.
+    parallel.distributed.await_verdict()
+    raise
+
+
+def refit(job, rundir, error: BaseException, phase) -> job_lib.Job:
+  """A run on a ``--time-budget`` whose step ran out of memory, fitted again
+  on its own (:func:`purax.app.fit_memory.refit_config`: the fastest
+  configuration below the step that failed): the choice written into
+  ``config.json`` and recorded in ``memory_refits.json``, and the job
+  rebuilt with it; the next attempt resumes from the newest checkpoint (or
+  starts at step 0 without one), on the same clock.
+
+  Raises:
+    OutOfMemoryError: no configuration fits below the step that failed.
+  """
+  config, record = fit_memory.refit_config(job.config, error,
+                                           stream=sys.stderr if rundir.primary else None)
+  steps = []
+  if os.path.isdir(rundir.file('checkpoints')):
+    with Checkpointer(rundir.file('checkpoints'), read_only=True, interval_s=None) as reader:
+      steps = reader.steps()
+  record['resumed_from_step'] = max(steps, default=0)
+  if rundir.primary:
+    fit_memory.record_refit(rundir.path, record)
+  rundir.replace_config(config)
+  changed = ', '.join(f'--{k.replace("_", "-")} {record["failed"][k]} -> {v}'
+                      for k, v in record['chosen'].items() if v != record['failed'][k]
+                      and k != 'peak_bytes')
+  print(f'purax: out of memory ({record["error"]}); fitted again below it ({changed}; '
+        f'recorded in {fit_memory.REFITS}); resuming from step {record["resumed_from_step"]}',
+        file=sys.stderr)
+  return job_lib.build(config, phase=phase)
 
 
 def connect(config: TrainConfig) -> TrainConfig:
@@ -215,9 +263,12 @@ def _fit(job, rundir, checkpointer, restored, stop):
           metric=best.key, mode=best.mode, patience=run.patience,
           every=0 if best.key.startswith('eval') else run.log_every))
     mesh = getattr(job.plan, 'mesh', None)
-    with plan_memory.explain_out_of_memory(
-        job.task, job.sample, mesh=mesh, spell=lambda c: fit_memory.flags(c, mesh),
-        **fit_memory.choices(job.config)), profile.memory_profile_on_oom(rundir.path):
+    # Out of memory: on a time budget the run fits again (train), else the error names fits.
+    explain = (contextlib.nullcontext() if run.time_budget is not None else
+               plan_memory.explain_out_of_memory(
+                   job.task, job.sample, mesh=mesh, spell=lambda c: fit_memory.flags(c, mesh),
+                   **fit_memory.choices(job.config)))
+    with explain, profile.memory_profile_on_oom(rundir.path):
       return fit(job.task, restored, job.train_data, steps=job.config.run.steps, plan=job.plan,
                  hooks=hooks + list(job.hooks), steps_per_call=run.steps_per_call)
   finally:
@@ -289,7 +340,8 @@ def write_verdict(job, rundir, end: End, final: dict, fitted_now: bool) -> None:
     return
   verdict_lib.write(rundir.file(verdict_lib.VERDICT), verdict_lib.of_run(
       job.config, end, final, budget, fitted_now=fitted_now,
-      replay_dir=rundir.file(replay.DIRECTORY), compile_s=compile_time.seconds()))
+      replay_dir=rundir.file(replay.DIRECTORY), compile_s=compile_time.seconds(),
+      workdir=rundir.path))
   print(f'purax: verdict {rundir.file(verdict_lib.VERDICT)} ({budget.used():.1f} s of the '
         f'{budget.seconds:g} s budget used)', file=sys.stderr)
 

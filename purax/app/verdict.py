@@ -6,7 +6,9 @@ run reports it (``final_metrics.json``'s evaluation), the examples (or
 tokens, for a language model) it has trained on, the configuration, the
 budget, the wall time this invocation used, the compilation time (left out of
 the step time) and what purax did on its own: ``memory_fits`` (``--fit-memory``:
-the configuration it chose) and ``nan_diagnoses`` (the updates skipped as
+the configuration it chose; then each ``memory_refit`` after the step ran out
+of memory: the error, the configuration that failed and the one chosen with
+their compiled peaks, the budget, the step resumed from) and ``nan_diagnoses`` (the updates skipped as
 non-finite and replayed, :class:`purax.hooks.NonFiniteReplay`); both lists are
 empty when the run did neither.
 
@@ -33,6 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from purax.app import fit_memory
 from purax.app import rundir as rundir_lib
 from purax.io.checkpoint import Checkpointer
 from purax.io.checkpoint import replay
@@ -53,15 +56,18 @@ def seen(config, steps: int) -> dict[str, int]:
   return {'examples': int(steps) * data.batch_size}
 
 
-def memory_fits(config, fitted_now: bool) -> list[dict]:
-  """What ``--fit-memory`` chose (the fields it writes into the config), or []."""
+def memory_fits(config, fitted_now: bool, workdir: str | None = None) -> list[dict]:
+  """What ``--fit-memory`` chose (the fields it writes into the config), then
+  each refit after the step ran out of memory (``workdir``'s
+  ``memory_refits.json``, :func:`purax.app.fit_memory.refits`); [] for neither."""
+  refits = [] if workdir is None else fit_memory.refits(workdir)
   if not config.run.fit_memory:
-    return []
+    return refits
   return [{'action': 'memory_fit', 'when': 'this invocation' if fitted_now else
            'when the run began (config.json keeps it)', 'remat': config.model.remat,
            'microbatches': config.optimizer.microbatches,
            'precision': config.model.precision, 'mesh': config.run.mesh,
-           'memory_budget': config.run.memory_budget}]
+           'memory_budget': config.run.memory_budget}] + refits
 
 
 def nan_diagnoses(directory: str) -> list[dict]:
@@ -79,7 +85,7 @@ def nan_diagnoses(directory: str) -> list[dict]:
 
 
 def of_run(config, end, final: dict, budget, *, fitted_now: bool, replay_dir: str,
-           compile_s: float) -> dict[str, Any]:
+           compile_s: float, workdir: str | None = None) -> dict[str, Any]:
   """The verdict of a ``purax train`` run (the module docstring).
 
   Args:
@@ -90,6 +96,8 @@ def of_run(config, end, final: dict, budget, *, fitted_now: bool, replay_dir: st
     fitted_now: ``--fit-memory`` fitted in this invocation.
     replay_dir: the run's ``nonfinite/`` directory.
     compile_s: the seconds this invocation spent compiling.
+    workdir: the run directory, whose refits after running out of memory
+      are listed (None: none).
   """
   return {
       'format': FORMAT, 'status': end.status, 'end': end.as_dict(), 'step': end.step,
@@ -99,7 +107,7 @@ def of_run(config, end, final: dict, budget, *, fitted_now: bool, replay_dir: st
       'budget_s': budget.seconds, 'wall_s': round(budget.used(), 3),
       'compile_s': round(compile_s, 3),
       'time_budget': budget.report(),
-      'memory_fits': memory_fits(config, fitted_now),
+      'memory_fits': memory_fits(config, fitted_now, workdir),
       'nan_diagnoses': nan_diagnoses(replay_dir),
   }
 

@@ -142,8 +142,12 @@ def save_memory_profile(path: str) -> str:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-  """Whether ``error`` is XLA's out-of-memory (``RESOURCE_EXHAUSTED``)."""
-  return isinstance(error, jax.errors.JaxRuntimeError) and 'RESOURCE_EXHAUSTED' in str(error)
+  """Whether ``error`` is XLA's out-of-memory: status ``RESOURCE_EXHAUSTED``, or
+  an "Out of memory" under another status (the CPU's ``INTERNAL: Error
+  dispatching computation: Out of memory allocating N bytes`` when the failed
+  step is read later)."""
+  return isinstance(error, jax.errors.JaxRuntimeError) and (
+      'RESOURCE_EXHAUSTED' in str(error) or 'out of memory' in str(error).lower())
 
 
 @contextlib.contextmanager

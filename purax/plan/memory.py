@@ -414,11 +414,7 @@ def out_of_memory_message(task: Task, batch, *, mesh=None, budget_bytes=None, sp
   human = summary_lib.human_bytes
   try:
     if budget_bytes is None:
-      budget_bytes, source = default_budget()
-      failed = measure(task, batch, mesh).get('peak_bytes')
-      if failed and failed * (1 - MARGIN) < budget_bytes:
-        budget_bytes = int(failed * (1 - MARGIN))
-        source = f'below the {human(failed)} of the step that failed'
+      budget_bytes, source, _ = budget_below_failure(task, batch, mesh=mesh)
     else:
       source = 'given'
     fit = fit_memory(task, batch, mesh=mesh, budget_bytes=budget_bytes, quiet=True,
@@ -430,3 +426,25 @@ def out_of_memory_message(task: Task, batch, *, mesh=None, budget_bytes=None, sp
   named = '; '.join(f'{spell(r.candidate)} ({human(r.peak_bytes)})' for r in fitting)
   return (f'{head}; configurations that fit {human(budget_bytes)} per device ({source}), '
           f'fastest first: {named}')
+
+
+def budget_below_failure(task: Task, batch, *, mesh: Mesh | None = None,
+                         budget_bytes: int | None = None) -> tuple[int, str, int | None]:
+  """``(bytes, words, failed)``: the budget per device for a step that ran
+  out of memory to be fitted again: ``budget_bytes`` (default the device's,
+  :func:`purax.plan.budget.default_budget`), and at most the compiled peak of
+  the step that failed (``failed``, bytes; :func:`measure`) less
+  :data:`MARGIN`: that much did not fit. ``words`` says which bound holds.
+
+  Raises:
+    ConfigError: no budget given and the device reports none.
+  """
+  if budget_bytes is None:
+    budget_bytes, words = default_budget()
+  else:
+    words = 'given'
+  failed = measure(task, batch, mesh).get('peak_bytes')
+  if failed and failed * (1 - MARGIN) < budget_bytes:
+    budget_bytes = int(failed * (1 - MARGIN))
+    words = f'{1 - MARGIN:.0%} of the {summary_lib.human_bytes(failed)} of the step that failed'
+  return int(budget_bytes), words, (int(failed) if failed else None)
