@@ -229,17 +229,21 @@ HOOKS: dict[str, Callable] = {
     'histograms': lambda config, task, plan, data, train_data: hooks_lib.Histograms(
         every=config.run.histograms, task=task, batch=train_data[0]),
     'time_budget': lambda config, task, plan, data, train_data: time_budget(
-        config.run.time_budget, data.eval(config.data.eval_batch_size)),
+        config.run.time_budget, data.eval(config.data.eval_batch_size),
+        last_step=config.run.decay_steps),
 }
 
 
-def time_budget(duration: str, eval_data, *, report_s: float = 0.0) -> hooks_lib.TimeBudget:
+def time_budget(duration: str, eval_data, *, report_s: float = 0.0,
+                last_step: int | None = None) -> hooks_lib.TimeBudget:
   """The ``--time-budget`` hook: its clock started with the process (the
   command's wall time), its final evaluation ``eval_data``; ``report_s``
-  more kept for what the command writes after training (a sweep's report)."""
+  more kept for what the command writes after training (a sweep's report);
+  ``last_step`` the step it ends at however much is left (the schedule's
+  end, ``--decay-steps``)."""
   seconds = budget_lib.parse_duration(duration)
   return hooks_lib.TimeBudget(seconds, eval_data=eval_data, started=process_started(),
-                              tail_s=max(2.0, 0.03 * seconds) + report_s)
+                              tail_s=max(2.0, 0.03 * seconds) + report_s, last_step=last_step)
 
 
 def process_started() -> float:

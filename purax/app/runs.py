@@ -16,10 +16,12 @@ return normally.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,7 @@ from jax.experimental import multihost_utils
 
 from purax import hooks as hooks_lib
 from purax import parallel
+from purax.app import calibrate
 from purax.app import job as job_lib
 from purax.app import fit_memory
 from purax.app import rundir as rundir_lib
@@ -86,25 +89,81 @@ def train(config: TrainConfig) -> dict:
       config, _ = fit_memory.fit_config(config, stream=sys.stderr if rundir.primary else None)
       rundir.config = config
       starting('fitting the step in memory')
-    job = job_lib.build(config, phase=starting)
-    job_lib.check_best_metric(job)
-    if rundir.primary:
-      print_summary(job.abstract['state'], shardings=job.plan.state_sharding)
+    began = time.monotonic()
+    job = build_job(config, rundir, starting)
+    build_s = time.monotonic() - began
     rundir.create()
     if rundir.primary:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
+    # A new run on a budget plans its steps first, so that its schedule ends with it.
+    planning = (config.run.time_budget is not None and not config.run.decay_steps
+                and not rundir.resuming)
+    planned = None
     while True:
       try:
+        if planning:
+          job, planned = plan_schedule(job, rundir, starting, rebuild_s=build_s)
+          planning = False
         trained = _attempt(job, rundir, stop)
       except jax.errors.JaxRuntimeError as e:
         if job.config.run.time_budget is None or not profile.is_out_of_memory(e):
           raise
-        job = refit(job, rundir, e, starting)   # then resumes from the newest checkpoint
+        config, restart = refit(job, rundir, e)   # the next attempt resumes from `restart`
+        job = job_lib.build(config, phase=starting)
+        planning = planning or (planned is not None and restart == 0)   # planned again
         continue
       if isinstance(trained, dict):
         return trained          # an ended run: config.json as it was, nothing ran
       state, history = trained
-      return finish(job, rundir, state, history, stop, fitted_now=fitted_now)
+      return finish(job, rundir, state, history, stop, fitted_now=fitted_now, planned=planned)
+
+
+def build_job(config: TrainConfig, rundir, phase) -> job_lib.Job:
+  """The run's job (:func:`purax.app.job.build`), its summary printed; a
+  resumed run on a ``--time-budget`` without ``--decay-steps`` follows the
+  schedule planned when it began (``config.json``, :func:`plan_schedule`).
+  ``rundir.config`` follows."""
+  if config.run.time_budget is not None and not config.run.decay_steps and rundir.resuming:
+    config = dataclasses.replace(config, run=dataclasses.replace(
+        config.run, decay_steps=rundir.saved_config().run.decay_steps))
+  job = job_lib.build(config, phase=phase)
+  job_lib.check_best_metric(job)
+  if rundir.primary:
+    print_summary(job.abstract['state'], shardings=job.plan.state_sharding)
+  rundir.config = config
+  return job
+
+
+def plan_schedule(job, rundir, phase, *, rebuild_s: float) -> tuple[job_lib.Job, dict]:
+  """A new run on a ``--time-budget`` without ``--decay-steps``: its steps
+  planned on a throwaway copy (:func:`purax.app.calibrate.calibrated`) and,
+  when fewer than ``--steps``, its schedule decaying over them: the job
+  built again with them and ``config.json`` recording them. Returns the job
+  and what was measured.
+
+  Raises:
+    ConfigError: naming ``time_budget``, a budget too short for one step.
+    jax.errors.JaxRuntimeError: the step ran out of memory (fitted again by :func:`train`).
+  """
+  config, planned = calibrate.calibrated(job, rebuild_s=rebuild_s)
+  say_calibration(planned, config)
+  if planned['decay_steps'] is not None:
+    job = job_lib.build(config, phase=phase)
+    rundir.replace_config(config)
+  phase('planning the steps in the budget')
+  return job, planned
+
+
+def say_calibration(planned: dict, config: TrainConfig) -> None:
+  """What :func:`purax.app.calibrate.calibrated` planned, in words on stderr."""
+  if planned['planned_steps'] is not None:
+    decay = (f'the learning-rate schedule decays over them (--decay-steps '
+             f'{planned["decay_steps"]}, recorded in config.json)'
+             if planned['decay_steps'] is not None else
+             f'--steps {config.run.steps} comes first')
+    print(f'purax: {planned["planned_steps"]} steps fit in the budget (measured on a '
+          f'throwaway copy: {planned["step_s"] * 1e3:.3g} ms a step, compilation '
+          f'{planned["compile_s"]:.1f} s); {decay}', file=sys.stderr)
 
 
 def _attempt(job, rundir, stop):
@@ -140,13 +199,13 @@ def _attempt(job, rundir, stop):
     raise
 
 
-def refit(job, rundir, error: BaseException, phase) -> job_lib.Job:
+def refit(job, rundir, error: BaseException) -> tuple[TrainConfig, int]:
   """A run on a ``--time-budget`` whose step ran out of memory, fitted again
   on its own (:func:`purax.app.fit_memory.refit_config`: the fastest
   configuration below the step that failed): the choice written into
-  ``config.json`` and recorded in ``memory_refits.json``, and the job
-  rebuilt with it; the next attempt resumes from the newest checkpoint (or
-  starts at step 0 without one), on the same clock.
+  ``config.json`` and recorded in ``memory_refits.json``. Returns the
+  config and the step the next attempt resumes from (its newest checkpoint,
+  0 without one), on the same clock.
 
   Raises:
     OutOfMemoryError: no configuration fits below the step that failed.
@@ -167,7 +226,7 @@ def refit(job, rundir, error: BaseException, phase) -> job_lib.Job:
   print(f'purax: out of memory ({record["error"]}); fitted again below it ({changed}; '
         f'recorded in {fit_memory.REFITS}); resuming from step {record["resumed_from_step"]}',
         file=sys.stderr)
-  return job_lib.build(config, phase=phase)
+  return config, record['resumed_from_step']
 
 
 def connect(config: TrainConfig) -> TrainConfig:
@@ -282,7 +341,8 @@ def _all_finite(tree) -> jax.Array:
                            or [jnp.bool_(True)]))
 
 
-def finish(job, rundir, state, history, stop, *, fitted_now: bool = False) -> dict:
+def finish(job, rundir, state, history, stop, *, fitted_now: bool = False,
+           planned: dict | None = None) -> dict:
   """The run's result, said once: how it ended (:class:`purax.hooks.End`),
   in ``final_metrics.json`` (a finished or early-stopped run), in
   ``verdict.json`` (a run on a ``--time-budget``, :mod:`purax.app.verdict`:
@@ -305,7 +365,7 @@ def finish(job, rundir, state, history, stop, *, fitted_now: bool = False) -> di
     stopped = End('stopped', reached, f'a checkpoint at step {reached} is committed in '
                   f'{rundir.file("checkpoints")}; run the same command to resume{status}',
                   signal=by)
-    write_verdict(job, rundir, end or stopped, {}, fitted_now)
+    write_verdict(job, rundir, end or stopped, {}, fitted_now, planned)
     say_end(rundir, stopped)
     return {'stopped_by': by, 'step': reached}
   if stop.received:     # e.g. during the final save: the run had ended, and is kept
@@ -326,22 +386,24 @@ def finish(job, rundir, state, history, stop, *, fitted_now: bool = False) -> di
     rundir_lib.write_atomic(rundir.file('final_metrics.json'), json.dumps(
         {'step': reached, **final, 'status': end.status, 'end': end.as_dict()}, indent=2,
         allow_nan=False))
-  write_verdict(job, rundir, end, final, fitted_now)
+  write_verdict(job, rundir, end, final, fitted_now, planned)
   say_end(rundir, end)
   # A signal that came as the run ended is still answered by its status.
   return {**final, 'stopped_by': stop.received} if stop.received else final
 
 
-def write_verdict(job, rundir, end: End, final: dict, fitted_now: bool) -> None:
+def write_verdict(job, rundir, end: End, final: dict, fitted_now: bool,
+                  planned: dict | None = None) -> None:
   """``verdict.json`` of a run on a ``--time-budget`` (:func:`purax.app.verdict.of_run`),
-  written by the writer (process 0) only; nothing without a budget."""
+  written by the writer (process 0) only; nothing without a budget. ``planned``:
+  what :func:`purax.app.calibrate.calibrated` measured in this invocation."""
   budget = next((h for h in job.hooks if isinstance(h, hooks_lib.TimeBudget)), None)
   if budget is None or not rundir.primary:
     return
   verdict_lib.write(rundir.file(verdict_lib.VERDICT), verdict_lib.of_run(
       job.config, end, final, budget, fitted_now=fitted_now,
       replay_dir=rundir.file(replay.DIRECTORY), compile_s=compile_time.seconds(),
-      workdir=rundir.path))
+      workdir=rundir.path, planned=planned))
   print(f'purax: verdict {rundir.file(verdict_lib.VERDICT)} ({budget.used():.1f} s of the '
         f'{budget.seconds:g} s budget used)', file=sys.stderr)
 
@@ -380,8 +442,10 @@ def say_end(rundir, end: End) -> None:
 def ended_run(job, rundir, restored: Restored) -> dict | None:
   """A resumed run that has ended and that this command would not train on:
   its newest readable checkpoint ended it ``finished`` with ``--steps`` not
-  changed, or ``early_stopped`` with ``--patience`` not raised (a run from
-  before 0.3 recorded no end: finished when that checkpoint is at its steps).
+  changed, or ``early_stopped`` with ``--patience`` not raised, or on a
+  ``--time-budget`` at its schedule's end (``--decay-steps``, however long
+  the new budget) (a run from before 0.3 recorded no end: finished when that
+  checkpoint is at its steps).
   Says so and returns its final metrics (``final_metrics.json``, written anew
   from the checkpoint when it is missing or unreadable); None when there is
   training to do. ``config.json`` is left as it was."""
@@ -396,14 +460,18 @@ def ended_run(job, rundir, restored: Restored) -> dict | None:
     end = None
   if end is None or not end.done:
     return None
-  if budget_lib.ended_by_budget(end):
+  # A budget's run at its schedule's end (--decay-steps) has nothing left to train on it.
+  decayed = (config.run.time_budget is not None and bool(config.run.decay_steps)
+             and end.step >= config.run.decay_steps)
+  if budget_lib.ended_by_budget(end) and not decayed:
     if (config.run.time_budget, config.run.steps) != (saved.run.time_budget, saved.run.steps):
       return None                      # another budget (or --steps) trains on: its own budget
-  elif end.status == 'finished' and config.run.steps != end.step:
+  elif end.status == 'finished' and config.run.steps != end.step and not decayed:
     return None                        # a longer --steps trains on
   if end.status == 'early_stopped' and config.run.patience > saved.run.patience:
     return None                        # a larger --patience trains on
-  more = ('another --time-budget or --steps' if budget_lib.ended_by_budget(end) else
+  more = (f'--decay-steps larger than {config.run.decay_steps}, the schedule\'s end' if decayed
+          else 'another --time-budget or --steps' if budget_lib.ended_by_budget(end) else
           '--steps larger than ' + str(end.step) if end.status == 'finished' else
           f'--patience larger than {saved.run.patience}')
   if rundir.primary:

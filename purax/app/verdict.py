@@ -5,12 +5,15 @@ A run's verdict (:func:`of_run`) holds its status and end, the metric as the
 run reports it (``final_metrics.json``'s evaluation), the examples (or
 tokens, for a language model) it has trained on, the configuration, the
 budget, the wall time this invocation used, the compilation time (left out of
-the step time) and what purax did on its own: ``memory_fits`` (``--fit-memory``:
-the configuration it chose; then each ``memory_refit`` after the step ran out
-of memory: the error, the configuration that failed and the one chosen with
-their compiled peaks, the budget, the step resumed from) and ``nan_diagnoses`` (the updates skipped as
-non-finite and replayed, :class:`purax.hooks.NonFiniteReplay`); both lists are
-empty when the run did neither.
+the step time), the learning-rate schedule (``schedule``: the steps it
+decays over, whether the run reached their end, and what was measured to
+plan them before the run started, :mod:`purax.app.calibrate`) and what purax
+did on its own: ``memory_fits`` (``--fit-memory``: the configuration it
+chose; then each ``memory_refit`` after the step ran out of memory: the
+error, the configuration that failed and the one chosen with their compiled
+peaks, the budget, the step resumed from) and ``nan_diagnoses`` (the updates
+skipped as non-finite and replayed, :class:`purax.hooks.NonFiniteReplay`);
+both lists are empty when the run did neither.
 
 A sweep's verdict (:func:`of_sweep`) holds the same per member and, when
 members differ only in their seed, per configuration the mean and spread
@@ -85,7 +88,8 @@ def nan_diagnoses(directory: str) -> list[dict]:
 
 
 def of_run(config, end, final: dict, budget, *, fitted_now: bool, replay_dir: str,
-           compile_s: float, workdir: str | None = None) -> dict[str, Any]:
+           compile_s: float, workdir: str | None = None,
+           planned: dict | None = None) -> dict[str, Any]:
   """The verdict of a ``purax train`` run (the module docstring).
 
   Args:
@@ -98,6 +102,8 @@ def of_run(config, end, final: dict, budget, *, fitted_now: bool, replay_dir: st
     compile_s: the seconds this invocation spent compiling.
     workdir: the run directory, whose refits after running out of memory
       are listed (None: none).
+    planned: the steps planned before the run started, in this invocation
+      (:func:`purax.app.calibrate.calibrated`'s record), or None.
   """
   return {
       'format': FORMAT, 'status': end.status, 'end': end.as_dict(), 'step': end.step,
@@ -107,6 +113,9 @@ def of_run(config, end, final: dict, budget, *, fitted_now: bool, replay_dir: st
       'budget_s': budget.seconds, 'wall_s': round(budget.used(), 3),
       'compile_s': round(compile_s, 3),
       'time_budget': budget.report(),
+      'schedule': {'decay_steps': config.run.decay_steps or config.run.steps,
+                   'ended_at_its_end': end.step >= (config.run.decay_steps or config.run.steps),
+                   'planned_before_start': planned},
       'memory_fits': memory_fits(config, fitted_now, workdir),
       'nan_diagnoses': nan_diagnoses(replay_dir),
   }

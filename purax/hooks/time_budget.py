@@ -96,6 +96,10 @@ class TimeBudget:
     tail_s: seconds reserved after the evaluation: the final checkpoint and
       the process's exit (default ``max(2, 3% of seconds)``).
     probe_steps: steps timed one call at a time after the compiling call.
+    last_step: the step the run ends at however much budget is left (the
+      learning-rate schedule's end: ``purax train --time-budget`` sets its
+      ``--decay-steps`` to the steps planned before it starts,
+      :mod:`purax.app.calibrate`); None: no such end.
     clock: ``() -> seconds`` (``time.monotonic``).
     compiled: ``() -> seconds`` this thread has compiled
       (:func:`purax.io.compile_time.seconds`).
@@ -111,12 +115,16 @@ class TimeBudget:
 
   def __init__(self, seconds: float, *, started: float | None = None,
                eval_data: Iterable | None = None, tail_s: float | None = None,
-               probe_steps: int = 3, clock: Callable[[], float] = time.monotonic,
+               probe_steps: int = 3, last_step: int | None = None,
+               clock: Callable[[], float] = time.monotonic,
                compiled: Callable[[], float] = compile_time.seconds):
     expect(isinstance(seconds, (int, float)) and 0 < seconds < math.inf, 'time_budget',
            'seconds > 0', seconds, ConfigError)
     expect(isinstance(probe_steps, int) and probe_steps >= 1, 'probe_steps', '>= 1',
            probe_steps, ConfigError)
+    expect(last_step is None or (isinstance(last_step, int) and last_step >= 1), 'last_step',
+           'None or an integer >= 1', last_step, ConfigError)
+    self.last_step = last_step
     self.seconds, self.clock, self.compiled = float(seconds), clock, compiled
     self.started = clock() if started is None else started
     self.deadline = self.started + self.seconds
@@ -253,12 +261,16 @@ class TimeBudget:
 
   def plan(self, step: int, now: float) -> int:
     """Plans the step to end at from ``step`` at ``now`` with ``step_s``
-    (:func:`plan_steps`), records it in ``plans`` and returns it."""
+    (:func:`plan_steps`, at most ``last_step``), records it in ``plans`` and
+    returns it."""
     self.planned = plan_steps(step, now, self.deadline, self.step_s, self.reserve_s)
+    if self.last_step is not None:
+      self.planned = min(self.planned, max(self.last_step, step))
     self.plans.append((step, self.step_s, self.planned))
     return self.planned
 
   def _stop(self, step: int) -> Output:
-    return Output(stop=End('finished', step, f'{REASON} of {self.seconds:g} s: {step} steps at '
-                           f'{self.step_s * 1e3:.3g} ms a step (compilation '
+    at_end = " (the schedule's end)" if step == self.last_step else ''
+    return Output(stop=End('finished', step, f'{REASON} of {self.seconds:g} s: {step} steps'
+                           f'{at_end} at {self.step_s * 1e3:.3g} ms a step (compilation '
                            f'{self.compile_s:.1f} s left out)'))

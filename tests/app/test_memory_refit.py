@@ -26,10 +26,11 @@ import sys
 ARGS = ['--model', 'tests.scripts.wide_net:make', '--batch-size', '128',
         '--eval-batch-size', '32', '--warmup-steps', '5', '--steps', '200', '--log-every', '5',
         '--no-progress']
-BUDGET_S = 30.0
+BUDGET_S = 40.0
 #: The address space the training may grow by (MiB): the step of 1 microbatch
-#: (a 1 GiB peak) and of 2 (512 MiB) cannot fit; of 8 (128 MiB) can.
-HEADROOM_MIB = 500
+#: (a 2 GiB peak) cannot fit; of 2 (1 GiB, with the run's other needs, some
+#: 350 MiB) can.
+HEADROOM_MIB = 1700
 
 
 def limited_train(workdir, *args):
@@ -81,7 +82,7 @@ def test_a_step_out_of_memory_is_fitted_again_and_the_run_ends_inside_its_budget
     assert chosen == min(m for m in truth if truth[m] <= r['budget_bytes'])
     assert r['resumed_from_step'] == 0          # it failed at its first step: nothing kept
   last = records[-1]['chosen']['microbatches']
-  assert last in (4, 8)
+  assert last in (2, 4, 8)
   # config.json keeps the choice (a resumed run takes it); the verdict lists every refit.
   assert read_config(str(workdir)).optimizer.microbatches == last
   verdict = verdict_lib.read(str(workdir))

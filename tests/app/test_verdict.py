@@ -31,12 +31,17 @@ def test_a_run_on_a_budget_writes_one_verdict(tmp_path):
   final = runs.train(TrainConfig.of(**CONFIG, time_budget='1h', workdir=str(workdir)))
   verdict = verdict_lib.read(str(workdir))
   assert set(verdict) == {'format', 'status', 'end', 'step', 'metric', 'seen', 'config',
-                          'budget_s', 'wall_s', 'compile_s', 'time_budget', 'memory_fits',
-                          'nan_diagnoses'}
+                          'budget_s', 'wall_s', 'compile_s', 'time_budget', 'schedule',
+                          'memory_fits', 'nan_diagnoses'}
   assert verdict['status'] == 'finished' and verdict['step'] == 12   # --steps came first
   assert verdict['end']['reason'] == 'reached step 12'
   assert verdict['metric'] == {f'eval/{k}': v for k, v in final.items()}
   assert verdict['seen'] == {'examples': 12 * 8}
+  # Measured before the start: more steps fit than --steps, whose schedule stays.
+  schedule = verdict['schedule']
+  assert schedule['decay_steps'] == 12 and schedule['ended_at_its_end']
+  assert schedule['planned_before_start']['planned_steps'] > 12
+  assert schedule['planned_before_start']['decay_steps'] is None
   assert TrainConfig.from_json(json.dumps(verdict['config'])).run.time_budget == '1h'
   assert verdict['budget_s'] == 3600.0 and 0 < verdict['wall_s'] < 3600
   assert verdict['compile_s'] > 0 and verdict['time_budget']['compile_s'] >= 0

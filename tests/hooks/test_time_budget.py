@@ -88,9 +88,9 @@ class FakeTime:
     return self.done
 
 
-def run(budget_s, fake, *, state=None, steps=100_000, log_every=50, tail_s=1.0):
+def run(budget_s, fake, *, state=None, steps=100_000, log_every=50, tail_s=1.0, last_step=None):
   budget = TimeBudget(budget_s, started=fake.start, eval_data=EVAL, tail_s=tail_s,
-                      clock=fake.clock, compiled=fake.compiled)
+                      clock=fake.clock, compiled=fake.compiled, last_step=last_step)
   state = TASK.init(jax.random.key(0), BATCHES[0]) if state is None else state
   state, history = purax.fit(TASK, state, Data(steps), hooks=hooks_lib.standard(
       log_every=log_every, eval_data=EVAL, progress=False) + [fake, budget],
@@ -120,6 +120,17 @@ def test_the_steps_follow_the_measured_step_time(step_s, expected):
   assert budget.eval_s == 0.0                                 # the fake clock: no eval time
   report = budget.report()
   assert report['planned_step'] == expected and report['replans'] == len(budget.plans) - 1
+
+
+def test_the_run_ends_at_the_last_step_however_much_budget_is_left():
+  fake = FakeTime()                        # 832 steps would fit (the test above)
+  state, history, budget = run(16.0, fake, last_step=300)
+  assert budget.plans[0] == (4, 2 ** -6, 300) and int(state.step) == 300 == history.end.step
+  assert history.end.reason.startswith(f"{REASON} of 16 s: 300 steps (the schedule's end)")
+  state, history, budget = run(16.0, FakeTime(), last_step=2000)    # the budget comes first
+  assert int(state.step) == 832 and "schedule's end" not in history.end.reason
+  with pytest.raises(ConfigError, match='last_step: expected None or an integer >= 1, got 0'):
+    TimeBudget(16.0, last_step=0)
 
 
 def test_a_wrong_estimate_is_corrected_at_a_log_point():

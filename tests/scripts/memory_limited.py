@@ -5,7 +5,8 @@ that much memory free.
 
     python -m tests.scripts.memory_limited HEADROOM_MIB train ...
 
-Before each call of :func:`purax.fit` by ``purax train`` the soft
+Before each call of :func:`purax.fit` by ``purax train`` (its attempts and
+the calibration of a run on a time budget, :mod:`purax.app.calibrate`) the soft
 ``RLIMIT_AS`` is set to the process's virtual size then plus ``HEADROOM_MIB``
 MiB (compiling, the data and the threads before it are not counted). Run it
 with ``MALLOC_ARENA_MAX=2`` so that threads do not reserve malloc arenas
@@ -15,7 +16,7 @@ inside the headroom.
 import resource
 import sys
 
-from purax.app import runs
+from purax.app import calibrate, runs
 
 
 def virtual_size() -> int:
@@ -41,6 +42,7 @@ def limited(fit, headroom: int):
 def main(argv: list[str]) -> int:
   headroom = int(float(argv[0]) * 2 ** 20)
   runs.fit = limited(runs.fit, headroom)
+  calibrate.fit = limited(calibrate.fit, headroom)
   from purax.app import cli
   sys.argv = ['purax'] + argv[1:]
   return cli.main()

@@ -2,14 +2,14 @@
 tests.scripts.wide_net:make``): each example's 64 features are spread to
 ``[64, WIDTH]`` (a product with a learned vector), passed through tanh and
 reduced by a matmul, so the step's temporaries grow with the batch
-(``64 * WIDTH * 4`` bytes an example, 2 MiB) while its FLOPs stay
+(``64 * WIDTH * 4`` bytes an example, 4 MiB) while its FLOPs stay
 small. Used to run a step out of memory on purpose (tests/app/test_oom_refit.py)."""
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 #: Columns each feature is spread to.
-WIDTH = 2 ** 13
+WIDTH = 2 ** 14
 
 
 class Wide(nn.Module):

@@ -1,0 +1,64 @@
+"""A run on a time budget plans its steps before it starts, and its
+learning-rate schedule decays over them (:mod:`purax.app.calibrate`): the
+same steps as a plain run of that many, bitwise; a resumed run keeps the
+schedule (a fresh process)."""
+
+import time
+
+import jax
+import numpy as np
+
+from purax.app import job as job_lib, runs, verdict as verdict_lib
+from purax.app.config import TrainConfig
+from purax.app.rundir import read_config
+from tests.helpers_runs import final_tree, purax
+
+CONFIG = dict(model='mlp', steps=10 ** 6, batch_size=8, log_every=50, eval_every=0,
+              progress=False, checkpoint_interval_s=0.0, warmup_steps=10)
+
+
+def test_a_budget_run_decays_over_its_planned_steps_as_a_plain_run_of_them(tmp_path, monkeypatch):
+  started = time.monotonic()
+  monkeypatch.setattr(job_lib, 'process_started', lambda: started)   # the budget's clock
+  budget = tmp_path / 'budget'
+  runs.train(TrainConfig.of(**CONFIG, time_budget='6s', workdir=str(budget)))
+  decay = read_config(str(budget)).run.decay_steps        # recorded for a resume
+  verdict = verdict_lib.read(str(budget))
+  end = verdict['step']
+  assert verdict['status'] == 'finished' and 0 < end <= decay < 10 ** 6
+  planned = verdict['schedule']['planned_before_start']
+  assert planned['decay_steps'] == planned['planned_steps'] == decay
+  assert verdict['schedule']['decay_steps'] == decay
+  assert verdict['schedule']['ended_at_its_end'] == (end == decay)
+  if end == decay:
+    assert "steps (the schedule's end)" in verdict['end']['reason']
+  # The budget's steps are those of `purax train --steps END --decay-steps DECAY`.
+  plain = tmp_path / 'plain'
+  runs.train(TrainConfig.of(**{**CONFIG, 'steps': end}, decay_steps=decay, workdir=str(plain)))
+  ours, _, step = final_tree(str(budget))
+  theirs, _, plain_step = final_tree(str(plain))
+  assert step == plain_step == end
+  jax.tree.map(np.testing.assert_array_equal, ours['state'], theirs['state'])
+
+
+def test_a_resumed_budget_run_keeps_its_schedule_in_a_fresh_process(tmp_path):
+  workdir = tmp_path / 'r'
+  args = ['train', '--model', 'mlp', '--steps', '1000000', '--batch-size', '8',
+          '--log-every', '50', '--eval-every', '0', '--no-progress', '--workdir', str(workdir)]
+  first = purax(*args, '--time-budget', '8s')
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert 'steps fit in the budget' in first.stderr
+  decay = read_config(str(workdir)).run.decay_steps
+  end = verdict_lib.read(str(workdir))['step']
+  assert end <= decay < 10 ** 6
+  # Another budget: the same schedule, planned when the run began; at its end, nothing to train.
+  again = purax(*args, '--time-budget', '9s')
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert 'steps fit in the budget' not in again.stderr           # not planned again
+  assert read_config(str(workdir)).run.decay_steps == decay
+  resumed = verdict_lib.read(str(workdir))['step']
+  if end == decay:
+    assert f"--decay-steps larger than {decay}, the schedule's end" in again.stderr
+    assert resumed == end
+  else:
+    assert end <= resumed <= decay
