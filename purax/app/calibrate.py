@@ -9,8 +9,8 @@ call, the timed steps, the timed evaluation: its steps 1-3), lets the steps
 run unsynced for :data:`WINDOW` of the budget (0.5 to 5 s) and times them (adding a
 step's share of the evaluation every ``--eval-every`` steps), then plans the
 run's steps from step 0 with the same rule (:func:`purax.hooks.time_budget.plan_steps`),
-counting the compilation again (the schedule is part of the step's program)
-and the job's rebuilding; ``--decay-steps`` becomes that plan when it is
+counting again all it compiled (the schedule is part of the step's program;
+the evaluation's program is the new task's) and the job's rebuilding; ``--decay-steps`` becomes that plan when it is
 below ``--steps``. ``config.json`` records it, so a resumed run follows the
 same schedule, and the budget's hook ends the run at it (``last_step``)
 however much budget is left; a slower run than measured still ends inside
@@ -80,7 +80,8 @@ def calibrated(job, *, rebuild_s: float = 0.0) -> tuple[TrainConfig, dict]:
   Returns:
     ``(config, record)``; ``record``: ``{'planned_steps', 'decay_steps',
     'compile_s', 'step_s', 'eval_s', 'calibration_steps', 'calibration_s'}``
-    (seconds; ``decay_steps`` None when the plan is not below ``--steps``).
+    (seconds; ``compile_s`` all the calibration compiled, counted again for
+    the run; ``decay_steps`` None when the plan is not below ``--steps``).
 
   Raises:
     ConfigError: naming ``time_budget``, when the budget cannot hold the
@@ -93,20 +94,22 @@ def calibrated(job, *, rebuild_s: float = 0.0) -> tuple[TrainConfig, dict]:
   probe = budget_lib.TimeBudget(own.seconds, started=own.started, eval_data=own.eval_data,
                                 tail_s=own.tail_s, probe_steps=own.probe_steps,
                                 clock=own.clock, compiled=own.compiled)
-  began = probe.clock()
+  began, compiled = probe.clock(), probe.compiled()
   record = {'planned_steps': None, 'decay_steps': None}
   window = _Window(probe, min(max(MIN_WINDOW_S, WINDOW * probe.seconds), MAX_WINDOW_S))
   state, _ = fit(job.task, job.init(config.run.seed), job.train_data, steps=config.run.steps,
                  plan=job.plan, hooks=[probe, window], steps_per_call=config.run.steps_per_call)
   now = probe.clock()
+  # The run compiles again what the calibration compiled (the step, the evaluation, ...).
+  recompile_s = probe.compiled() - compiled
   step_s = window.step_s or probe.step_s    # the unsynced window's, else the probe's
   if step_s is not None and probe.eval_s and config.run.eval_every:
     step_s += probe.eval_s / config.run.eval_every   # the periodic evaluation, a step's share
-  record.update(compile_s=probe.compile_s, step_s=step_s, eval_s=probe.eval_s,
+  record.update(compile_s=recompile_s, step_s=step_s, eval_s=probe.eval_s,
                 calibration_steps=int(state.step), calibration_s=round(now - began, 3))
   if step_s is None:             # ended before a plan (e.g. --steps within the probe)
     return config, record
-  planned = budget_lib.plan_steps(0, now + probe.compile_s + rebuild_s, probe.deadline,
+  planned = budget_lib.plan_steps(0, now + recompile_s + rebuild_s, probe.deadline,
                                   step_s, probe.reserve_s)
   record['planned_steps'] = planned
   if planned >= config.run.steps:
