@@ -65,6 +65,15 @@ def choices(config: TrainConfig) -> dict:
   return {'precision': config.run.precisions()}
 
 
+def _parts(config: TrainConfig):
+  """``(task, sample batch, mesh, --memory-budget in bytes or None)`` of ``config``."""
+  data = config.data.load()
+  task = job_lib.build_task(config, num_classes=data.num_classes, input_shape=data.input_shape)
+  budget = (None if config.run.memory_budget is None
+            else parse_bytes(config.run.memory_budget, 'memory_budget'))
+  return task, data.sample(config.data.batch_size), mesh_of(config), budget
+
+
 def fit_config(config: TrainConfig, *, stream: TextIO | None) -> tuple[TrainConfig, MemoryFit]:
   """``config`` with the fastest configuration that fits written in, and the fit.
 
@@ -76,12 +85,7 @@ def fit_config(config: TrainConfig, *, stream: TextIO | None) -> tuple[TrainConf
     OutOfMemoryError: no candidate fits the budget (the smallest is named).
     ConfigError, DataError: as ``purax train``.
   """
-  data = config.data.load()
-  task = job_lib.build_task(config, num_classes=data.num_classes, input_shape=data.input_shape)
-  sample = data.sample(config.data.batch_size)
-  mesh = mesh_of(config)
-  budget = (None if config.run.memory_budget is None
-            else parse_bytes(config.run.memory_budget, 'memory_budget'))
+  task, sample, mesh, budget = _parts(config)
   try:
     fit = fit_memory(task, sample, mesh=mesh, budget_bytes=budget, stream=stream,
                      quiet=stream is None,
@@ -113,12 +117,7 @@ def refit_config(config: TrainConfig, error: BaseException, *, stream: TextIO | 
     OutOfMemoryError: no candidate fits below the step that failed (chained
       to ``error``).
   """
-  data = config.data.load()
-  task = job_lib.build_task(config, num_classes=data.num_classes, input_shape=data.input_shape)
-  sample = data.sample(config.data.batch_size)
-  mesh = mesh_of(config)
-  given = (None if config.run.memory_budget is None
-           else parse_bytes(config.run.memory_budget, 'memory_budget'))
+  task, sample, mesh, given = _parts(config)
   budget, words, failed = plan_memory.budget_below_failure(task, sample, mesh=mesh,
                                                            budget_bytes=given)
   said = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
