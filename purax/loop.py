@@ -381,7 +381,7 @@ def fit(task: Task, state: TrainState | Restored, train_data, *, steps: int | No
   try:
     loop.begin()
     loop.restore_window()
-    while True:
+    while loop.end is None:     # (a hook may end the run before its first call)
       for batch, taken in plan.device_batches(batches, loop):
         try:
           loop.state, loop.window = plan.train_step(loop.state, loop.window, batch)

@@ -127,9 +127,10 @@ class RunConfig:
     time_budget: end the run within this wall time of the command, e.g. '60s', '5m',
       '1h': the steps are planned from the measured step time (compilation left out),
       the run ends finished ('time budget') with its final evaluation inside it, and
-      verdict.json is written (purax.hooks.TimeBudget); --steps stays the most it trains
-      and the length the decay spans. The budget is each invocation's: a resumed run
-      gets it anew.
+      verdict.json is written (purax.hooks.TimeBudget); --steps stays the most it trains.
+      A new run without --decay-steps plans its steps first and its learning-rate
+      decay spans them (purax.app.calibrate; recorded in config.json). The budget is
+      each invocation's: a resumed run gets a new one (of this length).
   """
 
   steps: int = field(500, resumable=True, computation=True)

@@ -470,7 +470,8 @@ def ended_run(job, rundir, restored: Restored) -> dict | None:
     return None                        # a longer --steps trains on
   if end.status == 'early_stopped' and config.run.patience > saved.run.patience:
     return None                        # a larger --patience trains on
-  more = (f'--decay-steps larger than {config.run.decay_steps}, the schedule\'s end' if decayed
+  more = (f'--steps S --decay-steps S with S above {config.run.decay_steps}, where its '
+          'learning-rate schedule ended, or branch it: purax sweep --from' if decayed
           else 'another --time-budget or --steps' if budget_lib.ended_by_budget(end) else
           '--steps larger than ' + str(end.step) if end.status == 'finished' else
           f'--patience larger than {saved.run.patience}')

@@ -187,7 +187,8 @@ class _Loop:
 
   def begin(self) -> None:
     """Before the first call: the window's clock starts, and each hook that runs
-    after every call (``every=None``) is called once (``first == step``)."""
+    after every call (``every=None``) is called once (``first == step``); one
+    that asks to stop there ends the run with no step taken (:meth:`finish`)."""
     self.reader = Reader(self)
     for hook in self.hooks:
       if hasattr(hook, 'start_legacy'):
@@ -195,6 +196,8 @@ class _Loop:
     self._timed(lambda: [self._call(h, forced=False) for h in self.hooks
                          if getattr(h, 'every', None) is None])
     self._ran.clear()
+    if self.end is not None:      # a hook ended the run before its first call
+      self.finish(self.end)
 
   def after_call(self, first: int, taken: int) -> None:
     """After a call that took ``state.step`` from ``first`` by ``taken``: the due

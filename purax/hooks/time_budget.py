@@ -96,10 +96,11 @@ class TimeBudget:
     tail_s: seconds reserved after the evaluation: the final checkpoint and
       the process's exit (default ``max(2, 3% of seconds)``).
     probe_steps: steps timed one call at a time after the compiling call.
-    last_step: the step the run ends at however much budget is left (the
-      learning-rate schedule's end: ``purax train --time-budget`` sets its
-      ``--decay-steps`` to the steps planned before it starts,
-      :mod:`purax.app.calibrate`); None: no such end.
+    last_step: the step the run ends at however much budget is left, e.g.
+      the learning-rate schedule's end (``purax train --time-budget`` passes
+      its ``--decay-steps``, planned before it starts,
+      :mod:`purax.app.calibrate`); a run resumed at or past it trains
+      nothing. None: no such end.
     clock: ``() -> seconds`` (``time.monotonic``).
     compiled: ``() -> seconds`` this thread has compiled
       (:func:`purax.io.compile_time.seconds`).
@@ -161,6 +162,9 @@ class TimeBudget:
     if info.end is not None:
       return None
     if info.first == info.step:               # before the first call
+      if self.last_step is not None and info.step >= self.last_step:
+        return Output(stop=End('finished', info.step, f'{REASON} of {self.seconds:g} s: '
+                               f'step {info.step} is its last step; nothing to train'))
       self.start(info.step)
       return None
     if self.compile_s is None:                # the first call: it compiled
@@ -270,7 +274,7 @@ class TimeBudget:
     return self.planned
 
   def _stop(self, step: int) -> Output:
-    at_end = " (the schedule's end)" if step == self.last_step else ''
+    at_end = ' (its last step)' if step == self.last_step else ''
     return Output(stop=End('finished', step, f'{REASON} of {self.seconds:g} s: {step} steps'
                            f'{at_end} at {self.step_s * 1e3:.3g} ms a step (compilation '
                            f'{self.compile_s:.1f} s left out)'))

@@ -31,7 +31,7 @@ def test_a_budget_run_decays_over_its_planned_steps_as_a_plain_run_of_them(tmp_p
   assert verdict['schedule']['decay_steps'] == decay
   assert verdict['schedule']['ended_at_its_end'] == (end == decay)
   if end == decay:
-    assert "steps (the schedule's end)" in verdict['end']['reason']
+    assert "steps (its last step)" in verdict['end']['reason']
   # The budget's steps are those of `purax train --steps END --decay-steps DECAY`.
   plain = tmp_path / 'plain'
   runs.train(TrainConfig.of(**{**CONFIG, 'steps': end}, decay_steps=decay, workdir=str(plain)))

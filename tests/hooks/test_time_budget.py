@@ -126,11 +126,22 @@ def test_the_run_ends_at_the_last_step_however_much_budget_is_left():
   fake = FakeTime()                        # 832 steps would fit (the test above)
   state, history, budget = run(16.0, fake, last_step=300)
   assert budget.plans[0] == (4, 2 ** -6, 300) and int(state.step) == 300 == history.end.step
-  assert history.end.reason.startswith(f"{REASON} of 16 s: 300 steps (the schedule's end)")
+  assert history.end.reason.startswith(f"{REASON} of 16 s: 300 steps (its last step)")
   state, history, budget = run(16.0, FakeTime(), last_step=2000)    # the budget comes first
   assert int(state.step) == 832 and "schedule's end" not in history.end.reason
   with pytest.raises(ConfigError, match='last_step: expected None or an integer >= 1, got 0'):
     TimeBudget(16.0, last_step=0)
+
+
+def test_a_run_resumed_at_its_last_step_trains_nothing():
+  fake = FakeTime()
+  state, history, _ = run(16.0, fake, last_step=20)
+  assert int(state.step) == 20
+  # Resumed there (a new budget): no call, not even the compiling one.
+  state, history, budget = run(16.0, FakeTime(), state=state, last_step=20)
+  assert int(state.step) == 20 and history.end.status == 'finished'
+  assert history.end.reason == f'{REASON} of 16 s: step 20 is its last step; nothing to train'
+  assert budget.compile_s is None and budget.plans == []
 
 
 def test_a_wrong_estimate_is_corrected_at_a_log_point():
