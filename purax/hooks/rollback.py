@@ -90,6 +90,11 @@ def _copy(leaves):
   return [jax.random.key_data(x) if _is_key(x) else jnp.copy(x) for x in leaves]
 
 
+def _in_host_memory(leaves) -> bool:
+  """Whether every array of ``leaves`` is in host memory (on CPU devices)."""
+  return all(d.platform == 'cpu' for x in leaves for d in getattr(x, 'devices', lambda: ())())
+
+
 def _names(window):
   """The names of the metrics window's tree (its values not read: no device op)."""
   if isinstance(window, metrics_lib.Window):
@@ -162,8 +167,7 @@ class SpikeRollback:
     leaves = jax.tree.leaves(state)
     if self._keys is None:     # once per fit: which leaves are typed keys, where they live
       self._keys = [_is_key(x) for x in leaves]
-      self._on_host = all(d.platform == 'cpu' for x in leaves
-                          for d in getattr(x, 'devices', lambda: ())())
+      self._on_host = _in_host_memory(leaves)
     if self._on_host:          # the CPU: the arrays are in host memory, copied now (memcpy)
       leaves = [_key_data(x) if key else x for x, key in zip(leaves, self._keys)]
       if len(self.ring) == self.slots:     # into the oldest snapshot's arrays, dropped below

@@ -79,8 +79,14 @@ def run(data=None, steps=40, rollback=True, directory=None, stop_after=0, **opti
   return state, history, rollback_hook
 
 
-def test_skip_data_rolls_back_and_equals_a_run_without_the_skipped_data():
+@pytest.mark.parametrize('copy', ['host', 'device'])
+def test_skip_data_rolls_back_and_equals_a_run_without_the_skipped_data(monkeypatch, copy):
+  # 'device': the snapshots an accelerator takes (a device copy read to the host in a
+  # thread), taken on the CPU.
+  from purax.hooks import rollback
+  monkeypatch.setattr(rollback, '_in_host_memory', lambda leaves: copy == 'host')
   state, history, hook = run()
+  assert all(isinstance(leaves, list) == (copy == 'host') for _, leaves in hook.ring)
   assert hook.events == [{'step': 30, 'spikes': 1, 'to_step': 20, 'action': 'skip-data',
                           'offset': 10}]
   (event,) = [r for r in history if 'rollback/from_step' in r]
