@@ -16,13 +16,16 @@ a ring of snapshots on the host, then
   :func:`purax.core.hparams.set`) scaled by ``lr_scale`` for ``lr_steps``
   steps, then set back.
 
-The snapshots: at every check without a rollback the state is copied on the
-device (one dispatch) and that copy is read to the host in a thread (the
-training goes on meanwhile); on the CPU, where the arrays are in host memory,
-they are copied at once (a memcpy, before the next step donates them). The
-check reads the spike count from the log point's window when it is one (the
-CLI checks at a divisor of ``--log-every``, so usually), else it waits for
-the queued steps (one host sync). The ring keeps ``steps // every`` of them
+The check reads the spike count from the log point's window when it is one
+(the CLI checks at a divisor of ``--log-every``, so usually), else it waits
+for the queued steps (one host sync). The snapshots: at every check without
+a rollback the state is copied on the device (one dispatch) and that copy is
+read to the host in a thread (the training goes on meanwhile); on the CPU,
+where the arrays are in host memory, the step has finished (the window's
+host read came first) and they are copied at once (a memcpy, before the
+next step donates them) into the arrays of the snapshot the ring drops once
+it is full, with no device op (a typed key's data is read where jax keeps
+it). The ring keeps ``steps // every`` of them
 (``steps // every`` host copies of the state) and is saved in every
 checkpoint (the hook's array state), so a resumed run rolls back to the same
 snapshot as the run it resumes. A check ``c`` rolls back to ``c - steps``
@@ -46,6 +49,7 @@ single :class:`purax.TrainState` (not a population, one process).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 from typing import Any
 
 import jax
@@ -66,10 +70,36 @@ def _is_key(x) -> bool:
   return jax.dtypes.issubdtype(getattr(x, 'dtype', None), jax.dtypes.prng_key)
 
 
+def _key_data(x):
+  """A typed key's uint32 data: the array jax keeps it in (``_base_array``:
+  no device op, whose dispatch after the train steps is dearer than the
+  snapshot's copy on the CPU), else ``jax.random.key_data``."""
+  data = getattr(x, '_base_array', None)
+  return jax.random.key_data(x) if data is None else data
+
+
+@functools.lru_cache(maxsize=None)
+def _key_data_spec(shape: tuple, dtype) -> jax.ShapeDtypeStruct:
+  """The shape and dtype of the data of typed keys of ``shape`` and key ``dtype`` (traced once)."""
+  return jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
+
+
 @jax.jit
-def _copy(state):
-  """A device copy of ``state`` (typed keys as their data): not donated, read later."""
-  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else jnp.copy(x), state)
+def _copy(leaves):
+  """A device copy of the state's leaves (typed keys as their data): not donated, read later."""
+  return [jax.random.key_data(x) if _is_key(x) else jnp.copy(x) for x in leaves]
+
+
+def _in_host_memory(leaves) -> bool:
+  """Whether every array of ``leaves`` is in host memory (on CPU devices)."""
+  return all(d.platform == 'cpu' for x in leaves for d in getattr(x, 'devices', lambda: ())())
+
+
+def _names(window):
+  """The names of the metrics window's tree (its values not read: no device op)."""
+  if isinstance(window, metrics_lib.Window):
+    return jax.tree.unflatten(window.treedef, window.leaves)
+  return window
 
 
 def _int(value, name: str, low: int) -> int:
@@ -124,8 +154,9 @@ class SpikeRollback:
     self.seen = 0.0          # spikes of the current metrics window already counted
     self.high = -1           # the furthest check rolled back from
     self.lowered: dict | None = None   # {'name', 'value', 'until'} while the rate is lowered
-    self.ring: list[tuple[int, Any]] = []   # (step, host tree or Future), oldest first
+    self.ring: list[tuple[int, Any]] = []   # (step, host leaves or a Future), oldest first
     self._pool = None        # the thread that reads device copies (made at the first)
+    self._keys = None        # per leaf of the state: a typed key (read at a fit's first snapshot)
     self._on_host = None     # the state's arrays are in host memory (the CPU)
 
   # -- the ring --
@@ -133,61 +164,76 @@ class SpikeRollback:
   def _snapshot(self, step: int, state) -> None:
     if any(s == step for s, _ in self.ring):
       return
-    if self._on_host is None:
-      self._on_host = all(d.platform == 'cpu' for x in jax.tree.leaves(state)
-                          for d in getattr(x, 'devices', lambda: ())())
+    leaves = jax.tree.leaves(state)
+    if self._keys is None:     # once per fit: which leaves are typed keys, where they live
+      self._keys = [_is_key(x) for x in leaves]
+      self._on_host = _in_host_memory(leaves)
     if self._on_host:          # the CPU: the arrays are in host memory, copied now (memcpy)
-      tree = jax.tree.map(lambda x: np.array(jax.random.key_data(x) if _is_key(x) else x),
-                          state)
+      leaves = [_key_data(x) if key else x for x, key in zip(leaves, self._keys)]
+      if len(self.ring) == self.slots:     # into the oldest snapshot's arrays, dropped below
+        snapshot = self.ring[0][1]
+        for out, x in zip(snapshot, leaves, strict=True):
+          np.copyto(out, np.asarray(x))
+      else:
+        snapshot = [np.array(x) for x in leaves]
     else:                      # a device copy (dispatched), read to the host in a thread
       if self._pool is None:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-      tree = self._pool.submit(jax.device_get, _copy(state))
-    self.ring.append((step, tree))
+      snapshot = self._pool.submit(jax.device_get, _copy(leaves))
+    self.ring.append((step, snapshot))
     del self.ring[:-self.slots]
 
-  def _host(self, i: int):
-    step, tree = self.ring[i]
-    if isinstance(tree, concurrent.futures.Future):
-      tree = tree.result()
-      self.ring[i] = (step, tree)
-    return tree
+  def _host(self, i: int) -> list:
+    """The leaves of the ring's snapshot ``i`` on the host (numpy; typed keys as their data)."""
+    step, leaves = self.ring[i]
+    if isinstance(leaves, concurrent.futures.Future):
+      leaves = leaves.result()
+      self.ring[i] = (step, leaves)
+    return leaves
 
   def init_arrays(self, state) -> dict:
     """The ring's array state in a checkpoint: ``steps`` int32 ``[slots]``
     (-1: empty) and ``states``, the state's leaves stacked ``[slots, ...]``
-    (typed keys as their uint32 data)."""
+    (typed keys as their uint32 data); numpy zeros (host memory, not touched
+    until written)."""
     def zeros(x):
-      data = jax.eval_shape(jax.random.key_data, x) if _is_key(x) else x
-      return jnp.zeros((self.slots,) + tuple(data.shape), data.dtype)
-    return {'steps': jnp.full((self.slots,), -1, jnp.int32),
+      data = _key_data_spec(tuple(x.shape), x.dtype) if _is_key(x) else x
+      return np.zeros((self.slots,) + tuple(data.shape), data.dtype)
+    return {'steps': np.full((self.slots,), -1, np.int32),
             'states': jax.tree.map(zeros, state)}
 
   @property
   def arrays(self) -> dict:
-    trees = [self._host(i) for i in range(len(self.ring))]
+    snapshots = [self._host(i) for i in range(len(self.ring))]
     steps = np.full((self.slots,), -1, np.int32)
-    steps[:len(trees)] = [s for s, _ in self.ring]
-    if not trees:
-      return {'steps': steps, 'states': self._empty}
-    def stack(empty, *leaves):
-      out = np.zeros(empty.shape, empty.dtype)
-      out[:len(leaves)] = np.stack(leaves)
-      return out
-    return {'steps': steps, 'states': jax.tree.map(stack, self._empty, *trees)}
+    steps[:len(snapshots)] = [s for s, _ in self.ring]
+    specs, treedef = jax.tree.flatten(self._empty)
+    states = []
+    for j, spec in enumerate(specs):
+      out = np.zeros(spec.shape, spec.dtype)
+      for i, leaves in enumerate(snapshots):
+        out[i] = leaves[j]
+      states.append(out)
+    return {'steps': steps, 'states': jax.tree.unflatten(treedef, states)}
 
   @arrays.setter
   def arrays(self, value) -> None:
     value = jax.device_get(value)
-    self._empty = jax.tree.map(np.zeros_like, value['states'])
-    steps = [int(s) for s in value['steps']]
-    self.ring = [(s, jax.tree.map(lambda x, i=i: np.array(x[i]), value['states']))
-                 for i, s in enumerate(steps) if s >= 0]
+    self._empty = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+                               value['states'])
+    leaves = jax.tree.leaves(value['states'])
+    self.ring = [(s, [np.array(x[i]) for x in leaves])
+                 for i, s in enumerate(int(s) for s in value['steps']) if s >= 0]
+    self._keys = self._on_host = None     # read again from this fit's state
+    self._begun = False
 
   def _restore(self, i: int, template, plan):
-    tree = self._host(i)
-    state = jax.tree.map(lambda cur, x: jax.random.wrap_key_data(
-        x, impl=jax.random.key_impl(cur)) if _is_key(cur) else x, template, tree)
+    current, treedef = jax.tree.flatten(template)
+    # Copies: a CPU device_put may keep a numpy array's memory, and the ring's
+    # arrays are written again by later snapshots.
+    state = jax.tree.unflatten(treedef, [
+        jax.random.wrap_key_data(np.array(x), impl=jax.random.key_impl(cur)) if _is_key(cur)
+        else np.array(x) for cur, x in zip(current, self._host(i), strict=True)])
     return plan.place(state)
 
   # -- JSON state --
@@ -223,13 +269,13 @@ class SpikeRollback:
     bad = [n for n in getattr(run, '_log_every', ()) if n % self.every]
     expect(not bad, 'spike_rollback_every', f'a divisor of log_every={bad[:1]} (a log point '
            'starts a new metrics window, whose spikes it counts)', self.every, ConfigError)
-    expect('spikes' in metrics_lib.as_tree(run.window), 'spike_rollback',
+    expect('spikes' in _names(run.window), 'spike_rollback',
            'a task with a spike guard (purax.Task(spike_guard=purax.SpikeGuard(...)))',
            'no spikes metric', ConfigError)
     if self.action == 'lower-lr':
       self._rate_name(info.state)
     if not hasattr(self, '_empty'):
-      self._empty = jax.tree.map(np.asarray, jax.device_get(self.init_arrays(info.state)['states']))
+      self._empty = jax.eval_shape(self.init_arrays, info.state)['states']
     self._begun = True
 
   def __call__(self, info):

@@ -79,8 +79,14 @@ def run(data=None, steps=40, rollback=True, directory=None, stop_after=0, **opti
   return state, history, rollback_hook
 
 
-def test_skip_data_rolls_back_and_equals_a_run_without_the_skipped_data():
+@pytest.mark.parametrize('copy', ['host', 'device'])
+def test_skip_data_rolls_back_and_equals_a_run_without_the_skipped_data(monkeypatch, copy):
+  # 'device': the snapshots an accelerator takes (a device copy read to the host in a
+  # thread), taken on the CPU.
+  from purax.hooks import rollback
+  monkeypatch.setattr(rollback, '_in_host_memory', lambda leaves: copy == 'host')
   state, history, hook = run()
+  assert all(isinstance(leaves, list) == (copy == 'host') for _, leaves in hook.ring)
   assert hook.events == [{'step': 30, 'spikes': 1, 'to_step': 20, 'action': 'skip-data',
                           'offset': 10}]
   (event,) = [r for r in history if 'rollback/from_step' in r]
@@ -216,3 +222,46 @@ def test_cli_bad_rollback_values_are_named_before_training(tmp_path):
                               '--steps', '5', '--no-progress', *flags)
     assert done.returncode != 0 and name in done.stderr, done.stderr[-1000:]
     assert not os.path.exists(tmp_path / name / 'metrics.jsonl')
+
+
+def test_a_check_adds_one_host_read_at_most_and_a_full_ring_allocates_nothing(monkeypatch):
+  """The ring's cost (issue 48), as counts. Host reads: at a check on a log
+  point the spike count comes from the window the log point read (the fit
+  reads the host as often as without the rollback); at a check between log
+  points one read, the window's. Allocations: a snapshot, once the ring is
+  full, is copied into the arrays of the one it drops; the ring holds the
+  arrays of its first ``slots`` snapshots only."""
+  reads = []     # host reads of device arrays (a read of numpy arrays reads nothing)
+
+  def counted(real):
+    def read(x):
+      if any(isinstance(y, jax.Array) for y in jax.tree.leaves(x)):
+        reads.append(1)
+      return real(x)
+    return read
+  for name in ('device_get', 'block_until_ready'):
+    monkeypatch.setattr(jax, name, counted(getattr(jax, name)))
+  snapshots = []     # the arrays of every snapshot taken (held: no id is reused)
+  real_snapshot = purax.hooks.SpikeRollback._snapshot
+
+  def snapshot(self, step, state):
+    real_snapshot(self, step, state)
+    snapshots.append(self.ring[-1][1])
+  monkeypatch.setattr(purax.hooks.SpikeRollback, '_snapshot', snapshot)
+
+  def count(*rollback):
+    t, data = task(), Data(spike_at=-1)
+    hooks = purax.hooks.standard(log_every=10, progress=False, writer=writers.MultiWriter([]),
+                                 max_consecutive_skips=None) + list(rollback)
+    state = t.init(jax.random.key(0), data[0])
+    del reads[:], snapshots[:]
+    purax.fit(t, state, data, steps=60, hooks=hooks, steps_per_call=1)
+    return len(reads)
+
+  alone = count()
+  assert count(purax.hooks.SpikeRollback(20, every=10)) == alone   # checks at 10, ..., 50
+  assert len(snapshots) == 5
+  held = {id(x): x for leaves in snapshots for x in leaves}
+  assert len(held) == 2 * len(snapshots[0])                      # slots = 20 // 10
+  # Checks at 5, 15, ..., 55 between the log points read the window once each.
+  assert count(purax.hooks.SpikeRollback(20, every=5)) == alone + 6
