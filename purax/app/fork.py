@@ -184,6 +184,13 @@ def inherit(config, parent: Parent):
     if config.optimizer.cooldown_steps == default.optimizer.cooldown_steps:
       changes['cooldown_steps'] = repr(resolved['cooldown_steps'])
   optimizer = dataclasses.replace(config.optimizer, **changes)
+  # A sweep's cosine spans its --steps; the parent's may span --decay-steps (a
+  # budget's planned schedule): the fork continues it only when they agree.
+  decay = theirs.run.decay_steps
+  expect(decay is None or optimizer.schedule == 'wsd' or config.run.steps == decay, 'steps',
+         f"{decay}, the parent run's --decay-steps (a fork continues its schedule, and a "
+         "sweep's spans its --steps; or branch a cooldown: --schedule wsd)",
+         config.run.steps, ConfigError)
   seed = theirs.run.seed
   seeds = parse_seeds(config.population.seeds)
   expect(config.population.seeds == default.population.seeds or seeds == (seed,), 'seeds',

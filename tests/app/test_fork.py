@@ -202,3 +202,15 @@ def test_the_best_member_of_a_cli_cooldown_fork_equals_the_parent_resumed_with_i
                                               for d in (alone, tmp_path / 'fork' / 'best'))
   assert want_step == got_step == 30
   assert_bitwise(got['state'], want['state'], f'the member of cooldown {cooldown}')
+
+
+def test_a_fork_of_a_parent_whose_decay_spans_decay_steps_continues_that_schedule():
+  """A parent whose cosine spans --decay-steps (a budget's planned schedule,
+  purax.app.calibrate): a sweep's spans its --steps, so the fork (member i ==
+  the parent resumed alone) needs --steps equal to it; a WSD fork has its own."""
+  with pytest.raises(ConfigError, match=r"^steps: expected 400, the parent run's "
+                                            r"--decay-steps .*, got 600$"):
+    _inherit(dict(decay_steps=400), {})
+  assert _inherit(dict(decay_steps=600), {}).run.steps == 600
+  wsd = dict(schedule='wsd', decay_start=1000.0, cooldown_steps=100.0, decay_steps=400)
+  assert _inherit(wsd, dict(cooldown_steps='50,100')).specs()['cooldown_steps'] == (50.0, 100.0)
