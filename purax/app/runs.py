@@ -95,9 +95,10 @@ def train(config: TrainConfig) -> dict:
     rundir.create()
     if rundir.primary:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
-    # A new run on a budget plans its steps first, so that its schedule ends with it.
-    planning = (config.run.time_budget is not None and not config.run.decay_steps
-                and not rundir.resuming)
+    # A new run on a budget (or one killed before its first checkpoint) plans its
+    # steps first, so that its schedule ends with it.
+    planning = (config.run.time_budget is not None and not job.config.run.decay_steps
+                and newest_step(rundir) is None)
     planned = None
     while True:
       try:
@@ -116,6 +117,14 @@ def train(config: TrainConfig) -> dict:
         return trained          # an ended run: config.json as it was, nothing ran
       state, history = trained
       return finish(job, rundir, state, history, stop, fitted_now=fitted_now, planned=planned)
+
+
+def newest_step(rundir) -> int | None:
+  """The step of the run's newest committed checkpoint, or None (none yet)."""
+  if not os.path.isdir(rundir.file('checkpoints')):
+    return None
+  with Checkpointer(rundir.file('checkpoints'), read_only=True, interval_s=None) as reader:
+    return max(reader.steps(), default=None)
 
 
 def build_job(config: TrainConfig, rundir, phase) -> job_lib.Job:
@@ -212,11 +221,7 @@ def refit(job, rundir, error: BaseException) -> tuple[TrainConfig, int]:
   """
   config, record = fit_memory.refit_config(job.config, error,
                                            stream=sys.stderr if rundir.primary else None)
-  steps = []
-  if os.path.isdir(rundir.file('checkpoints')):
-    with Checkpointer(rundir.file('checkpoints'), read_only=True, interval_s=None) as reader:
-      steps = reader.steps()
-  record['resumed_from_step'] = max(steps, default=0)
+  record['resumed_from_step'] = newest_step(rundir) or 0
   if rundir.primary:
     fit_memory.record_refit(rundir.path, record)
   rundir.replace_config(config)

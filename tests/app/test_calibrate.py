@@ -62,3 +62,17 @@ def test_a_resumed_budget_run_keeps_its_schedule_in_a_fresh_process(tmp_path):
     assert resumed == end
   else:
     assert end <= resumed <= decay
+
+
+def test_a_run_killed_before_its_first_checkpoint_plans_its_steps_when_rerun(tmp_path,
+                                                                            monkeypatch):
+  started = time.monotonic()
+  monkeypatch.setattr(job_lib, 'process_started', lambda: started)
+  workdir = tmp_path / 'r'
+  config = TrainConfig.of(**CONFIG, time_budget='8s', workdir=str(workdir))
+  workdir.mkdir()     # what a SIGKILL while planning leaves: config.json, no checkpoint
+  (workdir / 'config.json').write_text(config.validate().resolved().to_json())
+  runs.train(config)
+  verdict = verdict_lib.read(str(workdir))
+  assert verdict['schedule']['planned_before_start']['planned_steps'] is not None
+  assert read_config(str(workdir)).run.decay_steps == verdict['schedule']['decay_steps']
