@@ -69,13 +69,18 @@ def train(config: TrainConfig) -> dict:
   Writes ``WORKDIR/config.json``, ``metrics.jsonl``, TensorBoard events,
   ``checkpoints/`` and ``final_metrics.json``. When stopped by SIGTERM/SIGINT
   it returns ``{'stopped_by': SIGNAL, 'step': s}`` after committing a
-  checkpoint at step ``s``.
+  checkpoint at step ``s``. On a ``--time-budget`` a new run plans its steps
+  before its first (:func:`plan_schedule`), a step that runs out of memory
+  is fitted again and the run resumed (:func:`refit`), and ``verdict.json``
+  is written.
 
   Raises:
     ConfigError, DataError: before anything is written (also when a resumed
       run's config differs in a field that changes the computation);
     FileExistsError: ``workdir`` exists but is not a purax run directory;
-    CheckpointError: a checkpoint cannot be written or read.
+    CheckpointError: a checkpoint cannot be written or read;
+    OutOfMemoryError: the step does not fit (named with the configurations
+      that would; on a budget, when none fits below the step that failed).
   """
   config = connect(config)
   # From here a first SIGTERM/SIGINT only sets a flag: start-up stops at its
