@@ -359,6 +359,9 @@ class TrainConfig(Sections):
     expect(self.data.batch_size % m == 0, 'batch_size', f'a multiple of microbatches={m}',
            self.data.batch_size, ConfigError)
     check_spike_window(self.optimizer)
+    expect(self.optimizer.spike_rollback <= self.run.steps, 'spike_rollback',
+           f"at most --steps={self.run.steps} (a rollback goes back at most to the run's "
+           'start; 0: off)', self.optimizer.spike_rollback, ConfigError)
     return self
 
   def _check_types(self) -> None:
