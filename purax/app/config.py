@@ -262,6 +262,19 @@ def check_spike_window(optimizer, members: int = 1) -> None:
                      hint='use a smaller --spike-window' + (' or fewer members'
                                                             if members > 1 else ''))
 
+def refuse_rollback(optimizer) -> None:
+  """Refuses ``--spike-rollback`` for a population (``purax sweep``, ``purax
+  tune lr``): a rollback restores one run's state from its ring of host
+  snapshots (:class:`purax.hooks.SpikeRollback`), which a population has not.
+
+  Raises:
+    ConfigError: naming ``spike_rollback``.
+  """
+  expect(not optimizer.spike_rollback, 'spike_rollback', "0 for a population (a rollback "
+         "restores one run's state: purax train --spike-rollback)", optimizer.spike_rollback,
+         ConfigError)
+
+
 #: Characters a W&B project name may not hold (wandb refuses them at ``wandb.init``).
 WANDB_FORBIDDEN = '/\\#?%:'
 

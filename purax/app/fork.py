@@ -143,7 +143,9 @@ def _merge(section: str, mine, default, parents):
 def inherit(config, parent: Parent):
   """The sweep ``config`` with the parent's model, data, optimizer settings,
   seed and hyperparameters wherever ``config`` leaves them at their defaults
-  (a hyperparameter spec set, e.g. ``--lr 1e-3,3e-4``, is the sweep's).
+  (a hyperparameter spec set, e.g. ``--lr 1e-3,3e-4``, is the sweep's);
+  the parent's ``--spike-rollback`` and its action are not inherited (a
+  population has no rollback), its spike guard is.
   A parent trained with ``--schedule wsd`` forks with its schedule: the
   cooldown starts at the branch point (``--decay-start`` unset) and lasts
   ``--cooldown-steps`` (a list: one member per length; unset: the parent's).
@@ -163,6 +165,8 @@ def inherit(config, parent: Parent):
   data = _merge('data', config.data, default.data, theirs.data)
   changes = {}
   for name in hparams_lib.SETTINGS:
+    if name in hparams_lib.ROLLBACK_DEFAULTS:
+      continue         # a single run's rollback: a population has none (refuse_rollback)
     value, parents = getattr(config.optimizer, name), getattr(theirs.optimizer, name)
     if value == getattr(default.optimizer, name):
       changes[name] = parents

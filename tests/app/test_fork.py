@@ -161,6 +161,19 @@ def test_a_cooldown_fork_of_a_wsd_parent_starts_its_cooldowns_at_the_branch_poin
     _inherit({}, dict(schedule='wsd', cooldown_steps='50,100'))
 
 
+def test_a_fork_of_a_parent_with_spike_rollback_keeps_its_guard_but_not_its_rollback():
+  """A population has no rollback (purax.app.config.refuse_rollback): the
+  parent's --spike-rollback and what it does are a run's, not inherited (the
+  fork was refused by its own inherited option); the spike guard is."""
+  config = _inherit(dict(spike_k=6.0, spike_rollback=20, spike_action='lower-lr',
+                         spike_lr_scale=0.5, spike_lr_steps=40), {}).validate()
+  opt = config.optimizer
+  assert (opt.spike_k, opt.spike_rollback, opt.spike_action, opt.spike_lr_scale,
+          opt.spike_lr_steps) == (6.0, 0, 'skip-data', 0.1, 0)
+  with pytest.raises(ConfigError, match=r'^spike_rollback: expected 0 for a population'):
+    _inherit(dict(spike_k=6.0), dict(spike_rollback=20)).validate()
+
+
 def test_a_wsd_sweep_without_a_parent_derives_what_is_unset_and_names_what_it_cannot():
   """Unset --decay-start / --cooldown-steps: the last 20% of --steps; an unset
   decay start with several cooldowns is ambiguous: refused by name."""
