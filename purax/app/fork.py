@@ -57,14 +57,15 @@ class Parent:
 
 
 def parse_from(text: str) -> tuple[str, int | None]:
-  """``RUN[:STEP]`` -> ``(RUN, STEP or None)`` (a tail of digits after the last ``:``).
+  """``RUN[:STEP]`` -> ``(RUN, STEP or None)`` (a tail of digits after the last
+  ``:``, unless ``text`` itself is a directory: a run named ``exp:12`` is that run).
 
   Raises:
     ConfigError: an empty RUN, naming ``--from``.
   """
   workdir, step = text, None
   head, sep, tail = text.rpartition(':')
-  if sep and tail.isdigit():
+  if sep and tail.isdigit() and not os.path.isdir(text):
     workdir, step = head, int(tail)
   expect(bool(workdir), '--from', 'RUN or RUN:STEP (a purax train run directory and one of '
          'its kept checkpoints)', repr(text), ConfigError)

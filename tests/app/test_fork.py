@@ -161,6 +161,16 @@ def test_a_cooldown_fork_of_a_wsd_parent_starts_its_cooldowns_at_the_branch_poin
     _inherit({}, dict(schedule='wsd', cooldown_steps='50,100'))
 
 
+def test_a_run_directory_whose_name_ends_in_colon_digits_is_the_run_not_a_step(tmp_path):
+  """``--from runs/exp:12`` of a directory named so: the run (it was read as
+  ``runs/exp`` at step 12, a missing run); ``RUN:STEP`` of another run still splits."""
+  from purax.app import fork as fork_lib
+  (tmp_path / 'exp:12').mkdir()
+  assert fork_lib.parse_from(str(tmp_path / 'exp:12')) == (str(tmp_path / 'exp:12'), None)
+  assert fork_lib.parse_from(str(tmp_path / 'exp:12') + ':5') == (str(tmp_path / 'exp:12'), 5)
+  assert fork_lib.parse_from(str(tmp_path / 'other:7')) == (str(tmp_path / 'other'), 7)
+
+
 def test_a_fork_of_a_parent_with_spike_rollback_keeps_its_guard_but_not_its_rollback():
   """A population has no rollback (purax.app.config.refuse_rollback): the
   parent's --spike-rollback and what it does are a run's, not inherited (the
