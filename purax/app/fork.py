@@ -73,12 +73,42 @@ def parse_from(text: str) -> tuple[str, int | None]:
 
 
 def recorded(workdir: str | None) -> dict | None:
-  """The lineage a sweep directory recorded (:func:`lineage`), or None (a new sweep)."""
-  path = os.path.join(workdir, LINEAGE) if workdir else None
-  if path is None or not os.path.isfile(path):
+  """The lineage a sweep directory recorded (:func:`lineage`), or None (a new
+  sweep, or one killed before it wrote its lineage: it has no checkpoint).
+
+  Raises:
+    ConfigError: ``lineage.json`` cannot be read or is not a lineage (an
+      object with an integer ``step`` and a ``checkpoint_sha256``); or it is
+      missing from a sweep with checkpoints (its branch point cannot be told
+      again); each naming ``lineage.json``.
+  """
+  if not workdir:
     return None
-  with open_file(path, encoding='utf-8') as f:
-    return json.load(f)
+  path = os.path.join(workdir, LINEAGE)
+  expected = ("the lineage this fork recorded when it started ({'step': int, "
+              "'checkpoint_sha256': str, ...})")
+  if not os.path.lexists(path):
+    saved = os.path.join(workdir, 'checkpoints')
+    kept = sorted(int(n) for n in (os.listdir(saved) if os.path.isdir(saved) else ())
+                  if n.isdigit())
+    expect(not kept, LINEAGE, expected, f'none in {workdir!r}, whose checkpoints {kept} '
+           'branch from it (restore the file, or start the fork in a new --workdir)',
+           ConfigError)
+    return None
+  try:
+    with open_file(path, 'rb') as f:
+      text = f.read().decode('utf-8')
+    data = json.loads(text)
+  except UnicodeDecodeError as e:
+    raise ConfigError(f'{LINEAGE}: expected {expected}, got bytes that are not UTF-8 ({e})'
+                      ) from None
+  except (OSError, json.JSONDecodeError) as e:
+    raise ConfigError(f'{LINEAGE}: expected {expected}, got unreadable text ({e})') from None
+  ok = (isinstance(data, dict) and type(data.get('step')) is int and data['step'] >= 0
+        and isinstance(data.get('checkpoint_sha256'), str))
+  expect(ok, LINEAGE, expected, repr(data)[:200] if isinstance(data, dict)
+         else type(data).__name__, ConfigError)
+  return data
 
 
 def open_parent(text: str, lineage: dict | None = None) -> Parent:

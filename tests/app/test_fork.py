@@ -161,6 +161,46 @@ def test_a_cooldown_fork_of_a_wsd_parent_starts_its_cooldowns_at_the_branch_poin
     _inherit({}, dict(schedule='wsd', cooldown_steps='50,100'))
 
 
+@pytest.mark.parametrize('text, got', [
+    (b'{"step": 10, "checkpoint_sha', 'unreadable text'),          # cut short
+    (b'\xff\xfe', 'bytes that are not UTF-8'),
+    (b'[1, 2]', 'list'),
+    (b'{"step": "abc", "checkpoint_sha256": "x"}', "{'step': 'abc'"),
+    (b'{"checkpoint_sha256": "x"}', "{'checkpoint_sha256': 'x'}"),
+])
+def test_a_damaged_lineage_is_a_named_error_not_a_traceback(tmp_path, text, got):
+  """A resumed fork reads lineage.json for its branch point: truncated,
+  not UTF-8, not an object, without an integer step (a JSONDecodeError,
+  TypeError, ValueError, UnicodeDecodeError traceback before)."""
+  from purax.app import fork as fork_lib
+  (tmp_path / 'lineage.json').write_bytes(text)
+  with pytest.raises(ConfigError, match=r'^lineage.json: expected the lineage this fork '
+                                        r'recorded when it started .*, got .*' + re.escape(got)):
+    fork_lib.recorded(str(tmp_path))
+
+
+def test_a_fork_without_its_lineage_writes_it_when_new_and_refuses_to_guess_it_later(runs,
+                                                                                  capsys):
+  """Killed after sweep_config.json, before lineage.json: the same command
+  trained the fork to its end without ever writing its lineage; removed from a
+  fork with checkpoints, the lineage (its branch point) cannot be told again."""
+  fork = runs / 'unrecorded'
+  fork.mkdir()
+  shutil.copy(runs / 'straight' / 'sweep_config.json', fork)
+  done = purax('sweep', '--from', runs / 'parent', *FORK, '--workdir', fork)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert (json.loads((fork / 'lineage.json').read_text())
+          == json.loads((runs / 'straight' / 'lineage.json').read_text()))
+  (fork / 'lineage.json').unlink()
+  shutil.rmtree(fork / 'best')
+  (fork / 'sweep.json').unlink()          # a stopped fork, its lineage removed
+  rc = cli.main(['sweep', '--from', str(runs / 'parent'), *FORK, '--workdir', str(fork)])
+  assert rc == 2
+  assert ("lineage.json: expected the lineage this fork recorded when it started "
+          in capsys.readouterr().err)
+  assert not (fork / 'lineage.json').exists()
+
+
 def test_a_run_directory_whose_name_ends_in_colon_digits_is_the_run_not_a_step(tmp_path):
   """``--from runs/exp:12`` of a directory named so: the run (it was read as
   ``runs/exp`` at step 12, a missing run); ``RUN:STEP`` of another run still splits."""
