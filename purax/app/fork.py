@@ -30,7 +30,7 @@ from purax.app import job as job_lib
 from purax.app.search import parse_seeds
 from purax.app.sweep_config import SweepConfig
 from purax.core.branching import fork
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import CheckpointMismatchError, ConfigError, expect
 from purax.io.checkpoint import Checkpointer, CheckpointError
 from purax.io.safe_files import open_file
 
@@ -48,12 +48,21 @@ class Parent:
     config: its :class:`purax.app.config.TrainConfig`.
     sha256: the SHA-256 of the checkpoint's JSON, which records a fingerprint
       of every array (:mod:`purax.io.checkpoint.integrity`): its identity.
+    state: its state at ``step``, restored by :func:`open_parent` as soon as
+      the step was chosen (a run that trains on deletes its older checkpoints);
+      None for a parent made by hand (:func:`population` restores it then).
   """
 
   workdir: str
   step: int
   config: Any
   sha256: str
+  state: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+
+#: Times :func:`open_parent` takes a training run's newest checkpoint again
+#: when the one it chose was deleted (the run's ``--keep-last``) as it read it.
+RETRIES = 5
 
 
 def parse_from(text: str) -> tuple[str, int | None]:
@@ -112,7 +121,9 @@ def recorded(workdir: str | None) -> dict | None:
 
 
 def open_parent(text: str, lineage: dict | None = None) -> Parent:
-  """The run and checkpoint of ``--from RUN[:STEP]`` (read-only: the run may be training).
+  """The run and checkpoint of ``--from RUN[:STEP]``, its state restored
+  (read-only: the run may be training; a newest checkpoint that it deletes
+  as this reads it is taken again at the run's newest, up to :data:`RETRIES` times).
 
   Args:
     text: ``RUN`` (its newest checkpoint) or ``RUN:STEP``.
@@ -125,31 +136,41 @@ def open_parent(text: str, lineage: dict | None = None) -> Parent:
       ``config.json``), or has no checkpoint; STEP is not among the
       checkpoints it keeps (naming them); the checkpoint's JSON is unreadable;
       a resumed sweep's parent checkpoint is gone or another one.
+    CheckpointMismatchError: the checkpoint's state is not of the run's config.
   """
-  workdir, step = parse_from(text)
+  workdir, named = parse_from(text)
   if lineage is not None:
-    step = int(lineage['step'])
+    named = int(lineage['step'])
   expect(os.path.isfile(os.path.join(workdir, config_lib.CONFIG)), '--from',
          'a purax train run directory (with config.json)', repr(workdir), ConfigError)
   parent_config = config_lib.read_config(workdir).validate()
+  abstract = job_lib.build(parent_config, mesh=False).abstract
   directory = os.path.join(workdir, 'checkpoints')
   with Checkpointer(directory, read_only=True) as ckpt:
-    kept = ckpt.steps() if os.path.isdir(directory) else []
-    expect(bool(kept), '--from', 'a run with a committed checkpoint', f'{workdir!r} with none',
-           ConfigError)
-    expect(step is None or step in kept, '--from', f'a step the run keeps, one of {kept}',
-           f'{text!r} (step {step})', ConfigError)
-    step = kept[-1] if step is None else step
-    try:
-      sha = ckpt.read_extra(step)['sha256']
-    except (CheckpointError, KeyError) as e:
-      raise ConfigError(f'--from: expected a readable checkpoint, got step {step} of '
-                        f'{workdir!r}: {e}') from e
+    for attempt in range(RETRIES):
+      kept = ckpt.steps() if os.path.isdir(directory) else []
+      expect(bool(kept), '--from', 'a run with a committed checkpoint', f'{workdir!r} with none',
+             ConfigError)
+      expect(named is None or named in kept, '--from', f'a step the run keeps, one of {kept}',
+             f'{text!r} (step {named})', ConfigError)
+      step = kept[-1] if named is None else named
+      try:
+        tree, extra, _ = ckpt.restore(abstract, step)
+        sha = extra['sha256']
+        break
+      except CheckpointMismatchError:
+        raise
+      except (CheckpointError, KeyError) as e:
+        gone = step not in (ckpt.steps() if os.path.isdir(directory) else [])
+        if named is None and gone and attempt + 1 < RETRIES:
+          continue        # the training run saved on and deleted it: its newest now
+        raise ConfigError(f'--from: expected a readable checkpoint, got step {step} of '
+                          f'{workdir!r}: {e}') from e
   expect(lineage is None or lineage.get('checkpoint_sha256') == sha, '--from',
          f"checkpoint {step} of {workdir!r} as this sweep recorded it when it started "
          f"(SHA-256 {(lineage or {}).get('checkpoint_sha256')})", f'another one (SHA-256 {sha})',
          ConfigError)
-  return Parent(os.path.abspath(workdir), int(step), parent_config, sha)
+  return Parent(os.path.abspath(workdir), int(step), parent_config, sha, tree['state'])
 
 
 def _merge(section: str, mine, default, parents):
@@ -240,10 +261,11 @@ def population(parent: Parent, job, hparams: dict):
       (its model or optimizer), naming both.
     CheckpointError: the checkpoint cannot be restored.
   """
-  parent_job = job_lib.build(parent.config, mesh=False)
-  with Checkpointer(os.path.join(parent.workdir, 'checkpoints'), read_only=True) as ckpt:
-    tree, _, _ = ckpt.restore(parent_job.abstract, parent.step)
-  state = tree['state']
+  state = parent.state
+  if state is None:
+    parent_job = job_lib.build(parent.config, mesh=False)
+    with Checkpointer(os.path.join(parent.workdir, 'checkpoints'), read_only=True) as ckpt:
+      state = ckpt.restore(parent_job.abstract, parent.step)[0]['state']
   want = jax.eval_shape(job.task.init, jax.random.key(0), job.sample)
   shapes = lambda t: jax.tree.map(lambda x: (x.shape, str(x.dtype)), t)   # noqa: E731
   expect(jax.tree.structure(state) == jax.tree.structure(want)

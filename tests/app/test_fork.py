@@ -201,6 +201,29 @@ def test_a_fork_without_its_lineage_writes_it_when_new_and_refuses_to_guess_it_l
   assert not (fork / 'lineage.json').exists()
 
 
+def test_a_fork_of_a_training_run_whose_newest_checkpoint_goes_meanwhile_takes_the_next(
+    runs, monkeypatch):
+  """``--from RUN`` beside the training run: its newest checkpoint, deleted by
+  the run's --keep-last as the fork reads it, was a CheckpointError (exit 2,
+  'checkpoint 60 ... not found', seen with a cnn saving every 10 steps);
+  the fork now takes the run's newest again."""
+  from purax.io.checkpoint import Checkpointer as Ckpt
+  racing = runs / 'racing'
+  shutil.copytree(runs / 'parent', racing)
+  real, deleted = Ckpt.restore, []
+
+  def restore(self, abstract, step=None, **kwargs):
+    if not deleted and str(racing) in str(self.directory):   # the run saved twice since
+      deleted.append(step)
+      shutil.rmtree(os.path.join(self.directory, str(step)))
+    return real(self, abstract, step, **kwargs)
+
+  monkeypatch.setattr(Ckpt, 'restore', restore)
+  rc = cli.main(['sweep', '--from', str(racing), *FORK, '--workdir', str(runs / 'raced')])
+  assert rc == 0 and deleted == [10]
+  assert json.loads((runs / 'raced' / 'lineage.json').read_text())['step'] == 5
+
+
 def test_a_run_directory_whose_name_ends_in_colon_digits_is_the_run_not_a_step(tmp_path):
   """``--from runs/exp:12`` of a directory named so: the run (it was read as
   ``runs/exp`` at step 12, a missing run); ``RUN:STEP`` of another run still splits."""
