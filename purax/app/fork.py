@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -207,7 +208,8 @@ def inherit(config, parent: Parent):
   Raises:
     ConfigError: a model, data or optimizer option, or ``--seeds``, set to
       another value than the parent's; ``--steps`` not beyond the branch
-      point; each naming the option, the parent's value and the given one.
+      point, or (``--schedule wsd``) short of the longest cooldown's end;
+      each naming the option, the parent's value and the given one.
   """
   default, theirs = SweepConfig(), parent.config
   model = _merge('model', config.model, default.model, theirs.model)
@@ -248,8 +250,25 @@ def inherit(config, parent: Parent):
   expect(config.run.steps > parent.step, 'steps', f'> {parent.step}, the branch point '
          f'(the step of {parent.workdir}\'s checkpoint)', config.run.steps, ConfigError)
   population = dataclasses.replace(config.population, seeds=str(seed))
-  return dataclasses.replace(config, model=model, data=data, optimizer=optimizer,
-                             population=population)
+  forked = dataclasses.replace(config, model=model, data=data, optimizer=optimizer,
+                               population=population)
+  if optimizer.schedule == 'wsd':      # --steps reaches the longest cooldown's end
+    specs = forked.specs()
+    start, length = (_highest(specs[name]) for name in ('decay_start', 'cooldown_steps'))
+    end = math.ceil(start + length)
+    expect(config.run.steps >= end, 'steps', f'at least {end} (--decay-start {_number(start)} '
+           f"+ --cooldown-steps {_number(length)}; the members' cooldowns end there)",
+           config.run.steps, ConfigError)
+  return forked
+
+
+def _highest(spec) -> float:
+  """The largest value of a sweep spec (a tuple, or a distribution's ``high``)."""
+  return max(spec) if isinstance(spec, tuple) else spec.high
+
+
+def _number(value: float) -> str:
+  return str(int(value)) if float(value).is_integer() else f'{value:g}'
 
 
 def population(parent: Parent, job, hparams: dict):

@@ -247,6 +247,24 @@ def test_a_fork_of_a_parent_with_spike_rollback_keeps_its_guard_but_not_its_roll
     _inherit(dict(spike_k=6.0), dict(spike_rollback=20)).validate()
 
 
+@pytest.mark.parametrize('options, end', [
+    (dict(cooldown_steps='50,500'), r'700 \(--decay-start 200 \+ --cooldown-steps 500'),
+    (dict(decay_start='1e9'), r'1000000100 \(--decay-start 1000000000 \+ --cooldown-steps '
+                              r'100'),
+    (dict(decay_start='250', cooldown_steps='loguniform:10:400', members=2),
+     r'650 \(--decay-start 250 \+ --cooldown-steps 400'),
+])
+def test_a_cooldown_fork_whose_steps_end_before_its_longest_cooldown_is_refused(options, end):
+  """The guide: ``--steps`` must reach the longest cooldown's end. A fork of
+  ``--cooldown-steps 10,500 --steps 80`` trained (exit 0), its long member cut
+  in mid-cooldown, compared with finished ones."""
+  wsd = dict(schedule='wsd', decay_start=1000.0, cooldown_steps=100.0)
+  with pytest.raises(ConfigError, match=r'^steps: expected at least ' + end
+                     + r"; the members' cooldowns end there\), got 600$"):
+    _inherit(wsd, options)
+  _inherit(wsd, dict(cooldown_steps='50,400')).validate()    # ends at 600: fine
+
+
 def test_a_wsd_sweep_without_a_parent_derives_what_is_unset_and_names_what_it_cannot():
   """Unset --decay-start / --cooldown-steps: the last 20% of --steps; an unset
   decay start with several cooldowns is ambiguous: refused by name."""
