@@ -263,6 +263,19 @@ def check_spike_window(optimizer, members: int = 1) -> None:
                      hint='use a smaller --spike-window' + (' or fewer members'
                                                             if members > 1 else ''))
 
+def refuse_rollback(optimizer) -> None:
+  """Refuses ``--spike-rollback`` for a population (``purax sweep``, ``purax
+  tune lr``): a rollback restores one run's state from its ring of host
+  snapshots (:class:`purax.hooks.SpikeRollback`), which a population has not.
+
+  Raises:
+    ConfigError: naming ``spike_rollback``.
+  """
+  expect(not optimizer.spike_rollback, 'spike_rollback', "0 for a population (a rollback "
+         "restores one run's state: purax train --spike-rollback)", optimizer.spike_rollback,
+         ConfigError)
+
+
 #: Characters a W&B project name may not hold (wandb refuses them at ``wandb.init``).
 WANDB_FORBIDDEN = '/\\#?%:'
 
@@ -360,6 +373,9 @@ class TrainConfig(Sections):
     expect(self.data.batch_size % m == 0, 'batch_size', f'a multiple of microbatches={m}',
            self.data.batch_size, ConfigError)
     check_spike_window(self.optimizer)
+    expect(self.optimizer.spike_rollback <= self.run.steps, 'spike_rollback',
+           f"at most --steps={self.run.steps} (a rollback goes back at most to the run's "
+           'start; 0: off)', self.optimizer.spike_rollback, ConfigError)
     return self
 
   def _check_types(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -30,7 +31,7 @@ from purax.app import job as job_lib
 from purax.app.search import parse_seeds
 from purax.app.sweep_config import SweepConfig
 from purax.core.branching import fork
-from purax.core.errors import ConfigError, expect
+from purax.core.errors import CheckpointMismatchError, ConfigError, expect
 from purax.io.checkpoint import Checkpointer, CheckpointError
 from purax.io.safe_files import open_file
 
@@ -48,23 +49,33 @@ class Parent:
     config: its :class:`purax.app.config.TrainConfig`.
     sha256: the SHA-256 of the checkpoint's JSON, which records a fingerprint
       of every array (:mod:`purax.io.checkpoint.integrity`): its identity.
+    state: its state at ``step``, restored by :func:`open_parent` as soon as
+      the step was chosen (a run that trains on deletes its older checkpoints);
+      None for a parent made by hand (:func:`population` restores it then).
   """
 
   workdir: str
   step: int
   config: Any
   sha256: str
+  state: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+
+#: Times :func:`open_parent` takes a training run's newest checkpoint again
+#: when the one it chose was deleted (the run's ``--keep-last``) as it read it.
+RETRIES = 5
 
 
 def parse_from(text: str) -> tuple[str, int | None]:
-  """``RUN[:STEP]`` -> ``(RUN, STEP or None)`` (a tail of digits after the last ``:``).
+  """``RUN[:STEP]`` -> ``(RUN, STEP or None)`` (a tail of digits after the last
+  ``:``, unless ``text`` itself is a directory: a run named ``exp:12`` is that run).
 
   Raises:
     ConfigError: an empty RUN, naming ``--from``.
   """
   workdir, step = text, None
   head, sep, tail = text.rpartition(':')
-  if sep and tail.isdigit():
+  if sep and tail.isdigit() and not os.path.isdir(text):
     workdir, step = head, int(tail)
   expect(bool(workdir), '--from', 'RUN or RUN:STEP (a purax train run directory and one of '
          'its kept checkpoints)', repr(text), ConfigError)
@@ -72,16 +83,48 @@ def parse_from(text: str) -> tuple[str, int | None]:
 
 
 def recorded(workdir: str | None) -> dict | None:
-  """The lineage a sweep directory recorded (:func:`lineage`), or None (a new sweep)."""
-  path = os.path.join(workdir, LINEAGE) if workdir else None
-  if path is None or not os.path.isfile(path):
+  """The lineage a sweep directory recorded (:func:`lineage`), or None (a new
+  sweep, or one killed before it wrote its lineage: it has no checkpoint).
+
+  Raises:
+    ConfigError: ``lineage.json`` cannot be read or is not a lineage (an
+      object with an integer ``step`` and a ``checkpoint_sha256``); or it is
+      missing from a sweep with checkpoints (its branch point cannot be told
+      again); each naming ``lineage.json``.
+  """
+  if not workdir:
     return None
-  with open_file(path, encoding='utf-8') as f:
-    return json.load(f)
+  path = os.path.join(workdir, LINEAGE)
+  expected = ("the lineage this fork recorded when it started ({'step': int, "
+              "'checkpoint_sha256': str, ...})")
+  if not os.path.lexists(path):
+    saved = os.path.join(workdir, 'checkpoints')
+    kept = sorted(int(n) for n in (os.listdir(saved) if os.path.isdir(saved) else ())
+                  if n.isdigit())
+    expect(not kept, LINEAGE, expected, f'none in {workdir!r}, whose checkpoints {kept} '
+           'branch from it (restore the file, or start the fork in a new --workdir)',
+           ConfigError)
+    return None
+  try:
+    with open_file(path, 'rb') as f:
+      text = f.read().decode('utf-8')
+    data = json.loads(text)
+  except UnicodeDecodeError as e:
+    raise ConfigError(f'{LINEAGE}: expected {expected}, got bytes that are not UTF-8 ({e})'
+                      ) from None
+  except (OSError, json.JSONDecodeError) as e:
+    raise ConfigError(f'{LINEAGE}: expected {expected}, got unreadable text ({e})') from None
+  ok = (isinstance(data, dict) and type(data.get('step')) is int and data['step'] >= 0
+        and isinstance(data.get('checkpoint_sha256'), str))
+  expect(ok, LINEAGE, expected, repr(data)[:200] if isinstance(data, dict)
+         else type(data).__name__, ConfigError)
+  return data
 
 
 def open_parent(text: str, lineage: dict | None = None) -> Parent:
-  """The run and checkpoint of ``--from RUN[:STEP]`` (read-only: the run may be training).
+  """The run and checkpoint of ``--from RUN[:STEP]``, its state restored
+  (read-only: the run may be training; a newest checkpoint that it deletes
+  as this reads it is taken again at the run's newest, up to :data:`RETRIES` times).
 
   Args:
     text: ``RUN`` (its newest checkpoint) or ``RUN:STEP``.
@@ -94,31 +137,41 @@ def open_parent(text: str, lineage: dict | None = None) -> Parent:
       ``config.json``), or has no checkpoint; STEP is not among the
       checkpoints it keeps (naming them); the checkpoint's JSON is unreadable;
       a resumed sweep's parent checkpoint is gone or another one.
+    CheckpointMismatchError: the checkpoint's state is not of the run's config.
   """
-  workdir, step = parse_from(text)
+  workdir, named = parse_from(text)
   if lineage is not None:
-    step = int(lineage['step'])
+    named = int(lineage['step'])
   expect(os.path.isfile(os.path.join(workdir, config_lib.CONFIG)), '--from',
          'a purax train run directory (with config.json)', repr(workdir), ConfigError)
   parent_config = config_lib.read_config(workdir).validate()
+  abstract = job_lib.build(parent_config, mesh=False).abstract
   directory = os.path.join(workdir, 'checkpoints')
   with Checkpointer(directory, read_only=True) as ckpt:
-    kept = ckpt.steps() if os.path.isdir(directory) else []
-    expect(bool(kept), '--from', 'a run with a committed checkpoint', f'{workdir!r} with none',
-           ConfigError)
-    expect(step is None or step in kept, '--from', f'a step the run keeps, one of {kept}',
-           f'{text!r} (step {step})', ConfigError)
-    step = kept[-1] if step is None else step
-    try:
-      sha = ckpt.read_extra(step)['sha256']
-    except (CheckpointError, KeyError) as e:
-      raise ConfigError(f'--from: expected a readable checkpoint, got step {step} of '
-                        f'{workdir!r}: {e}') from e
+    for attempt in range(RETRIES):
+      kept = ckpt.steps() if os.path.isdir(directory) else []
+      expect(bool(kept), '--from', 'a run with a committed checkpoint', f'{workdir!r} with none',
+             ConfigError)
+      expect(named is None or named in kept, '--from', f'a step the run keeps, one of {kept}',
+             f'{text!r} (step {named})', ConfigError)
+      step = kept[-1] if named is None else named
+      try:
+        tree, extra, _ = ckpt.restore(abstract, step)
+        sha = extra['sha256']
+        break
+      except CheckpointMismatchError:
+        raise
+      except (CheckpointError, KeyError) as e:
+        gone = step not in (ckpt.steps() if os.path.isdir(directory) else [])
+        if named is None and gone and attempt + 1 < RETRIES:
+          continue        # the training run saved on and deleted it: its newest now
+        raise ConfigError(f'--from: expected a readable checkpoint, got step {step} of '
+                          f'{workdir!r}: {e}') from e
   expect(lineage is None or lineage.get('checkpoint_sha256') == sha, '--from',
          f"checkpoint {step} of {workdir!r} as this sweep recorded it when it started "
          f"(SHA-256 {(lineage or {}).get('checkpoint_sha256')})", f'another one (SHA-256 {sha})',
          ConfigError)
-  return Parent(os.path.abspath(workdir), int(step), parent_config, sha)
+  return Parent(os.path.abspath(workdir), int(step), parent_config, sha, tree['state'])
 
 
 def _merge(section: str, mine, default, parents):
@@ -143,7 +196,9 @@ def _merge(section: str, mine, default, parents):
 def inherit(config, parent: Parent):
   """The sweep ``config`` with the parent's model, data, optimizer settings,
   seed and hyperparameters wherever ``config`` leaves them at their defaults
-  (a hyperparameter spec set, e.g. ``--lr 1e-3,3e-4``, is the sweep's).
+  (a hyperparameter spec set, e.g. ``--lr 1e-3,3e-4``, is the sweep's);
+  the parent's ``--spike-rollback`` and its action are not inherited (a
+  population has no rollback), its spike guard is.
   A parent trained with ``--schedule wsd`` forks with its schedule: the
   cooldown starts at the branch point (``--decay-start`` unset) and lasts
   ``--cooldown-steps`` (a list: one member per length; unset: the parent's).
@@ -153,7 +208,8 @@ def inherit(config, parent: Parent):
   Raises:
     ConfigError: a model, data or optimizer option, or ``--seeds``, set to
       another value than the parent's; ``--steps`` not beyond the branch
-      point; each naming the option, the parent's value and the given one.
+      point, or (``--schedule wsd``) short of the longest cooldown's end;
+      each naming the option, the parent's value and the given one.
   """
   default, theirs = SweepConfig(), parent.config
   model = _merge('model', config.model, default.model, theirs.model)
@@ -163,6 +219,8 @@ def inherit(config, parent: Parent):
   data = _merge('data', config.data, default.data, theirs.data)
   changes = {}
   for name in hparams_lib.SETTINGS:
+    if name in hparams_lib.ROLLBACK_DEFAULTS:
+      continue         # a single run's rollback: a population has none (refuse_rollback)
     value, parents = getattr(config.optimizer, name), getattr(theirs.optimizer, name)
     if value == getattr(default.optimizer, name):
       changes[name] = parents
@@ -199,8 +257,25 @@ def inherit(config, parent: Parent):
   expect(config.run.steps > parent.step, 'steps', f'> {parent.step}, the branch point '
          f'(the step of {parent.workdir}\'s checkpoint)', config.run.steps, ConfigError)
   population = dataclasses.replace(config.population, seeds=str(seed))
-  return dataclasses.replace(config, model=model, data=data, optimizer=optimizer,
-                             population=population)
+  forked = dataclasses.replace(config, model=model, data=data, optimizer=optimizer,
+                               population=population)
+  if optimizer.schedule == 'wsd':      # --steps reaches the longest cooldown's end
+    specs = forked.specs()
+    start, length = (_highest(specs[name]) for name in ('decay_start', 'cooldown_steps'))
+    end = math.ceil(start + length)
+    expect(config.run.steps >= end, 'steps', f'at least {end} (--decay-start {_number(start)} '
+           f"+ --cooldown-steps {_number(length)}; the members' cooldowns end there)",
+           config.run.steps, ConfigError)
+  return forked
+
+
+def _highest(spec) -> float:
+  """The largest value of a sweep spec (a tuple, or a distribution's ``high``)."""
+  return max(spec) if isinstance(spec, tuple) else spec.high
+
+
+def _number(value: float) -> str:
+  return str(int(value)) if float(value).is_integer() else f'{value:g}'
 
 
 def population(parent: Parent, job, hparams: dict):
@@ -212,10 +287,11 @@ def population(parent: Parent, job, hparams: dict):
       (its model or optimizer), naming both.
     CheckpointError: the checkpoint cannot be restored.
   """
-  parent_job = job_lib.build(parent.config, mesh=False)
-  with Checkpointer(os.path.join(parent.workdir, 'checkpoints'), read_only=True) as ckpt:
-    tree, _, _ = ckpt.restore(parent_job.abstract, parent.step)
-  state = tree['state']
+  state = parent.state
+  if state is None:
+    parent_job = job_lib.build(parent.config, mesh=False)
+    with Checkpointer(os.path.join(parent.workdir, 'checkpoints'), read_only=True) as ckpt:
+      state = ckpt.restore(parent_job.abstract, parent.step)[0]['state']
   want = jax.eval_shape(job.task.init, jax.random.key(0), job.sample)
   shapes = lambda t: jax.tree.map(lambda x: (x.shape, str(x.dtype)), t)   # noqa: E731
   expect(jax.tree.structure(state) == jax.tree.structure(want)

@@ -185,6 +185,12 @@ _SETTING_CHECKS = {
 #: Names of the optimizer section's settings (not tunable hyperparameters).
 SETTINGS = tuple(name for name, *_ in _CHOICES + _SETTINGS)
 
+#: The settings of a spike rollback (``--spike-rollback``, what it does after
+#: one) and their defaults: the settings a single run's host-side rollback
+#: reads, and a population has none (:func:`purax.app.config.refuse_rollback`).
+ROLLBACK_DEFAULTS = {name: default for name, _, default, _ in _SETTINGS
+                     if name.startswith(('spike_rollback', 'spike_action', 'spike_lr_'))}
+
 
 def _flag(row: HParam, kind, default, help_text):
   aliases = (f'--{row.short}',) if row.short else ()
@@ -249,6 +255,15 @@ def _check_optimizer(self) -> None:
   expect(not self.spike_rollback or self.spike_k > 0, 'spike_rollback',
          '0 without the spike guard (--spike-k K > 0: the rollback acts on its spikes)',
          self.spike_rollback, ConfigError)
+  lowered = bool(self.spike_rollback) and self.spike_action == 'lower-lr'
+  for name, when, what in (('spike_action', bool(self.spike_rollback), 'it says what a '
+                            'rollback does'),
+                           ('spike_lr_scale', lowered, 'the rate of a lowered replay'),
+                           ('spike_lr_steps', lowered, 'the steps of a lowered replay')):
+    value, default = getattr(self, name), ROLLBACK_DEFAULTS[name]
+    expect(when or value == default, name, f'{default!r} (the default) unless --spike-rollback '
+           f'is set{"" if name == "spike_action" else " with --spike-action lower-lr"} ({what})',
+           repr(value), ConfigError)
   window = self.spike_window      # a sanity bound; the memory: config.check_spike_window
   expect(2 <= window <= spikes.MAX_WINDOW, 'spike_window',
          f'an integer in [2, 2**24 = {spikes.MAX_WINDOW}] (steps of history)',

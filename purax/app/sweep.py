@@ -179,7 +179,8 @@ def run(config: SweepConfig) -> dict:
       pop = fork_lib.population(parent, job, hparams)
     starting('initialising the population')
     jobdir.create()
-    if parent is not None and not jobdir.resuming:   # a fork records its parent
+    if parent is not None and fork_lib.recorded(jobdir.path) is None:
+      # A fork records its parent: when new, or killed before it had (no checkpoint yet).
       write_atomic(jobdir.file(fork_lib.LINEAGE),
                    json.dumps(fork_lib.lineage(parent), indent=1, sort_keys=True))
     history_path = jobdir.file(HISTORY)

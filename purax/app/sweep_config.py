@@ -130,6 +130,7 @@ class SweepConfig(Sections):
       ConfigError: naming the field, the expected and the actual value.
     """
     self.optimizer.validate()
+    config_lib.refuse_rollback(self.optimizer)
     declared, defaults = self.data.loss_hparams(), OptimizerSearch()
     for row in hparams_lib.HPARAMS:    # a loss row the loss does not declare is not searched
       value = getattr(self.optimizer, row.field)

@@ -81,6 +81,7 @@ class RangeConfig(Sections):
 
   def validate(self) -> 'RangeConfig':
     """Raises ConfigError naming the field, the expected and the actual value."""
+    config_lib.refuse_rollback(self.optimizer)
     self.train_config().validate()
     run = self.run
     expect(2 <= run.num_lrs <= pop_lib.MAX_MEMBERS, 'num_lrs',

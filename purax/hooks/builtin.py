@@ -194,6 +194,7 @@ class Checkpoint:
     self.checkpointer, self.steps = checkpointer, every
     self.every = np.gcd(every, log_every).item() if every or log_every else 0
     self.saved = None
+    self.rewinds = False    # a rollback went back in this fit: its end is saved, wherever
 
   def _best(self, info) -> bool:
     """The step writes the best metric with a score the checkpointer would keep."""
@@ -211,19 +212,23 @@ class Checkpoint:
     self.saved = info.step
 
   def rewound(self, step: int) -> None:
-    """The run went back to ``step`` (a rollback): the checkpoints after it are of
-    steps it abandoned, deleted (their steps are saved again as it gets there)."""
+    """The run went back to ``step`` (a rollback): the checkpoints from it on are
+    of the run before the rollback, deleted (their steps are saved again as it
+    gets there; ``step``'s own too: its data position and events were the old
+    ones, and a run that ends at ``step`` saves it again)."""
     if callable(getattr(self.checkpointer, 'drop_after', None)):
-      self.checkpointer.drop_after(step)
-    if self.saved is not None and self.saved > step:
+      self.checkpointer.drop_after(step - 1)
+    if self.saved is not None and self.saved >= step:
       self.saved = None
+    self.rewinds = True
 
   def __call__(self, info):
     if info.end is not None:
       if info.end.status != 'failed':
-        if self.saved != info.step and info.step > info.start:
+        if self.saved != info.step and (info.step > info.start or self.rewinds):
           self.save(info)
         self.checkpointer.wait()
+      self.rewinds = False
       return None
     if info.first == info.step or self.saved == info.step:
       return None

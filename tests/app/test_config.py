@@ -133,3 +133,27 @@ def test_the_spike_window_is_bounded_and_its_state_checked_against_the_memory(mo
                      r'16777216, needing 128.00 MiB \(float32 \[window, 2\]'):
     TrainConfig.of(spike_k=6.0, spike_window=2 ** 24).validate()
   TrainConfig.of(spike_k=6.0, spike_window=2 ** 20).validate()     # 8 MiB: fits
+
+
+@pytest.mark.parametrize('options, match', [
+    # A rollback beyond the run's start: its ring (rollback // check snapshots of the
+    # state) was allocated before the first step, an out-of-memory error naming `step`.
+    ({'steps': 20, 'spike_k': 6.0, 'spike_rollback': 10 ** 9},
+     r'^spike_rollback: expected at most --steps=20 \(a rollback goes back at most to the '
+     r"run's start; 0: off\), got 1000000000$"),
+    # What a rollback does, given without a rollback: silently nothing.
+    ({'spike_action': 'lower-lr'},
+     r"^spike_action: expected 'skip-data' \(the default\) unless --spike-rollback is set "
+     r"\(it says what a rollback does\), got 'lower-lr'$"),
+    ({'spike_lr_scale': 0.5},
+     r'^spike_lr_scale: expected 0.1 \(the default\) unless --spike-rollback is set with '
+     r'--spike-action lower-lr \(the rate of a lowered replay\), got 0.5$'),
+    ({'spike_k': 6.0, 'spike_rollback': 10, 'spike_lr_steps': 30},
+     r'^spike_lr_steps: expected 0 \(the default\) unless --spike-rollback is set with '
+     r'--spike-action lower-lr \(the steps of a lowered replay\), got 30$'),
+])
+def test_a_spike_rollback_option_that_cannot_act_is_refused(options, match):
+  with pytest.raises(ConfigError, match=match):
+    TrainConfig.of(**options).validate()
+  TrainConfig.of(steps=20, spike_k=6.0, spike_rollback=20, spike_action='lower-lr',
+                 spike_lr_scale=0.5, spike_lr_steps=30).validate()    # all of them: fine

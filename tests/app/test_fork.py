@@ -161,6 +161,110 @@ def test_a_cooldown_fork_of_a_wsd_parent_starts_its_cooldowns_at_the_branch_poin
     _inherit({}, dict(schedule='wsd', cooldown_steps='50,100'))
 
 
+@pytest.mark.parametrize('text, got', [
+    (b'{"step": 10, "checkpoint_sha', 'unreadable text'),          # cut short
+    (b'\xff\xfe', 'bytes that are not UTF-8'),
+    (b'[1, 2]', 'list'),
+    (b'{"step": "abc", "checkpoint_sha256": "x"}', "{'step': 'abc'"),
+    (b'{"checkpoint_sha256": "x"}', "{'checkpoint_sha256': 'x'}"),
+])
+def test_a_damaged_lineage_is_a_named_error_not_a_traceback(tmp_path, text, got):
+  """A resumed fork reads lineage.json for its branch point: truncated,
+  not UTF-8, not an object, without an integer step (a JSONDecodeError,
+  TypeError, ValueError, UnicodeDecodeError traceback before)."""
+  from purax.app import fork as fork_lib
+  (tmp_path / 'lineage.json').write_bytes(text)
+  with pytest.raises(ConfigError, match=r'^lineage.json: expected the lineage this fork '
+                                        r'recorded when it started .*, got .*' + re.escape(got)):
+    fork_lib.recorded(str(tmp_path))
+
+
+def test_a_fork_without_its_lineage_writes_it_when_new_and_refuses_to_guess_it_later(runs,
+                                                                                  capsys):
+  """Killed after sweep_config.json, before lineage.json: the same command
+  trained the fork to its end without ever writing its lineage; removed from a
+  fork with checkpoints, the lineage (its branch point) cannot be told again."""
+  fork = runs / 'unrecorded'
+  fork.mkdir()
+  shutil.copy(runs / 'straight' / 'sweep_config.json', fork)
+  done = purax('sweep', '--from', runs / 'parent', *FORK, '--workdir', fork)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert (json.loads((fork / 'lineage.json').read_text())
+          == json.loads((runs / 'straight' / 'lineage.json').read_text()))
+  (fork / 'lineage.json').unlink()
+  shutil.rmtree(fork / 'best')
+  (fork / 'sweep.json').unlink()          # a stopped fork, its lineage removed
+  rc = cli.main(['sweep', '--from', str(runs / 'parent'), *FORK, '--workdir', str(fork)])
+  assert rc == 2
+  assert ("lineage.json: expected the lineage this fork recorded when it started "
+          in capsys.readouterr().err)
+  assert not (fork / 'lineage.json').exists()
+
+
+def test_a_fork_of_a_training_run_whose_newest_checkpoint_goes_meanwhile_takes_the_next(
+    runs, monkeypatch):
+  """``--from RUN`` beside the training run: its newest checkpoint, deleted by
+  the run's --keep-last as the fork reads it, was a CheckpointError (exit 2,
+  'checkpoint 60 ... not found', seen with a cnn saving every 10 steps);
+  the fork now takes the run's newest again."""
+  from purax.io.checkpoint import Checkpointer as Ckpt
+  racing = runs / 'racing'
+  shutil.copytree(runs / 'parent', racing)
+  real, deleted = Ckpt.restore, []
+
+  def restore(self, abstract, step=None, **kwargs):
+    if not deleted and str(racing) in str(self.directory):   # the run saved twice since
+      deleted.append(step)
+      shutil.rmtree(os.path.join(self.directory, str(step)))
+    return real(self, abstract, step, **kwargs)
+
+  monkeypatch.setattr(Ckpt, 'restore', restore)
+  rc = cli.main(['sweep', '--from', str(racing), *FORK, '--workdir', str(runs / 'raced')])
+  assert rc == 0 and deleted == [10]
+  assert json.loads((runs / 'raced' / 'lineage.json').read_text())['step'] == 5
+
+
+def test_a_run_directory_whose_name_ends_in_colon_digits_is_the_run_not_a_step(tmp_path):
+  """``--from runs/exp:12`` of a directory named so: the run (it was read as
+  ``runs/exp`` at step 12, a missing run); ``RUN:STEP`` of another run still splits."""
+  from purax.app import fork as fork_lib
+  (tmp_path / 'exp:12').mkdir()
+  assert fork_lib.parse_from(str(tmp_path / 'exp:12')) == (str(tmp_path / 'exp:12'), None)
+  assert fork_lib.parse_from(str(tmp_path / 'exp:12') + ':5') == (str(tmp_path / 'exp:12'), 5)
+  assert fork_lib.parse_from(str(tmp_path / 'other:7')) == (str(tmp_path / 'other'), 7)
+
+
+def test_a_fork_of_a_parent_with_spike_rollback_keeps_its_guard_but_not_its_rollback():
+  """A population has no rollback (purax.app.config.refuse_rollback): the
+  parent's --spike-rollback and what it does are a run's, not inherited (the
+  fork was refused by its own inherited option); the spike guard is."""
+  config = _inherit(dict(spike_k=6.0, spike_rollback=20, spike_action='lower-lr',
+                         spike_lr_scale=0.5, spike_lr_steps=40), {}).validate()
+  opt = config.optimizer
+  assert (opt.spike_k, opt.spike_rollback, opt.spike_action, opt.spike_lr_scale,
+          opt.spike_lr_steps) == (6.0, 0, 'skip-data', 0.1, 0)
+  with pytest.raises(ConfigError, match=r'^spike_rollback: expected 0 for a population'):
+    _inherit(dict(spike_k=6.0), dict(spike_rollback=20)).validate()
+
+
+@pytest.mark.parametrize('options, end', [
+    (dict(cooldown_steps='50,500'), r'700 \(--decay-start 200 \+ --cooldown-steps 500'),
+    (dict(decay_start='1e9'), r'1000000100 \(--decay-start 1000000000 \+ --cooldown-steps '
+                              r'100'),
+    (dict(decay_start='250', cooldown_steps='loguniform:10:400', members=2),
+     r'650 \(--decay-start 250 \+ --cooldown-steps 400'),
+])
+def test_a_cooldown_fork_whose_steps_end_before_its_longest_cooldown_is_refused(options, end):
+  """The guide: ``--steps`` must reach the longest cooldown's end. A fork of
+  ``--cooldown-steps 10,500 --steps 80`` trained (exit 0), its long member cut
+  in mid-cooldown, compared with finished ones."""
+  wsd = dict(schedule='wsd', decay_start=1000.0, cooldown_steps=100.0)
+  with pytest.raises(ConfigError, match=r'^steps: expected at least ' + end
+                     + r"; the members' cooldowns end there\), got 600$"):
+    _inherit(wsd, options)
+  _inherit(wsd, dict(cooldown_steps='50,400')).validate()    # ends at 600: fine
+
+
 def test_a_wsd_sweep_without_a_parent_derives_what_is_unset_and_names_what_it_cannot():
   """Unset --decay-start / --cooldown-steps: the last 20% of --steps; an unset
   decay start with several cooldowns is ambiguous: refused by name."""

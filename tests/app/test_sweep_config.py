@@ -3,6 +3,8 @@ by ``validate()`` before anything runs: PBT on the evaluation cadence, the
 population's size and each member's spike window against their bounds and the
 memory. The sweep itself: tests/app/test_sweep.py."""
 
+import os
+
 import pytest
 
 import purax
@@ -40,3 +42,14 @@ def test_a_population_beyond_its_bound_or_the_memory_is_refused_by_the_config(ar
   with pytest.raises(ConfigError, match=match):
     config.validate()
   assert {id(a) for a in jax.live_arrays()} <= before     # counted, never allocated
+
+
+def test_a_sweep_refuses_a_spike_rollback_it_would_ignore(tmp_path, capsys, monkeypatch):
+  """A rollback restores one run's state from its ring (purax train): a sweep
+  trained on and ignored --spike-rollback, exit status 0."""
+  monkeypatch.chdir(tmp_path)             # the default workdir would be made here
+  assert cli.main(['sweep', '--lr', '1e-3,2e-3', '--spike-k', '6', '--spike-rollback', '10',
+                   '--steps', '20']) == 2
+  assert ('spike_rollback: expected 0 for a population (a rollback restores one run\'s state: '
+          'purax train --spike-rollback), got 10') in capsys.readouterr().err
+  assert os.listdir(tmp_path) == []

@@ -22,3 +22,12 @@ def test_tune_lr_refuses_bad_grids_before_any_work(tmp_path, capsys, monkeypatch
   with pytest.raises(tune.RangeTestError, match='steps: expected at least 8'):  # by the config
     cli.parse(['tune', 'lr', '--steps', '7']).what.validate()
   assert os.listdir(tmp_path) == []
+
+
+def test_tune_lr_refuses_a_spike_rollback_it_would_ignore(tmp_path, capsys, monkeypatch):
+  """A range test is a population: it trained on and ignored --spike-rollback."""
+  monkeypatch.chdir(tmp_path)             # the default workdir would be made here
+  assert cli.main(['tune', 'lr', '--spike-k', '6', '--spike-rollback', '10', '--steps', '20']) == 2
+  assert ('spike_rollback: expected 0 for a population (a rollback restores one run\'s state: '
+          'purax train --spike-rollback), got 10') in capsys.readouterr().err
+  assert os.listdir(tmp_path) == []

@@ -265,3 +265,50 @@ def test_a_check_adds_one_host_read_at_most_and_a_full_ring_allocates_nothing(mo
   assert len(held) == 2 * len(snapshots[0])                      # slots = 20 // 10
   # Checks at 5, 15, ..., 55 between the log points read the window once each.
   assert count(purax.hooks.SpikeRollback(20, every=5)) == alone + 6
+
+
+class TwoSpikes(Data):
+  """Batches 25 and 42 scaled by 1e3; 45 batches."""
+
+  def __init__(self):
+    super().__init__(n=45)
+
+  def __getitem__(self, i):
+    batch = super().__getitem__(i)
+    return dict(batch, x=batch['x'] * 1e3) if i == 42 else batch
+
+
+def test_data_that_runs_out_at_the_step_rolled_back_to_ends_with_a_checkpoint(tmp_path):
+  """Rolled back from 30 to 20, then from 35 to 25 (skip-data, offset 20): the
+  next batch, data[25 + 20], is past the data, so the run ends at 25, where
+  a checkpoint was saved before the rollback: the final save failed
+  (StepAlreadyExistsError: the run 'failed', exit 2 on the command line, e.g.
+  purax train --model mlp --steps 200 --batch-size 32 --spike-k 1.5
+  --spike-window 8 --spike-rollback 20 --log-every 10 --checkpoint-every 10)."""
+  directory = str(tmp_path / 'run')
+  state, history, hook = run(data=TwoSpikes(), directory=directory)
+  assert [(e['step'], e['to_step']) for e in hook.events] == [(30, 20), (35, 25)]
+  assert (history.end.status, history.end.step) == ('finished', 25)
+  restored = purax.restore_or_init(directory, task(), jax.random.key(0), Data()[0],
+                                   hooks=[purax.hooks.SpikeRollback(10, every=5)])
+  assert restored.step == 25 and restored.extra['data']['offset'] == 20   # the rolled-back run
+  assert_equal(restored.state, state)
+
+
+def test_a_run_resumed_past_the_step_it_then_rolls_back_to_and_ends_at_saves_that_step(
+    tmp_path):
+  """Stopped at step 32 (after the first rollback), resumed: rolled back from
+  35 to 25 where the data runs out. The end's save skipped a step before the
+  resumed one, so the run kept no checkpoint of its end (its newest: the
+  stale or deleted step 25's); it saves it and equals the straight run."""
+  directory = str(tmp_path / 'run')
+  _, first, _ = run(data=TwoSpikes(), directory=directory, stop_after=42)
+  assert first.end.status == 'stopped' and first.end.step > 25
+  state, history, hook = run(data=TwoSpikes(), directory=directory)
+  assert (history.end.status, history.end.step) == ('finished', 25)
+  straight, _, _ = run(data=TwoSpikes(), directory=str(tmp_path / 'straight'))
+  restored = purax.restore_or_init(directory, task(), jax.random.key(0), Data()[0],
+                                   hooks=[purax.hooks.SpikeRollback(10, every=5)])
+  assert restored.step == 25 and restored.extra['data']['offset'] == 20
+  assert restored.extra['end']['status'] == 'finished'
+  assert_equal(restored.state, straight)
