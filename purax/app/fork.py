@@ -136,6 +136,7 @@ def open_parent(text: str, lineage: dict | None = None) -> Parent:
     ConfigError: RUN is not a ``purax train`` run directory (no
       ``config.json``), or has no checkpoint; STEP is not among the
       checkpoints it keeps (naming them); the checkpoint's JSON is unreadable;
+      its data position skips steps (a rollback's ``skip-data`` offset);
       a resumed sweep's parent checkpoint is gone or another one.
     CheckpointMismatchError: the checkpoint's state is not of the run's config.
   """
@@ -167,6 +168,11 @@ def open_parent(text: str, lineage: dict | None = None) -> Parent:
           continue        # the training run saved on and deleted it: its newest now
         raise ConfigError(f'--from: expected a readable checkpoint, got step {step} of '
                           f'{workdir!r}: {e}') from e
+  offset = int((extra.get('data') or {}).get('offset', 0))
+  expect(offset == 0, '--from', 'a run whose data position skips no steps (offset 0: a fork '
+         'reads the batches of its steps)', f'{workdir!r} step {step} at data offset {offset} '
+         '(its --spike-rollback skipped data; fork from a step before its first rollback)',
+         ConfigError)
   expect(lineage is None or lineage.get('checkpoint_sha256') == sha, '--from',
          f"checkpoint {step} of {workdir!r} as this sweep recorded it when it started "
          f"(SHA-256 {(lineage or {}).get('checkpoint_sha256')})", f'another one (SHA-256 {sha})',

@@ -224,6 +224,25 @@ def test_a_fork_of_a_training_run_whose_newest_checkpoint_goes_meanwhile_takes_t
   assert json.loads((runs / 'raced' / 'lineage.json').read_text())['step'] == 5
 
 
+def test_a_parent_whose_rollbacks_skipped_data_is_refused_by_name(runs, monkeypatch):
+  """A parent of --spike-rollback --spike-action skip-data reads step s's batch
+  at data[s + offset]; the fork read data[s] on (offset dropped: the parent's
+  own batches again, not its continuation), exit 0. Refused by name."""
+  from purax.app import fork as fork_lib
+  from purax.io.checkpoint import Checkpointer as Ckpt
+  real = Ckpt.restore
+
+  def restore(self, abstract, step=None, **kwargs):     # the checkpoint of a rolled-back run
+    tree, extra, at = real(self, abstract, step, **kwargs)
+    return tree, dict(extra, data=dict(extra['data'], offset=350)), at
+
+  monkeypatch.setattr(Ckpt, 'restore', restore)
+  with pytest.raises(ConfigError, match=r'^--from: expected a run whose data position skips '
+                                        r'no steps \(offset 0: a fork reads the batches of its '
+                                        r'steps\), got .*parent.* step 10 at data offset 350'):
+    fork_lib.open_parent(str(runs / 'parent'))
+
+
 def test_a_run_directory_whose_name_ends_in_colon_digits_is_the_run_not_a_step(tmp_path):
   """``--from runs/exp:12`` of a directory named so: the run (it was read as
   ``runs/exp`` at step 12, a missing run); ``RUN:STEP`` of another run still splits."""
