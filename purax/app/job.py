@@ -180,6 +180,7 @@ def build(config: TrainConfig, *, phase: Callable[[str], None] = lambda name: No
     plan = parallel.sharded(task, device_mesh, parallel.for_mesh(device_mesh), sample)
     num_devices = device_mesh.devices.size
   hooks = run_hooks(config, task, plan, data, train_data)
+  check_rollback_memory(hooks, abstract['state'])   # before its ring's arrays exist
   if hooks:
     abstract = abstract_checkpoint(task, sample, hooks=hooks)
   job = Job(config, data, task, sample, abstract, plan, num_devices, data.num_classes,
@@ -312,7 +313,12 @@ def check_best_metric(job: Job) -> None:
 
 def state_bytes(job: Job) -> int:
   """Bytes of one state of the job (its abstract state: nothing allocated)."""
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(job.abstract['state']))
+  return tree_bytes(job.abstract['state'])
+
+
+def tree_bytes(tree) -> int:
+  """Bytes of the arrays (or ``jax.ShapeDtypeStruct``) of ``tree``."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 def check_memory(job: Job) -> None:
@@ -347,6 +353,25 @@ def check_population_memory(job: Job, members: int, field: str, *, seeds: int = 
   budget.expect_fits(need, field, members, f'a population of {members} members that',
                      how=f'{members} x {each / 2 ** 20:.2f} MiB of state, and the batches',
                      hint='use fewer members, or a smaller model')
+
+
+def check_rollback_memory(hooks, state) -> None:
+  """Refuses a ``--spike-rollback`` whose ring of snapshots cannot fit in host
+  memory (it holds ``rollback // every`` copies of ``state``, an abstract
+  state, and the checkpoint as many), before anything is allocated.
+
+  Raises:
+    ConfigError: naming ``spike_rollback``, the memory available and needed.
+  """
+  ring = next((h for h in hooks if isinstance(h, hooks_lib.SpikeRollback)), None)
+  if ring is None:
+    return
+  each = tree_bytes(state)
+  budget.expect_fits(ring.slots * each, 'spike_rollback', ring.steps,
+                     f'a ring of {ring.slots} snapshots of the state (one every {ring.every} '
+                     'steps) that', how=f'{ring.slots} x {each / 2 ** 20:.2f} MiB',
+                     hint='roll back fewer steps, or check at a larger --log-every',
+                     device=jax.devices('cpu')[0])
 
 
 def with_throughput(writer, job: Job):

@@ -219,8 +219,9 @@ class TimeBudget:
     and ``kept`` the reserve in the message."""
     need = now - self.started + steps * step_s + self.reserve_s
     expect(now + steps * step_s + self.reserve_s < self.deadline, 'time_budget',
-           f'at least {need:.1f} s (start-up and the compilation {self.compile_s:.1f} s, '
-           f'{what}, and {self.reserve_s:.1f} s kept for {kept})', f'{self.seconds:g} s', error)
+           f'at least {need:.1f} s ({now - self.started:.1f} s of start-up and compilation, '
+           f'the compilation {self.compile_s:.1f} s of it; {what}; and {self.reserve_s:.1f} s '
+           f'kept for {kept})', f'{self.seconds:g} s', error)
 
   def start(self, step: int) -> None:
     """Before the first call, at ``step``: checks the start-up

@@ -24,3 +24,16 @@ def test_the_cli_options_make_the_guard_and_the_z_loss():
     TrainConfig.of(model='mlp', z_loss=1e-4).validate()
   with pytest.raises(ConfigError, match=r'spike_window: expected an integer in \[2, 2\*\*24'):
     TrainConfig.of(spike_k=6.0, spike_window=1).validate()
+
+
+def test_a_spike_rollback_ring_that_cannot_fit_in_host_memory_is_refused_before_it_is_made():
+  import dataclasses
+  from purax.app import job as job_lib
+  config = TrainConfig.of(model='mlp', steps=10 ** 6, spike_k=6.0, spike_rollback=10 ** 6,
+                          log_every=1).validate()
+  with pytest.raises(ConfigError, match=r'^spike_rollback: expected a ring of 1000000 snapshots '
+                                        r'of the state \(one every 1 steps\) that fits in the '):
+    job_lib.build(config)
+  job = job_lib.build(dataclasses.replace(config, optimizer=dataclasses.replace(
+      config.optimizer, spike_rollback=100)))                    # 100 snapshots fit
+  assert any(type(h).__name__ == 'SpikeRollback' for h in job.hooks)

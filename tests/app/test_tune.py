@@ -205,9 +205,10 @@ def test_tune_lr_plans_its_steps_to_the_budget_and_writes_a_verdict(tmp_path, mo
 
 @pytest.mark.parametrize('compile_s, step_s, message, calls', [
     # 15 s of 16 compiling: 1/16 s a step, 7 more steps and 1 s do not fit.
-    (15.0, lambda c: 2 ** -4, r'time_budget: expected at least 16\.5 s \(start-up and the '
-     r'compilation 15\.0 s, 7 more steps \(a range test reads at least 8\), and 1\.0 s kept '
-     r'for the suggestion, its plot and files\), got 16 s', 1),
+    (15.0, lambda c: 2 ** -4, r'time_budget: expected at least 16\.5 s \(15\.\d s of '
+     r'start-up and compilation, the compilation 15\.0 s of it; 7 more steps \(a range test '
+     r'reads at least 8\); and 1\.0 s kept for the suggestion, its plot and files\), got 16 s',
+     1),
     # The first call's step fits 8 steps; the probe's (1/4 s) leaves room for 4 only.
     (14.0, lambda c: 2 ** -4 if c == 0 else 2 ** -2, r'time_budget: expected a budget that '
      r'holds at least 8 steps of 250 ms .*, got 16 s, which holds 4 steps', 4),

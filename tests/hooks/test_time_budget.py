@@ -180,8 +180,9 @@ def test_a_resumed_run_plans_in_its_own_budget():
 
 def test_a_budget_too_short_for_one_step_is_a_named_error_before_the_second():
   fake = FakeTime(compile_s=15.0)          # start-up 0 s, compilation 15 s of 16
-  with pytest.raises(ConfigError, match=r'time_budget: expected at least 16\.0 s \(start-up '
-                                        r'and the compilation 15\.0 s, one step, and 1\.0 s'):
+  with pytest.raises(ConfigError, match=r'time_budget: expected at least 16\.0 s \(15\.0 s '
+                                        r'of start-up and compilation, the compilation 15\.0 s '
+                                        r'of it; one step; and 1\.0 s'):
     run(16.0, fake)
   spent = FakeTime(start=100.0)            # start-up spent the budget before any call
   budget = TimeBudget(1.0, started=90.0, tail_s=0.5, clock=spent.clock)
