@@ -1,6 +1,7 @@
 """``purax train --time-budget``: how close does a run end to its budget?
 
 Runs ``purax train --model M --dataset digits --steps 1000000 --time-budget B``
+(``--dataset pystdlib`` for ``--model lm``)
 for each model (a fresh run directory each), and records the command's wall
 time (measured around the process, as ``/usr/bin/time`` does), the load
 average before and after (the machine may be shared), and what the run's
@@ -34,8 +35,9 @@ ENV['PYTHONPATH'] = ROOT + os.pathsep + ENV.get('PYTHONPATH', '')
 def one(model: str, budget: str, workdir: str, *extra: str) -> dict:
   load_before = os.getloadavg()
   began = time.perf_counter()
+  dataset = 'pystdlib' if model == 'lm' else 'digits'
   out = subprocess.run([sys.executable, '-m', 'purax', 'train', '--model', model,
-                        '--dataset', 'digits', '--steps', '1000000', '--time-budget', budget,
+                        '--dataset', dataset, '--steps', '1000000', '--time-budget', budget,
                         '--workdir', workdir, '--no-progress', *extra], env=ENV, cwd=ROOT,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   wall = time.perf_counter() - began

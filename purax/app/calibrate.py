@@ -10,8 +10,11 @@ run unsynced for :data:`WINDOW` of the budget (0.5 to 5 s) and times them (addin
 step's share of the evaluation every ``--eval-every`` steps), then plans the
 run's steps from step 0 with the same rule (:func:`purax.hooks.time_budget.plan_steps`),
 counting again all it compiled (the schedule is part of the step's program;
-the evaluation's program is the new task's) and the job's rebuilding; ``--decay-steps`` becomes that plan when it is
-below ``--steps``. ``config.json`` records it, so a resumed run follows the
+the evaluation's program is the new task's) and the job's rebuilding;
+``--decay-steps`` becomes that plan when it is below ``--steps``. When
+compiling again would cost more than :data:`PAYS` of the planned steps, the
+calibration ends at its first plan and nothing changes: the run trains with
+the programs already compiled, its schedule spanning ``--steps``. ``config.json`` records it, so a resumed run follows the
 same schedule, and the budget's hook ends the run at it (``last_step``)
 however much budget is left; a slower run than measured still ends inside
 its budget, before the schedule's end (its verdict says at which step).
@@ -38,25 +41,41 @@ from purax.loop import fit
 WINDOW = 0.02
 #: The calibration's shortest and longest unsynced window (s).
 MIN_WINDOW_S, MAX_WINDOW_S = 0.5, 5.0
+#: The largest share of the planned steps that compiling again may cost (its
+#: seconds over the step's): beyond it the schedule is not planned (it spans
+#: ``--steps``, as without planning) and the run keeps the programs the
+#: calibration compiled, losing only the probe's few steps. The planned
+#: decay changes the last part of a schedule; a model that compiles for many
+#: of its steps (a language model on a short budget) loses more to the
+#: second compilation than the decay brings (benchmarks/README.md).
+PAYS = 0.10
 
 
 class _Window:
-  """After the budget's first plan, lets the steps run unsynced for
-  ``seconds``, then syncs once, measures their time a step (``step_s``) and
-  ends the calibration's fit."""
+  """After the budget's first plan: ends the calibration at once when
+  compiling again would cost more than :data:`PAYS` of the planned steps
+  (``pays`` False); else lets the steps run unsynced for ``seconds``, then
+  syncs once, measures their time a step (``step_s``) and ends it."""
 
   order, every, name = -19, None, 'calibration'
 
   def __init__(self, budget: budget_lib.TimeBudget, seconds: float):
     self.budget, self.seconds = budget, seconds
+    self.compiled_from = budget.compiled()
     self.mark: tuple[float, int] | None = None
     self.step_s: float | None = None
+    self.pays: bool | None = None
 
   def __call__(self, info) -> Output | None:
     if info.end is not None or self.budget.planned is None:
       return None
     now = self.budget.clock()
     if self.mark is None:             # the first plan has just synced (and timed the evaluation)
+      budget = self.budget
+      again = (budget.compiled() - self.compiled_from) / budget.step_s   # steps lost
+      self.pays = again <= PAYS * max(budget.planned - info.step, 1)
+      if not self.pays:
+        return Output(stop=End('early_stopped', info.step, 'not planned'))
       self.mark = (now, info.step)
       return None
     if now - self.mark[0] < self.seconds:
@@ -81,7 +100,10 @@ def calibrated(job, *, rebuild_s: float = 0.0) -> tuple[TrainConfig, dict]:
     ``(config, record)``; ``record``: ``{'planned_steps', 'decay_steps',
     'compile_s', 'step_s', 'eval_s', 'calibration_steps', 'calibration_s'}``
     (seconds; ``compile_s`` all the calibration compiled, counted again for
-    the run; ``decay_steps`` None when the plan is not below ``--steps``).
+    the run; ``decay_steps`` None when the plan is not below ``--steps``),
+    and ``'not_planned'`` (why, in words; ``planned_steps`` None) when
+    compiling again would not pay (:data:`PAYS`): ``config`` unchanged, whose
+    programs the calibration has compiled for the run.
 
   Raises:
     ConfigError: naming ``time_budget``, when the budget cannot hold the
@@ -108,6 +130,10 @@ def calibrated(job, *, rebuild_s: float = 0.0) -> tuple[TrainConfig, dict]:
   record.update(compile_s=recompile_s, step_s=step_s, eval_s=probe.eval_s,
                 calibration_steps=int(state.step), calibration_s=round(now - began, 3))
   if step_s is None:             # ended before a plan (e.g. --steps within the probe)
+    return config, record
+  if window.pays is False:
+    record['not_planned'] = (f'compiling again ({recompile_s:.1f} s) would cost more than '
+                             f'{PAYS:.0%} of the {probe.planned} steps the budget holds')
     return config, record
   planned = budget_lib.plan_steps(0, now + recompile_s + rebuild_s, probe.deadline,
                                   step_s, probe.reserve_s)

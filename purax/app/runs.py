@@ -170,7 +170,10 @@ def plan_schedule(job, rundir, phase, *, rebuild_s: float) -> tuple[job_lib.Job,
 
 def say_calibration(planned: dict, config: TrainConfig) -> None:
   """What :func:`purax.app.calibrate.calibrated` planned, in words on stderr."""
-  if planned['planned_steps'] is not None:
+  if 'not_planned' in planned:
+    print(f'purax: the steps are not planned ahead: {planned["not_planned"]}; the '
+          f'learning-rate schedule spans --steps {config.run.steps}', file=sys.stderr)
+  elif planned['planned_steps'] is not None:
     decay = (f'the learning-rate schedule decays over them (--decay-steps '
              f'{planned["decay_steps"]}, recorded in config.json)'
              if planned['decay_steps'] is not None else

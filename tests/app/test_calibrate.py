@@ -8,7 +8,7 @@ import time
 import jax
 import numpy as np
 
-from purax.app import job as job_lib, runs, verdict as verdict_lib
+from purax.app import calibrate, job as job_lib, runs, verdict as verdict_lib
 from purax.app.config import TrainConfig
 from purax.app.rundir import read_config
 from tests.helpers_runs import final_tree, purax
@@ -20,6 +20,7 @@ CONFIG = dict(model='mlp', steps=10 ** 6, batch_size=8, log_every=50, eval_every
 def test_a_budget_run_decays_over_its_planned_steps_as_a_plain_run_of_them(tmp_path, monkeypatch):
   started = time.monotonic()
   monkeypatch.setattr(job_lib, 'process_started', lambda: started)   # the budget's clock
+  monkeypatch.setattr(calibrate, 'PAYS', 1e9)     # a second compilation always pays here
   budget = tmp_path / 'budget'
   runs.train(TrainConfig.of(**CONFIG, time_budget='6s', workdir=str(budget)))
   decay = read_config(str(budget)).run.decay_steps        # recorded for a resume
@@ -41,13 +42,16 @@ def test_a_budget_run_decays_over_its_planned_steps_as_a_plain_run_of_them(tmp_p
   jax.tree.map(np.testing.assert_array_equal, ours['state'], theirs['state'])
 
 
-def test_a_resumed_budget_run_keeps_its_schedule_in_a_fresh_process(tmp_path):
+def test_a_resumed_budget_run_keeps_its_schedule_in_a_fresh_process(tmp_path, monkeypatch,
+                                                                   capsys):
+  started = time.monotonic()
+  monkeypatch.setattr(job_lib, 'process_started', lambda: started)
+  monkeypatch.setattr(calibrate, 'PAYS', 1e9)
   workdir = tmp_path / 'r'
   args = ['train', '--model', 'mlp', '--steps', '1000000', '--batch-size', '8',
           '--log-every', '50', '--eval-every', '0', '--no-progress', '--workdir', str(workdir)]
-  first = purax(*args, '--time-budget', '8s')
-  assert first.returncode == 0, first.stderr[-2000:]
-  assert 'steps fit in the budget' in first.stderr
+  runs.train(TrainConfig.of(**CONFIG, time_budget='8s', workdir=str(workdir)))
+  assert 'steps fit in the budget' in capsys.readouterr().err
   decay = read_config(str(workdir)).run.decay_steps
   end = verdict_lib.read(str(workdir))['step']
   assert end <= decay < 10 ** 6
@@ -68,6 +72,7 @@ def test_a_run_killed_before_its_first_checkpoint_plans_its_steps_when_rerun(tmp
                                                                             monkeypatch):
   started = time.monotonic()
   monkeypatch.setattr(job_lib, 'process_started', lambda: started)
+  monkeypatch.setattr(calibrate, 'PAYS', 1e9)
   workdir = tmp_path / 'r'
   config = TrainConfig.of(**CONFIG, time_budget='8s', workdir=str(workdir))
   workdir.mkdir()     # what a SIGKILL while planning leaves: config.json, no checkpoint
@@ -76,3 +81,22 @@ def test_a_run_killed_before_its_first_checkpoint_plans_its_steps_when_rerun(tmp
   verdict = verdict_lib.read(str(workdir))
   assert verdict['schedule']['planned_before_start']['planned_steps'] is not None
   assert read_config(str(workdir)).run.decay_steps == verdict['schedule']['decay_steps']
+
+
+def test_a_plan_whose_second_compilation_would_not_pay_changes_nothing(tmp_path, monkeypatch):
+  """Compiling again for the planned schedule would cost more than
+  calibrate.PAYS of the planned steps (here: any cost): the calibration ends
+  at its first plan (the compiling call and the 3 probe steps), the schedule
+  spans --steps, and the run trains with the programs already compiled."""
+  started = time.monotonic()
+  monkeypatch.setattr(job_lib, 'process_started', lambda: started)
+  monkeypatch.setattr(calibrate, 'PAYS', 0.0)
+  workdir = tmp_path / 'r'
+  runs.train(TrainConfig.of(**CONFIG, time_budget='6s', workdir=str(workdir)))
+  verdict = verdict_lib.read(str(workdir))
+  planned = verdict['schedule']['planned_before_start']
+  assert planned['not_planned'].startswith('compiling again (')
+  assert planned['planned_steps'] is None and planned['calibration_steps'] == 4
+  assert read_config(str(workdir)).run.decay_steps is None
+  assert verdict['schedule']['decay_steps'] == 10 ** 6
+  assert verdict['time_budget']['compile_s'] == 0.0     # its step: the calibration's program
