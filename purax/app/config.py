@@ -127,10 +127,15 @@ class RunConfig:
     time_budget: end the run within this wall time of the command, e.g. '60s', '5m',
       '1h': the steps are planned from the measured step time (compilation left out),
       the run ends finished ('time budget') with its final evaluation inside it, and
-      verdict.json is written (purax.hooks.TimeBudget); --steps stays the most it trains.
-      A new run without --decay-steps plans its steps first and its learning-rate
-      decay spans them (purax.app.calibrate; recorded in config.json). The budget is
-      each invocation's: a resumed run gets a new one (of this length).
+      verdict.json is written (purax.hooks.TimeBudget); --steps stays the most it trains,
+      and the learning-rate decay spans --decay-steps (unset: --steps) unless
+      --plan-decay. The budget is each invocation's: a resumed run gets a new one (of
+      this length).
+    plan_decay: with --time-budget, when --decay-steps is unset: measure the step before
+      the run starts and set --decay-steps to the steps the budget holds, so the
+      decay ends with the budget (purax.app.calibrate; recorded in config.json, which a
+      resumed run keeps; skipped when compiling again would cost more than 10% of
+      those steps).
   """
 
   steps: int = field(500, resumable=True, computation=True)
@@ -164,6 +169,7 @@ class RunConfig:
   ema_every: int = field(1, cadence=True)
   histograms: int = field(0, resumable=True, cadence=True)
   time_budget: str | None = field(None, resumable=True)
+  plan_decay: bool = field(False, resumable=True)
 
   def best(self) -> metrics_lib.Best:
     """The rule of --keep-best and --patience (:class:`purax.core.metrics.Best`)."""
@@ -223,6 +229,8 @@ class RunConfig:
       expect(not self.num_processes or self.num_processes == 1, 'time_budget',
              'unset for a multi-host run (each process would plan its own steps)',
              repr(self.time_budget), ConfigError)
+    expect(not self.plan_decay or self.time_budget is not None, 'plan_decay',
+           'set only with --time-budget', f'{self.plan_decay} (time_budget=None)', ConfigError)
     if self.wandb_project is not None:
       bad = sorted(set(self.wandb_project) & set(WANDB_FORBIDDEN))
       expect(0 < len(self.wandb_project) <= 128 and not bad, 'wandb_project',

@@ -69,8 +69,8 @@ def train(config: TrainConfig) -> dict:
   Writes ``WORKDIR/config.json``, ``metrics.jsonl``, TensorBoard events,
   ``checkpoints/`` and ``final_metrics.json``. When stopped by SIGTERM/SIGINT
   it returns ``{'stopped_by': SIGNAL, 'step': s}`` after committing a
-  checkpoint at step ``s``. On a ``--time-budget`` a new run plans its steps
-  before its first (:func:`plan_schedule`), a step that runs out of memory
+  checkpoint at step ``s``. On a ``--time-budget`` a new ``--plan-decay`` run
+  plans its steps before its first (:func:`plan_schedule`), a step that runs out of memory
   is fitted again and the run resumed (:func:`refit`), and ``verdict.json``
   is written.
 
@@ -100,9 +100,9 @@ def train(config: TrainConfig) -> dict:
     rundir.create()
     if rundir.primary:
       print(f'purax: run directory {rundir.path}', file=sys.stderr)
-    # A new run on a budget (or one killed before its first checkpoint) plans its
-    # steps first, so that its schedule ends with it.
-    planning = (config.run.time_budget is not None and not job.config.run.decay_steps
+    # --plan-decay: a new run on a budget (or one killed before its first checkpoint)
+    # plans its steps first, so that its decay ends with the budget.
+    planning = (config.run.plan_decay and not job.config.run.decay_steps
                 and newest_step(rundir) is None)
     planned = None
     while True:
@@ -134,10 +134,9 @@ def newest_step(rundir) -> int | None:
 
 def build_job(config: TrainConfig, rundir, phase) -> job_lib.Job:
   """The run's job (:func:`purax.app.job.build`), its summary printed; a
-  resumed run on a ``--time-budget`` without ``--decay-steps`` follows the
-  schedule planned when it began (``config.json``, :func:`plan_schedule`).
-  ``rundir.config`` follows."""
-  if config.run.time_budget is not None and not config.run.decay_steps and rundir.resuming:
+  resumed ``--plan-decay`` run follows the schedule planned when it began
+  (``config.json``, :func:`plan_schedule`). ``rundir.config`` follows."""
+  if config.run.plan_decay and not config.run.decay_steps and rundir.resuming:
     config = dataclasses.replace(config, run=dataclasses.replace(
         config.run, decay_steps=rundir.saved_config().run.decay_steps))
   job = job_lib.build(config, phase=phase)
@@ -149,7 +148,7 @@ def build_job(config: TrainConfig, rundir, phase) -> job_lib.Job:
 
 
 def plan_schedule(job, rundir, phase, *, rebuild_s: float) -> tuple[job_lib.Job, dict]:
-  """A new run on a ``--time-budget`` without ``--decay-steps``: its steps
+  """A new ``--plan-decay`` run on a ``--time-budget``: its steps
   planned on a throwaway copy (:func:`purax.app.calibrate.calibrated`) and,
   when fewer than ``--steps``, its schedule decaying over them: the job
   built again with them and ``config.json`` recording them. Returns the job

@@ -7,14 +7,16 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from purax.app import calibrate, job as job_lib, runs, verdict as verdict_lib
 from purax.app.config import TrainConfig
 from purax.app.rundir import read_config
+from purax.core.errors import ConfigError
 from tests.helpers_runs import final_tree, purax
 
 CONFIG = dict(model='mlp', steps=10 ** 6, batch_size=8, log_every=50, eval_every=0,
-              progress=False, checkpoint_interval_s=0.0, warmup_steps=10)
+              progress=False, checkpoint_interval_s=0.0, warmup_steps=10, plan_decay=True)
 
 
 def test_a_budget_run_decays_over_its_planned_steps_as_a_plain_run_of_them(tmp_path, monkeypatch):
@@ -35,7 +37,8 @@ def test_a_budget_run_decays_over_its_planned_steps_as_a_plain_run_of_them(tmp_p
     assert "steps (its last step)" in verdict['end']['reason']
   # The budget's steps are those of `purax train --steps END --decay-steps DECAY`.
   plain = tmp_path / 'plain'
-  runs.train(TrainConfig.of(**{**CONFIG, 'steps': end}, decay_steps=decay, workdir=str(plain)))
+  runs.train(TrainConfig.of(**{**CONFIG, 'steps': end, 'plan_decay': False}, decay_steps=decay,
+                            workdir=str(plain)))
   ours, _, step = final_tree(str(budget))
   theirs, _, plain_step = final_tree(str(plain))
   assert step == plain_step == end
@@ -49,7 +52,8 @@ def test_a_resumed_budget_run_keeps_its_schedule_in_a_fresh_process(tmp_path, mo
   monkeypatch.setattr(calibrate, 'PAYS', 1e9)
   workdir = tmp_path / 'r'
   args = ['train', '--model', 'mlp', '--steps', '1000000', '--batch-size', '8',
-          '--log-every', '50', '--eval-every', '0', '--no-progress', '--workdir', str(workdir)]
+          '--log-every', '50', '--eval-every', '0', '--no-progress', '--plan-decay',
+          '--workdir', str(workdir)]
   runs.train(TrainConfig.of(**CONFIG, time_budget='8s', workdir=str(workdir)))
   assert 'steps fit in the budget' in capsys.readouterr().err
   decay = read_config(str(workdir)).run.decay_steps
@@ -100,3 +104,18 @@ def test_a_plan_whose_second_compilation_would_not_pay_changes_nothing(tmp_path,
   assert read_config(str(workdir)).run.decay_steps is None
   assert verdict['schedule']['decay_steps'] == 10 ** 6
   assert verdict['time_budget']['compile_s'] == 0.0     # its step: the calibration's program
+
+
+def test_without_plan_decay_a_budget_run_plans_nothing_and_decays_over_steps(tmp_path,
+                                                                            monkeypatch):
+  started = time.monotonic()
+  monkeypatch.setattr(job_lib, 'process_started', lambda: started)
+  workdir = tmp_path / 'r'
+  runs.train(TrainConfig.of(**{**CONFIG, 'plan_decay': False}, time_budget='5s',
+                            workdir=str(workdir)))
+  verdict = verdict_lib.read(str(workdir))
+  assert verdict['schedule'] == {'decay_steps': 10 ** 6, 'ended_at_its_end': False,
+                                 'planned_before_start': None}
+  assert read_config(str(workdir)).run.decay_steps is None
+  with pytest.raises(ConfigError, match=r'^plan_decay: expected set only with --time-budget'):
+    TrainConfig.of(**CONFIG).validate()

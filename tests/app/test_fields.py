@@ -20,7 +20,7 @@ def test_which_fields_may_change_on_resume_is_read_from_the_fields():
       'run.steps', 'run.decay_steps', 'run.best_metric', 'run.best_mode', 'run.patience',
       # --fit-memory's choice lives in model/optimizer/run fields that must match
       'run.fit_memory', 'run.memory_budget', 'run.fit_memory_precisions',
-      'run.time_budget'}     # each invocation's own budget
+      'run.time_budget', 'run.plan_decay'}   # each invocation's own budget; its plan: decay_steps
   assert purax_fields.names(config_lib.RunConfig, purax_fields.CADENCE) == (
       'log_every', 'eval_every', 'checkpoint_every', 'ema_every', 'histograms')
 

@@ -37,11 +37,8 @@ def test_a_run_on_a_budget_writes_one_verdict(tmp_path):
   assert verdict['end']['reason'] == 'reached step 12'
   assert verdict['metric'] == {f'eval/{k}': v for k, v in final.items()}
   assert verdict['seen'] == {'examples': 12 * 8}
-  # Measured before the start: more steps fit than --steps, whose schedule stays.
-  schedule = verdict['schedule']
-  assert schedule['decay_steps'] == 12 and schedule['ended_at_its_end']
-  assert schedule['planned_before_start']['planned_steps'] > 12
-  assert schedule['planned_before_start']['decay_steps'] is None
+  assert verdict['schedule'] == {'decay_steps': 12, 'ended_at_its_end': True,
+                                 'planned_before_start': None}     # no --plan-decay
   assert TrainConfig.from_json(json.dumps(verdict['config'])).run.time_budget == '1h'
   assert verdict['budget_s'] == 3600.0 and 0 < verdict['wall_s'] < 3600
   assert verdict['compile_s'] > 0 and verdict['time_budget']['compile_s'] >= 0
