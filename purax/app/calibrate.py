@@ -140,6 +140,9 @@ def calibrated(job, *, rebuild_s: float = 0.0) -> tuple[TrainConfig, dict]:
   record['planned_steps'] = planned
   if planned >= config.run.steps:
     return config, record
+  if planned < 1:     # the run's own budget check names it at its first call
+    record['not_planned'] = 'no step fits in what is left of the budget'
+    return config, record
   record['decay_steps'] = max(planned, 1)
   run = dataclasses.replace(config.run, decay_steps=record['decay_steps'])
   return dataclasses.replace(config, run=run), record

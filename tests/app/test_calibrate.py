@@ -16,7 +16,8 @@ from purax.core.errors import ConfigError
 from tests.helpers_runs import final_tree, purax
 
 CONFIG = dict(model='mlp', steps=10 ** 6, batch_size=8, log_every=50, eval_every=0,
-              progress=False, checkpoint_interval_s=0.0, warmup_steps=10, plan_decay=True)
+              progress=False, checkpoint_interval_s=0.0, warmup_steps=10, plan_decay=True,
+              steps_per_call=1)
 
 
 def test_a_budget_run_decays_over_its_planned_steps_as_a_plain_run_of_them(tmp_path, monkeypatch):
@@ -24,7 +25,7 @@ def test_a_budget_run_decays_over_its_planned_steps_as_a_plain_run_of_them(tmp_p
   monkeypatch.setattr(job_lib, 'process_started', lambda: started)   # the budget's clock
   monkeypatch.setattr(calibrate, 'PAYS', 1e9)     # a second compilation always pays here
   budget = tmp_path / 'budget'
-  runs.train(TrainConfig.of(**CONFIG, time_budget='6s', workdir=str(budget)))
+  runs.train(TrainConfig.of(**CONFIG, time_budget='12s', workdir=str(budget)))
   decay = read_config(str(budget)).run.decay_steps        # recorded for a resume
   verdict = verdict_lib.read(str(budget))
   end = verdict['step']
@@ -54,13 +55,13 @@ def test_a_resumed_budget_run_keeps_its_schedule_in_a_fresh_process(tmp_path, mo
   args = ['train', '--model', 'mlp', '--steps', '1000000', '--batch-size', '8',
           '--log-every', '50', '--eval-every', '0', '--no-progress', '--plan-decay',
           '--workdir', str(workdir)]
-  runs.train(TrainConfig.of(**CONFIG, time_budget='8s', workdir=str(workdir)))
+  runs.train(TrainConfig.of(**CONFIG, time_budget='12s', workdir=str(workdir)))
   assert 'steps fit in the budget' in capsys.readouterr().err
   decay = read_config(str(workdir)).run.decay_steps
   end = verdict_lib.read(str(workdir))['step']
   assert end <= decay < 10 ** 6
   # Another budget: the same schedule, planned when the run began; at its end, nothing to train.
-  again = purax(*args, '--time-budget', '9s')
+  again = purax(*args, '--time-budget', '12s')
   assert again.returncode == 0, again.stderr[-2000:]
   assert 'steps fit in the budget' not in again.stderr           # not planned again
   assert read_config(str(workdir)).run.decay_steps == decay
@@ -78,7 +79,7 @@ def test_a_run_killed_before_its_first_checkpoint_plans_its_steps_when_rerun(tmp
   monkeypatch.setattr(job_lib, 'process_started', lambda: started)
   monkeypatch.setattr(calibrate, 'PAYS', 1e9)
   workdir = tmp_path / 'r'
-  config = TrainConfig.of(**CONFIG, time_budget='8s', workdir=str(workdir))
+  config = TrainConfig.of(**CONFIG, time_budget='12s', workdir=str(workdir))
   workdir.mkdir()     # what a SIGKILL while planning leaves: config.json, no checkpoint
   (workdir / 'config.json').write_text(config.validate().resolved().to_json())
   runs.train(config)
