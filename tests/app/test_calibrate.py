@@ -67,7 +67,8 @@ def test_a_resumed_budget_run_keeps_its_schedule_in_a_fresh_process(tmp_path, mo
   assert read_config(str(workdir)).run.decay_steps == decay
   resumed = verdict_lib.read(str(workdir))['step']
   if end == decay:
-    assert f"--decay-steps larger than {decay}, the schedule's end" in again.stderr
+    assert (f'has already ended: nothing to train (to train on, pass --steps S --decay-steps S '
+            f'with S above {decay}, where its learning-rate schedule ended') in again.stderr
     assert resumed == end
   else:
     assert end <= resumed <= decay
@@ -120,3 +121,17 @@ def test_without_plan_decay_a_budget_run_plans_nothing_and_decays_over_steps(tmp
   assert read_config(str(workdir)).run.decay_steps is None
   with pytest.raises(ConfigError, match=r'^plan_decay: expected set only with --time-budget'):
     TrainConfig.of(**CONFIG).validate()
+
+
+def test_a_budget_run_at_its_decay_steps_trains_nothing_under_a_new_budget(tmp_path, capsys):
+  workdir = tmp_path / 'r'
+  config = dict(CONFIG, plan_decay=False, steps=1000, decay_steps=30, workdir=str(workdir))
+  runs.train(TrainConfig.of(**config, time_budget='1h'))
+  verdict = verdict_lib.read(str(workdir))
+  assert verdict['step'] == 30 and verdict['schedule']['ended_at_its_end']
+  assert verdict['end']['reason'].startswith('time budget of 3600 s: 30 steps (its last step)')
+  capsys.readouterr()
+  runs.train(TrainConfig.of(**config, time_budget='2h'))     # another budget: still at its end
+  assert ('has already ended: nothing to train (to train on, pass --steps S --decay-steps S '
+          'with S above 30, where its learning-rate schedule ended') in capsys.readouterr().err
+  assert verdict_lib.read(str(workdir))['step'] == 30
