@@ -116,14 +116,14 @@ def calibrated(job, *, rebuild_s: float = 0.0) -> tuple[TrainConfig, dict]:
   probe = budget_lib.TimeBudget(own.seconds, started=own.started, eval_data=own.eval_data,
                                 tail_s=own.tail_s, probe_steps=own.probe_steps,
                                 clock=own.clock, compiled=own.compiled)
-  began, compiled = probe.clock(), probe.compiled()
+  began = probe.clock()
   record = {'planned_steps': None, 'decay_steps': None}
   window = _Window(probe, min(max(MIN_WINDOW_S, WINDOW * probe.seconds), MAX_WINDOW_S))
   state, _ = fit(job.task, job.init(config.run.seed), job.train_data, steps=config.run.steps,
                  plan=job.plan, hooks=[probe, window], steps_per_call=config.run.steps_per_call)
   now = probe.clock()
   # The run compiles again what the calibration compiled (the step, the evaluation, ...).
-  recompile_s = probe.compiled() - compiled
+  recompile_s = probe.compiled() - window.compiled_from
   step_s = window.step_s or probe.step_s    # the unsynced window's, else the probe's
   if step_s is not None and probe.eval_s and config.run.eval_every:
     step_s += probe.eval_s / config.run.eval_every   # the periodic evaluation, a step's share
